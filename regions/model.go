@@ -1,0 +1,213 @@
+package regions
+
+import (
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"math"
+	"strings"
+	"time"
+)
+
+// Wildcard is the tenant or route id of a default rule, and the scope of a region-wide share.
+const Wildcard = "*"
+
+// ErrInvalid is wrapped by every validation error of this package, so callers can tell
+// bad input from a failed operation.
+var ErrInvalid = errors.New("invalid")
+
+// ValidateID checks a tenant, route or region id: [A-Za-z0-9._-]{1,64}. kind names the id
+// in the error ("tenant", "route", "region").
+func ValidateID(kind, id string) error {
+	if id == "" {
+		return fmt.Errorf("%w %s id: empty", ErrInvalid, kind)
+	}
+	if len(id) > 64 {
+		return fmt.Errorf("%w %s id %.20q...: longer than 64 characters", ErrInvalid, kind, id)
+	}
+	for i := 0; i < len(id); i++ {
+		c := id[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-') {
+			return fmt.Errorf("%w %s id %q: only letters, digits, '.', '_' and '-' are allowed", ErrInvalid, kind, id)
+		}
+	}
+	return nil
+}
+
+// validateIDOrWildcard accepts an id or "*".
+func validateIDOrWildcard(kind, id string) error {
+	if id == Wildcard {
+		return nil
+	}
+	return ValidateID(kind, id)
+}
+
+// Rule is a tenant's token bucket for one route. Tenant or Route "*" make it a default.
+type Rule struct {
+	Tenant string
+	Route  string
+	// Capacity is the burst: the most tokens the bucket holds. > 0.
+	Capacity int64
+	// RefillPerSecond is the sustained rate; it may be fractional. > 0.
+	RefillPerSecond float64
+	// Shadow rules never reject; the gateway counts what they would have rejected.
+	Shadow bool
+	// Shards splits the bucket into that many sub-buckets (hot keys). >= 1.
+	Shards    int
+	UpdatedAt time.Time
+}
+
+// Validate checks ids and numbers.
+func (r Rule) Validate() error {
+	if err := validateIDOrWildcard("tenant", r.Tenant); err != nil {
+		return err
+	}
+	if err := validateIDOrWildcard("route", r.Route); err != nil {
+		return err
+	}
+	if r.Capacity <= 0 {
+		return fmt.Errorf("%w rule %s/%s: capacity %d must be > 0", ErrInvalid, r.Tenant, r.Route, r.Capacity)
+	}
+	if !(r.RefillPerSecond > 0) || math.IsInf(r.RefillPerSecond, 0) {
+		return fmt.Errorf("%w rule %s/%s: refill_per_second %v must be > 0", ErrInvalid, r.Tenant, r.Route, r.RefillPerSecond)
+	}
+	if r.Shards < 1 || r.Shards > 1024 {
+		return fmt.Errorf("%w rule %s/%s: shards %d must be between 1 and 1024", ErrInvalid, r.Tenant, r.Route, r.Shards)
+	}
+	return nil
+}
+
+// Limit is a token bucket's size after scaling: what one region, or one instance of it,
+// enforces.
+type Limit struct {
+	Capacity        int64
+	RefillPerSecond float64
+}
+
+// Scale returns the part of a bucket that a share (0..1] of it gets:
+// capacity max(1, round(capacity*share)), refill refill*share. A capacity too small to
+// split keeps one token, so a limit never becomes "reject everything".
+func Scale(capacity int64, refill float64, share float64) Limit {
+	c := int64(math.Round(float64(capacity) * share))
+	if c < 1 {
+		c = 1
+	}
+	return Limit{Capacity: c, RefillPerSecond: refill * share}
+}
+
+// Scope is what a share applies to: every rule ("*"), one tenant ("shop-a"), or one
+// tenant's rule for one route ("shop-a/create-order").
+type Scope struct {
+	Tenant string // "*" for the region-wide default
+	Route  string // "*" unless the scope is one rule
+}
+
+// GlobalScope is the region-wide default scope "*".
+var GlobalScope = Scope{Tenant: Wildcard, Route: Wildcard}
+
+// ParseScope reads "*", "TENANT" or "TENANT/ROUTE".
+func ParseScope(s string) (Scope, error) {
+	if s == Wildcard {
+		return GlobalScope, nil
+	}
+	tenant, route, hasRoute := strings.Cut(s, "/")
+	if err := ValidateID("tenant", tenant); err != nil {
+		return Scope{}, fmt.Errorf("scope %q: %w", s, err)
+	}
+	if !hasRoute {
+		return Scope{Tenant: tenant, Route: Wildcard}, nil
+	}
+	if err := ValidateID("route", route); err != nil {
+		return Scope{}, fmt.Errorf("scope %q: %w", s, err)
+	}
+	return Scope{Tenant: tenant, Route: route}, nil
+}
+
+// String is the stored form: "*", "TENANT" or "TENANT/ROUTE".
+func (s Scope) String() string {
+	switch {
+	case s.Tenant == Wildcard:
+		return Wildcard
+	case s.Route == Wildcard || s.Route == "":
+		return s.Tenant
+	default:
+		return s.Tenant + "/" + s.Route
+	}
+}
+
+// Source says who set a share.
+type Source string
+
+const (
+	SourceOverride   Source = "override"   // an operator, through ratectl
+	SourceRebalancer Source = "rebalancer" // the rebalancer job
+	SourceDefault    Source = "default"    // neither: an equal split
+)
+
+// Share is one region's fraction of the limits in one scope.
+type Share struct {
+	Scope  Scope
+	Region string
+	Share  float64 // 0..1
+	Source Source  // override or rebalancer
+	// ExpiresAt is when an override stops applying; zero means never.
+	ExpiresAt time.Time
+	UpdatedAt time.Time
+}
+
+// Active reports whether the share applies at now.
+func (s Share) Active(now time.Time) bool { return s.ExpiresAt.IsZero() || now.Before(s.ExpiresAt) }
+
+// ShareTolerance is how far from 1 a set of shares may sum.
+const ShareTolerance = 1e-6
+
+// ValidateShares checks one scope's shares: every region named exactly once, each share in
+// [0, 1], and the sum 1 within ShareTolerance.
+func ValidateShares(shares map[string]float64, regions []string) error {
+	known := make(map[string]bool, len(regions))
+	for _, r := range regions {
+		known[r] = true
+	}
+	sum := 0.0
+	for r, v := range shares {
+		if !known[r] {
+			return fmt.Errorf("%w shares: unknown region %q", ErrInvalid, r)
+		}
+		if math.IsNaN(v) || v < 0 || v > 1 {
+			return fmt.Errorf("%w shares: region %s share %v must be between 0 and 1", ErrInvalid, r, v)
+		}
+		sum += v
+	}
+	for _, r := range regions {
+		if _, ok := shares[r]; !ok {
+			return fmt.Errorf("%w shares: region %s has no share (name every region)", ErrInvalid, r)
+		}
+	}
+	if math.Abs(sum-1) > ShareTolerance {
+		return fmt.Errorf("%w shares: they sum to %.6g, not 1", ErrInvalid, sum)
+	}
+	return nil
+}
+
+// KeyHash is the SHA-256 of an API key; only this is stored and held in memory.
+type KeyHash [sha256.Size]byte
+
+// HashKey hashes an API key as presented by a client.
+func HashKey(key string) KeyHash { return sha256.Sum256([]byte(key)) }
+
+// APIKey is a stored key: its hash, never the secret.
+type APIKey struct {
+	ID        int64
+	Hash      KeyHash
+	Tenant    string
+	Label     string
+	CreatedAt time.Time
+	RevokedAt time.Time // zero while the key is valid
+}
+
+// Instance is a gateway process that heartbeats into a region.
+type Instance struct {
+	ID       string
+	Region   string
+	LastSeen time.Time
+}

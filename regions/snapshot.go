@@ -1,0 +1,170 @@
+package regions
+
+import (
+	"fmt"
+	"time"
+)
+
+// SnapshotData is everything a Snapshot is built from: what the store loads, or what a
+// standalone gateway reads from its configuration file.
+type SnapshotData struct {
+	Regions []string
+	// Rules must include a default rule for tenant "*" and route "*".
+	Rules     []Rule
+	Keys      []APIKey // revoked keys may be included; they never authenticate
+	Shares    []Share
+	Instances []Instance
+	// InstanceTTL is how long after its last heartbeat an instance counts as live.
+	InstanceTTL time.Duration
+	// LoadedAt is when the data was read (the store's clock).
+	LoadedAt time.Time
+}
+
+// Snapshot is an immutable, validated view of the control-plane data. Gateways hold one
+// behind an atomic pointer and answer every request from it; all methods are safe for
+// concurrent use and allocate nothing.
+type Snapshot struct {
+	regions  []string
+	rules    map[ruleKey]Rule
+	keys     map[KeyHash]string // hash -> tenant, valid keys only
+	shares   map[shareKey]Share
+	live     map[string]int
+	loadedAt time.Time
+	nRules   int
+}
+
+type ruleKey struct{ tenant, route string }
+
+type shareKey struct {
+	scope  Scope
+	region string
+	source Source
+}
+
+// NewSnapshot validates data and builds a Snapshot. Any invalid row fails the whole
+// snapshot, so a reloader keeps its previous one.
+func NewSnapshot(d SnapshotData) (*Snapshot, error) {
+	s := &Snapshot{
+		regions:  append([]string(nil), d.Regions...),
+		rules:    make(map[ruleKey]Rule, len(d.Rules)),
+		keys:     make(map[KeyHash]string, len(d.Keys)),
+		shares:   make(map[shareKey]Share, len(d.Shares)),
+		live:     make(map[string]int),
+		loadedAt: d.LoadedAt,
+		nRules:   len(d.Rules),
+	}
+	known := make(map[string]bool, len(d.Regions))
+	for _, r := range d.Regions {
+		if err := ValidateID("region", r); err != nil {
+			return nil, fmt.Errorf("snapshot: %w", err)
+		}
+		known[r] = true
+	}
+	for _, r := range d.Rules {
+		if err := r.Validate(); err != nil {
+			return nil, fmt.Errorf("snapshot: %w", err)
+		}
+		k := ruleKey{r.Tenant, r.Route}
+		if _, dup := s.rules[k]; dup {
+			return nil, fmt.Errorf("snapshot: %w: duplicate rule %s/%s", ErrInvalid, r.Tenant, r.Route)
+		}
+		s.rules[k] = r
+	}
+	if _, ok := s.rules[ruleKey{Wildcard, Wildcard}]; !ok {
+		return nil, fmt.Errorf("snapshot: %w: no default rule for tenant * and route *", ErrInvalid)
+	}
+	for _, k := range d.Keys {
+		if err := ValidateID("tenant", k.Tenant); err != nil {
+			return nil, fmt.Errorf("snapshot: key %d: %w", k.ID, err)
+		}
+		if k.RevokedAt.IsZero() {
+			s.keys[k.Hash] = k.Tenant
+		}
+	}
+	for _, sh := range d.Shares {
+		if !known[sh.Region] {
+			return nil, fmt.Errorf("snapshot: %w: share for unknown region %q", ErrInvalid, sh.Region)
+		}
+		if sh.Share < 0 || sh.Share > 1 || sh.Share != sh.Share {
+			return nil, fmt.Errorf("snapshot: %w: share %v of region %s scope %s", ErrInvalid, sh.Share, sh.Region, sh.Scope)
+		}
+		if sh.Source != SourceOverride && sh.Source != SourceRebalancer {
+			return nil, fmt.Errorf("snapshot: %w: share source %q", ErrInvalid, sh.Source)
+		}
+		s.shares[shareKey{sh.Scope, sh.Region, sh.Source}] = sh
+	}
+	for _, in := range d.Instances {
+		if d.InstanceTTL <= 0 || d.LoadedAt.Sub(in.LastSeen) <= d.InstanceTTL {
+			s.live[in.Region]++
+		}
+	}
+	return s, nil
+}
+
+// Regions lists the known regions in the order they were loaded.
+func (s *Snapshot) Regions() []string { return append([]string(nil), s.regions...) }
+
+// LoadedAt is when the data behind the snapshot was read.
+func (s *Snapshot) LoadedAt() time.Time { return s.loadedAt }
+
+// RuleCount is the number of rules loaded.
+func (s *Snapshot) RuleCount() int { return s.nRules }
+
+// Tenant returns the tenant of a valid (known, unrevoked) API key.
+func (s *Snapshot) Tenant(h KeyHash) (string, bool) {
+	t, ok := s.keys[h]
+	return t, ok
+}
+
+// Rule resolves the rule for a request: tenant+route, else tenant+"*", else "*"+route,
+// else the default rule.
+func (s *Snapshot) Rule(tenant, route string) Rule {
+	for _, k := range [...]ruleKey{{tenant, route}, {tenant, Wildcard}, {Wildcard, route}} {
+		if r, ok := s.rules[k]; ok {
+			return r
+		}
+	}
+	return s.rules[ruleKey{Wildcard, Wildcard}]
+}
+
+// EffectiveShare is region's share of tenant's rule for route at now. Overrides (most
+// specific scope first: tenant/route, tenant, "*") beat rebalancer values (most specific
+// first); an override at a scope covers everything inside it. With neither, the regions
+// split equally. Expired overrides are ignored.
+func (s *Snapshot) EffectiveShare(region, tenant, route string, now time.Time) (float64, Source) {
+	scopes := [...]Scope{{tenant, route}, {tenant, Wildcard}, GlobalScope}
+	for _, src := range [...]Source{SourceOverride, SourceRebalancer} {
+		for _, sc := range scopes {
+			if sh, ok := s.shares[shareKey{sc, region, src}]; ok && sh.Active(now) {
+				return sh.Share, src
+			}
+		}
+	}
+	n := len(s.regions)
+	if n == 0 {
+		n = 1
+	}
+	return 1 / float64(n), SourceDefault
+}
+
+// ScopeShare is region's share for exactly one scope (no fallback to wider scopes except
+// the equal split), with its source; ratectl and the rebalancer use it.
+func (s *Snapshot) ScopeShare(region string, scope Scope, now time.Time) (Share, bool) {
+	for _, src := range [...]Source{SourceOverride, SourceRebalancer} {
+		if sh, ok := s.shares[shareKey{scope, region, src}]; ok && sh.Active(now) {
+			return sh, true
+		}
+	}
+	return Share{}, false
+}
+
+// Regional is the rule for a request scaled by region's effective share.
+func (s *Snapshot) Regional(region, tenant, route string, now time.Time) (Rule, Limit, float64) {
+	r := s.Rule(tenant, route)
+	share, _ := s.EffectiveShare(region, tenant, route, now)
+	return r, Scale(r.Capacity, r.RefillPerSecond, share), share
+}
+
+// LiveInstances is the number of gateways of region whose heartbeat is fresh; 0 when
+// unknown.
+func (s *Snapshot) LiveInstances(region string) int { return s.live[region] }
