@@ -1,0 +1,14 @@
+// Package migrations owns the PostgreSQL schema of the control plane: goose SQL migrations
+// embedded in the binary, and Up/Down/Status helpers that run them through goose's Provider
+// API with a session advisory lock, so several processes may migrate at once safely.
+//
+// The schema (see the .sql files): rate_limit_rule, api_key, region, region_share,
+// region_share_history, gateway_instance and audit_log, with CHECK constraints on every id
+// and number, one NOTIFY channel (NotifyChannel) fired on every change of rules, keys,
+// regions and shares, a trigger that writes region_share_history for every share change,
+// and one that writes audit_log for every change of rules, keys and regions. Writers name
+// themselves through the transaction-local settings quotaplane.actor, quotaplane.reason
+// and quotaplane.inputs (see SettingActor); without them the database role is recorded.
+//
+// It imports nothing from this module; only regions and cmd/ratectl import it.
+package migrations

@@ -1,0 +1,149 @@
+package migrations
+
+import (
+	"context"
+	"database/sql"
+	"embed"
+	"errors"
+	"fmt"
+	"path"
+	"time"
+
+	"github.com/pressly/goose/v3"
+	"github.com/pressly/goose/v3/lock"
+)
+
+// FS holds the SQL migrations, named NNNNN_what.sql, in goose's format.
+//
+//go:embed *.sql
+var FS embed.FS
+
+// NotifyChannel is the one channel the schema's triggers NOTIFY on every change of rules,
+// keys, regions and shares (never on gateway heartbeats). The payload is the table name.
+const NotifyChannel = "ratelimit_config"
+
+// The transaction-local settings that name who made a change, why, and (for shares) the
+// inputs behind it. The history and audit triggers read them; set them with
+// set_config(name, value, true) inside the writing transaction.
+const (
+	SettingActor  = "quotaplane.actor"
+	SettingReason = "quotaplane.reason"
+	SettingInputs = "quotaplane.inputs" // JSON text, stored as jsonb in region_share_history
+)
+
+// lockID is the session advisory lock held while migrating, so concurrent migrators queue.
+// Other packages taking advisory locks must use other ids.
+const lockID int64 = 0x5170_6d67 // "Qpmg"
+
+// MigrationStatus is one migration and whether it has been applied.
+type MigrationStatus struct {
+	Version   int64
+	Name      string // file name, e.g. "00001_schema.sql"
+	Applied   bool
+	AppliedAt time.Time // zero when pending
+}
+
+// Up applies every pending migration. Applying an up-to-date database does nothing.
+// db is not closed.
+func Up(ctx context.Context, db *sql.DB) error {
+	p, err := provider(db)
+	if err != nil {
+		return err
+	}
+	if _, err := p.Up(ctx); err != nil {
+		return fmt.Errorf("migrate up: %w", err)
+	}
+	return nil
+}
+
+// Down rolls back the most recently applied migration (one step). With nothing applied it
+// returns an error wrapping goose.ErrNoNextVersion.
+func Down(ctx context.Context, db *sql.DB) error {
+	p, err := provider(db)
+	if err != nil {
+		return err
+	}
+	if _, err := p.Down(ctx); err != nil {
+		return fmt.Errorf("migrate down: %w", err)
+	}
+	return nil
+}
+
+// DownAll rolls back every applied migration, dropping the whole schema and its data.
+func DownAll(ctx context.Context, db *sql.DB) error {
+	p, err := provider(db)
+	if err != nil {
+		return err
+	}
+	if _, err := p.DownTo(ctx, 0); err != nil {
+		return fmt.Errorf("migrate down to 0: %w", err)
+	}
+	return nil
+}
+
+// Version is the version of the latest applied migration (0 for an empty database).
+func Version(ctx context.Context, db *sql.DB) (int64, error) {
+	p, err := provider(db)
+	if err != nil {
+		return 0, err
+	}
+	v, err := p.GetDBVersion(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("migration version: %w", err)
+	}
+	return v, nil
+}
+
+// Latest is the version of the newest embedded migration.
+func Latest() int64 {
+	var v int64
+	entries, _ := FS.ReadDir(".")
+	for _, e := range entries {
+		if n, err := goose.NumericComponent(e.Name()); err == nil && n > v {
+			v = n
+		}
+	}
+	return v
+}
+
+// Status lists every embedded migration, oldest first, with whether it is applied.
+func Status(ctx context.Context, db *sql.DB) ([]MigrationStatus, error) {
+	p, err := provider(db)
+	if err != nil {
+		return nil, err
+	}
+	st, err := p.Status(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("migration status: %w", err)
+	}
+	out := make([]MigrationStatus, 0, len(st))
+	for _, s := range st {
+		out = append(out, MigrationStatus{
+			Version:   s.Source.Version,
+			Name:      path.Base(s.Source.Path),
+			Applied:   s.State == goose.StateApplied,
+			AppliedAt: s.AppliedAt,
+		})
+	}
+	return out, nil
+}
+
+func provider(db *sql.DB) (*goose.Provider, error) {
+	if db == nil {
+		return nil, errors.New("migrations: nil *sql.DB")
+	}
+	// Wait up to 60 s (1 s probes) for another process's migration to finish.
+	locker, err := lock.NewPostgresSessionLocker(lock.WithLockID(lockID), lock.WithLockTimeout(1, 60), lock.WithUnlockTimeout(1, 10))
+	if err != nil {
+		return nil, fmt.Errorf("migrations: %w", err)
+	}
+	p, err := goose.NewProvider(goose.DialectPostgres, db, FS,
+		goose.WithSessionLocker(locker),
+		goose.WithDisableGlobalRegistry(true),
+	)
+	if err != nil {
+		return nil, fmt.Errorf("migrations: %w", err)
+	}
+	// p.Close would close db, which belongs to the caller; the provider holds nothing else.
+	return p, nil
+}

@@ -1,0 +1,422 @@
+package migrations_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	_ "github.com/jackc/pgx/v5/stdlib"
+
+	"github.com/quotaplane/quotaplane/deploy/local"
+	"github.com/quotaplane/quotaplane/migrations"
+)
+
+func TestMain(m *testing.M) { os.Exit(local.RunTests(m)) }
+
+func openDB(t *testing.T) (*sql.DB, string) {
+	t.Helper()
+	url := local.PostgresDB(t)
+	db, err := sql.Open("pgx", url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	return db, url
+}
+
+// fingerprint describes the public schema: columns, constraints, indexes and triggers.
+func fingerprint(t *testing.T, db *sql.DB) string {
+	t.Helper()
+	const q = `
+SELECT coalesce(string_agg(x, E'\n' ORDER BY x), '') FROM (
+  SELECT table_name || '.' || column_name || ' ' || data_type || ' ' || coalesce(column_default, '') || ' ' || is_nullable AS x
+    FROM information_schema.columns WHERE table_schema = 'public' AND table_name <> 'goose_db_version'
+  UNION ALL
+  SELECT conrelid::regclass::text || ' ' || conname || ' ' || pg_get_constraintdef(oid)
+    FROM pg_constraint WHERE connamespace = 'public'::regnamespace AND conrelid::regclass::text <> 'goose_db_version'
+  UNION ALL
+  SELECT indexdef FROM pg_indexes WHERE schemaname = 'public' AND tablename <> 'goose_db_version'
+  UNION ALL
+  SELECT tgrelid::regclass::text || ' trigger ' || tgname FROM pg_trigger WHERE NOT tgisinternal
+  UNION ALL
+  SELECT 'function ' || proname FROM pg_proc WHERE pronamespace = 'public'::regnamespace
+) s`
+	var fp string
+	if err := db.QueryRowContext(context.Background(), q).Scan(&fp); err != nil {
+		t.Fatalf("fingerprint: %v", err)
+	}
+	return fp
+}
+
+func TestUpEmptyDatabase(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db, _ := openDB(t)
+	if fp := fingerprint(t, db); fp != "" {
+		t.Fatalf("fresh database is not empty:\n%s", fp)
+	}
+	if err := migrations.Up(ctx, db); err != nil {
+		t.Fatal(err)
+	}
+	v, err := migrations.Version(ctx, db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v != migrations.Latest() || v < 3 {
+		t.Fatalf("version %d, want latest %d (>= 3)", v, migrations.Latest())
+	}
+	for _, table := range []string{"rate_limit_rule", "api_key", "region", "region_share", "region_share_history", "gateway_instance", "audit_log"} {
+		var n int
+		if err := db.QueryRowContext(ctx, "SELECT count(*) FROM "+table).Scan(&n); err != nil {
+			t.Errorf("table %s: %v", table, err)
+		}
+	}
+	var capacity int64
+	var refill float64
+	if err := db.QueryRowContext(ctx, `SELECT capacity, refill_per_second FROM rate_limit_rule WHERE tenant_id = '*' AND route_id = '*'`).Scan(&capacity, &refill); err != nil {
+		t.Fatalf("default rule: %v", err)
+	}
+	if capacity != 20 || refill != 10 {
+		t.Fatalf("default rule %d/%v, want 20/10", capacity, refill)
+	}
+	st, err := migrations.Status(ctx, db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(st) != int(migrations.Latest()) {
+		t.Fatalf("status has %d migrations, want %d", len(st), migrations.Latest())
+	}
+	for _, s := range st {
+		if !s.Applied || s.AppliedAt.IsZero() || !strings.HasSuffix(s.Name, ".sql") {
+			t.Errorf("status %+v: want applied .sql with a time", s)
+		}
+	}
+}
+
+func TestReapplyIsNoOp(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db, _ := openDB(t)
+	if err := migrations.Up(ctx, db); err != nil {
+		t.Fatal(err)
+	}
+	before := fingerprint(t, db)
+	var rows0 int
+	if err := db.QueryRowContext(ctx, "SELECT count(*) FROM goose_db_version").Scan(&rows0); err != nil {
+		t.Fatal(err)
+	}
+	// Two concurrent migrators plus one more: the advisory lock serialises them.
+	var wg sync.WaitGroup
+	errs := make(chan error, 3)
+	for range 3 {
+		wg.Go(func() { errs <- migrations.Up(ctx, db) })
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	var rows1 int
+	if err := db.QueryRowContext(ctx, "SELECT count(*) FROM goose_db_version").Scan(&rows1); err != nil {
+		t.Fatal(err)
+	}
+	if rows1 != rows0 {
+		t.Fatalf("goose_db_version grew from %d to %d rows", rows0, rows1)
+	}
+	if after := fingerprint(t, db); after != before {
+		t.Fatalf("schema changed on re-apply:\n%s\n---\n%s", before, after)
+	}
+	var rules int
+	if err := db.QueryRowContext(ctx, "SELECT count(*) FROM rate_limit_rule").Scan(&rules); err != nil || rules != 1 {
+		t.Fatalf("rules after re-apply: %d, %v; want the one default rule", rules, err)
+	}
+}
+
+func TestDownUpRoundTrip(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db, _ := openDB(t)
+	if err := migrations.Up(ctx, db); err != nil {
+		t.Fatal(err)
+	}
+	want := fingerprint(t, db)
+
+	// One step down and up again.
+	if err := migrations.Down(ctx, db); err != nil {
+		t.Fatal(err)
+	}
+	if v, err := migrations.Version(ctx, db); err != nil || v != migrations.Latest()-1 {
+		t.Fatalf("after one down: version %d, %v; want %d", v, err, migrations.Latest()-1)
+	}
+	if err := migrations.Up(ctx, db); err != nil {
+		t.Fatal(err)
+	}
+	if got := fingerprint(t, db); got != want {
+		t.Fatalf("schema after down/up differs:\n%s\n---\n%s", want, got)
+	}
+
+	// Everything down: nothing of ours is left.
+	if err := migrations.DownAll(ctx, db); err != nil {
+		t.Fatal(err)
+	}
+	if got := fingerprint(t, db); got != "" {
+		t.Fatalf("schema left after down-all:\n%s", got)
+	}
+	if v, err := migrations.Version(ctx, db); err != nil || v != 0 {
+		t.Fatalf("after down-all: version %d, %v; want 0", v, err)
+	}
+	if err := migrations.Up(ctx, db); err != nil {
+		t.Fatal(err)
+	}
+	if got := fingerprint(t, db); got != want {
+		t.Fatalf("schema after down-all/up differs:\n%s\n---\n%s", want, got)
+	}
+}
+
+func TestChecksRejectBadRows(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db, _ := openDB(t)
+	if err := migrations.Up(ctx, db); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.ExecContext(ctx, `INSERT INTO region (name) VALUES ('us-east'), ('eu-west')`); err != nil {
+		t.Fatal(err)
+	}
+	const hash = `'\x` + "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff" + `'`
+	long := strings.Repeat("a", 65)
+	max := strings.Repeat("a", 64)
+	rule := func(tenant, route, capacity, refill, shards string) string {
+		return `INSERT INTO rate_limit_rule (tenant_id, route_id, capacity, refill_per_second, shards) VALUES ('` +
+			tenant + `', '` + route + `', ` + capacity + `, ` + refill + `, ` + shards + `)`
+	}
+	share := func(scope, region, value, source, expires string) string {
+		return `INSERT INTO region_share (scope, region, share, source, expires_at) VALUES ('` +
+			scope + `', '` + region + `', ` + value + `, '` + source + `', ` + expires + `)`
+	}
+	tests := []struct {
+		name string
+		sql  string
+		want string // constraint name; "" = the row is accepted
+	}{
+		{"rule ok", rule("shop-a", "create-order", "10", "0.5", "1"), ""},
+		{"rule wildcard tenant ok", rule("*", "create-order", "10", "1", "1"), ""},
+		{"rule wildcard route ok", rule("shop-b", "*", "10", "1", "1"), ""},
+		{"rule max length id ok", rule(max, max, "1", "1", "1024"), ""},
+		{"rule tenant empty", rule("", "r", "1", "1", "1"), "rate_limit_rule_tenant_syntax"},
+		{"rule tenant too long", rule(long, "r", "1", "1", "1"), "rate_limit_rule_tenant_syntax"},
+		{"rule tenant space", rule("shop a", "r", "1", "1", "1"), "rate_limit_rule_tenant_syntax"},
+		{"rule tenant quote", rule("shop''--", "r", "1", "1", "1"), "rate_limit_rule_tenant_syntax"},
+		{"rule tenant unicode look-alike", rule("shop-а", "r", "1", "1", "1"), "rate_limit_rule_tenant_syntax"},
+		{"rule tenant newline", rule("shop\n", "r", "1", "1", "1"), "rate_limit_rule_tenant_syntax"},
+		{"rule tenant star prefix", rule("*a", "r", "1", "1", "1"), "rate_limit_rule_tenant_syntax"},
+		{"rule route slash", rule("t", "a/b", "1", "1", "1"), "rate_limit_rule_route_syntax"},
+		{"rule route too long", rule("t", long, "1", "1", "1"), "rate_limit_rule_route_syntax"},
+		{"rule capacity zero", rule("t", "r", "0", "1", "1"), "rate_limit_rule_capacity_positive"},
+		{"rule capacity negative", rule("t", "r", "-5", "1", "1"), "rate_limit_rule_capacity_positive"},
+		{"rule refill zero", rule("t", "r", "1", "0", "1"), "rate_limit_rule_refill_positive"},
+		{"rule refill negative", rule("t", "r", "1", "-0.1", "1"), "rate_limit_rule_refill_positive"},
+		{"rule refill NaN", rule("t", "r", "1", "'NaN'", "1"), "rate_limit_rule_refill_positive"},
+		{"rule refill infinity", rule("t", "r", "1", "'Infinity'", "1"), "rate_limit_rule_refill_positive"},
+		{"rule shards zero", rule("t", "r", "1", "1", "0"), "rate_limit_rule_shards_range"},
+		{"rule shards too many", rule("t", "r", "1", "1", "1025"), "rate_limit_rule_shards_range"},
+		{"rule duplicate", rule("shop-a", "create-order", "1", "1", "1"), "rate_limit_rule_pkey"},
+
+		{"key ok", `INSERT INTO api_key (key_hash, tenant_id, label) VALUES (` + hash + `, 'shop-a', 'ci')`, ""},
+		{"key duplicate hash", `INSERT INTO api_key (key_hash, tenant_id) VALUES (` + hash + `, 'shop-b')`, "api_key_hash_unique"},
+		{"key short hash", `INSERT INTO api_key (key_hash, tenant_id) VALUES ('\x0011', 'shop-a')`, "api_key_hash_sha256"},
+		{"key wildcard tenant", `INSERT INTO api_key (key_hash, tenant_id) VALUES (sha256('x'), '*')`, "api_key_tenant_syntax"},
+		{"key bad tenant", `INSERT INTO api_key (key_hash, tenant_id) VALUES (sha256('y'), 'a;b')`, "api_key_tenant_syntax"},
+		{"key long label", `INSERT INTO api_key (key_hash, tenant_id, label) VALUES (sha256('z'), 'a', repeat('x', 201))`, "api_key_label_length"},
+
+		{"region bad name", `INSERT INTO region (name) VALUES ('us east')`, "region_name_syntax"},
+		{"region wildcard", `INSERT INTO region (name) VALUES ('*')`, "region_name_syntax"},
+		{"region too long", `INSERT INTO region (name) VALUES ('` + long + `')`, "region_name_syntax"},
+
+		{"share ok", share("*", "us-east", "0.7", "rebalancer", "NULL"), ""},
+		{"share tenant ok", share("shop-a", "us-east", "1", "override", "now() + interval '1 hour'"), ""},
+		{"share tenant route ok", share("shop-a/create-order", "eu-west", "0", "override", "NULL"), ""},
+		{"share above one", share("shop-b", "us-east", "1.01", "rebalancer", "NULL"), "region_share_range"},
+		{"share negative", share("shop-b", "us-east", "-0.01", "rebalancer", "NULL"), "region_share_range"},
+		{"share NaN", share("shop-b", "us-east", "'NaN'", "rebalancer", "NULL"), "region_share_range"},
+		{"share bad source", share("shop-b", "us-east", "0.5", "operator", "NULL"), "region_share_source"},
+		{"share unknown region", share("shop-b", "ap-south", "0.5", "rebalancer", "NULL"), "region_share_region_fkey"},
+		{"share scope empty", share("", "us-east", "0.5", "rebalancer", "NULL"), "region_share_scope_syntax"},
+		{"share scope three parts", share("a/b/c", "us-east", "0.5", "rebalancer", "NULL"), "region_share_scope_syntax"},
+		{"share scope wildcard route", share("*/r", "us-east", "0.5", "rebalancer", "NULL"), "region_share_scope_syntax"},
+		{"share scope trailing slash", share("a/", "us-east", "0.5", "rebalancer", "NULL"), "region_share_scope_syntax"},
+		{"share rebalancer with expiry", share("shop-c", "us-east", "0.5", "rebalancer", "now()"), "region_share_expiry_override_only"},
+
+		{"instance ok", `INSERT INTO gateway_instance (id, region) VALUES ('gw-1.us-east', 'us-east')`, ""},
+		{"instance bad id", `INSERT INTO gateway_instance (id, region) VALUES ('gw 1', 'us-east')`, "gateway_instance_id_syntax"},
+		{"instance bad region", `INSERT INTO gateway_instance (id, region) VALUES ('gw-2', 'us/east')`, "gateway_instance_region_syntax"},
+
+		{"default rule cannot be deleted", `DELETE FROM rate_limit_rule WHERE tenant_id = '*' AND route_id = '*'`, "rate_limit_rule_keep_default"},
+		{"default rule cannot be renamed", `UPDATE rate_limit_rule SET tenant_id = 'x' WHERE tenant_id = '*' AND route_id = '*'`, "rate_limit_rule_keep_default"},
+		{"default rule can change", `UPDATE rate_limit_rule SET capacity = 30 WHERE tenant_id = '*' AND route_id = '*'`, ""},
+		{"region with shares cannot be deleted", `DELETE FROM region WHERE name = 'us-east'`, "region_share_region_fkey"},
+	}
+	for _, tt := range tests {
+		// Rows run in order on one database (later rows rely on earlier ones), so no t.Parallel.
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := db.ExecContext(ctx, tt.sql)
+			if tt.want == "" {
+				if err != nil {
+					t.Fatalf("rejected a good row: %v", err)
+				}
+				return
+			}
+			var pgErr *pgconn.PgError
+			if !errors.As(err, &pgErr) {
+				t.Fatalf("accepted a bad row (want %s), err %v", tt.want, err)
+			}
+			if pgErr.ConstraintName != tt.want {
+				t.Fatalf("rejected by %q (%s), want %q", pgErr.ConstraintName, pgErr.Message, tt.want)
+			}
+		})
+	}
+}
+
+func TestTriggerNotifies(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	db, url := openDB(t)
+	if err := migrations.Up(ctx, db); err != nil {
+		t.Fatal(err)
+	}
+	listener, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer listener.Close(ctx)
+	if _, err := listener.Exec(ctx, "LISTEN "+migrations.NotifyChannel); err != nil {
+		t.Fatal(err)
+	}
+	hash := func(s string) string { return `sha256('` + s + `')` }
+	steps := []struct {
+		sql     string
+		payload string // "" = must not notify
+	}{
+		{`INSERT INTO region (name) VALUES ('us-east')`, "region"},
+		{`INSERT INTO gateway_instance (id, region) VALUES ('gw-1', 'us-east')`, ""},
+		{`INSERT INTO rate_limit_rule (tenant_id, route_id, capacity, refill_per_second) VALUES ('a', '*', 5, 1)`, "rate_limit_rule"},
+		{`UPDATE gateway_instance SET last_seen = now()`, ""},
+		{`UPDATE rate_limit_rule SET capacity = 6 WHERE tenant_id = 'a'`, "rate_limit_rule"},
+		{`INSERT INTO api_key (key_hash, tenant_id) VALUES (` + hash("k") + `, 'a')`, "api_key"},
+		{`UPDATE api_key SET revoked_at = now()`, "api_key"},
+		{`INSERT INTO region_share (scope, region, share, source) VALUES ('*', 'us-east', 1, 'rebalancer')`, "region_share"},
+		{`UPDATE region_share SET share = 0.9`, "region_share"},
+		{`DELETE FROM gateway_instance`, ""},
+		{`DELETE FROM region_share`, "region_share"},
+		{`DELETE FROM api_key`, "api_key"},
+		{`DELETE FROM rate_limit_rule WHERE tenant_id = 'a'`, "rate_limit_rule"},
+		{`DELETE FROM region`, "region"},
+	}
+	for i, st := range steps {
+		if _, err := db.ExecContext(ctx, st.sql); err != nil {
+			t.Fatalf("step %d %s: %v", i, st.sql, err)
+		}
+		if st.payload == "" {
+			continue // checked by the next notifying step: it must be the next notification
+		}
+		n, err := listener.WaitForNotification(ctx)
+		if err != nil {
+			t.Fatalf("step %d %s: no notification: %v", i, st.sql, err)
+		}
+		if n.Channel != migrations.NotifyChannel || n.Payload != st.payload {
+			t.Fatalf("step %d %s: notification %s %q, want %s %q", i, st.sql, n.Channel, n.Payload, migrations.NotifyChannel, st.payload)
+		}
+	}
+	// One bulk statement is one notification.
+	if _, err := db.ExecContext(ctx, `INSERT INTO rate_limit_rule (tenant_id, route_id, capacity, refill_per_second) SELECT 't' || i, '*', 1, 1 FROM generate_series(1, 500) i`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.ExecContext(ctx, `INSERT INTO region (name) VALUES ('sentinel')`); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"rate_limit_rule", "region"} {
+		n, err := listener.WaitForNotification(ctx)
+		if err != nil || n.Payload != want {
+			t.Fatalf("after bulk insert: notification %v, %v; want %q", n, err, want)
+		}
+	}
+}
+
+func TestHistoryAndAuditTriggers(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db, _ := openDB(t)
+	if err := migrations.Up(ctx, db); err != nil {
+		t.Fatal(err)
+	}
+	exec := func(q string, args ...any) {
+		t.Helper()
+		if _, err := db.ExecContext(ctx, q, args...); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	exec(`INSERT INTO region (name) VALUES ('us-east')`)
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.ExecContext(ctx, `SELECT set_config($1, 'rebalancer-1', true), set_config($2, 'demand shift', true), set_config($3, '{"demand": {"us-east": 12.5}}', true)`,
+		migrations.SettingActor, migrations.SettingReason, migrations.SettingInputs); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.ExecContext(ctx, `INSERT INTO region_share (scope, region, share, source) VALUES ('*', 'us-east', 0.5, 'rebalancer')`); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	exec(`UPDATE region_share SET share = 0.5`) // unchanged: no history row
+	exec(`UPDATE region_share SET share = 0.6`) // plain SQL: the role is the actor
+	exec(`DELETE FROM region_share`)
+
+	rows, err := db.QueryContext(ctx, `SELECT coalesce(old_share, -1), coalesce(new_share, -1), actor, reason, coalesce(inputs->'demand'->>'us-east', '') FROM region_share_history ORDER BY id`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	var got []string
+	for rows.Next() {
+		var o, n float64
+		var actor, reason, in string
+		if err := rows.Scan(&o, &n, &actor, &reason, &in); err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, strings.Join([]string{ftoa(o), ftoa(n), actor, reason, in}, " "))
+	}
+	want := []string{
+		"-1 0.5 rebalancer-1 demand shift 12.5",
+		"0.5 0.6 postgres  ",
+		"0.6 -1 postgres  ",
+	}
+	if strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Fatalf("history:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+
+	var audits int
+	if err := db.QueryRowContext(ctx, `SELECT count(*) FROM audit_log WHERE object = 'region' AND action = 'insert' AND new->>'name' = 'us-east'`).Scan(&audits); err != nil || audits != 1 {
+		t.Fatalf("audit rows for the region insert: %d, %v; want 1", audits, err)
+	}
+	exec(`INSERT INTO api_key (key_hash, tenant_id) VALUES (sha256('k'), 'a')`)
+	var leaked bool
+	if err := db.QueryRowContext(ctx, `SELECT new ? 'key_hash' FROM audit_log WHERE object = 'api_key'`).Scan(&leaked); err != nil || leaked {
+		t.Fatalf("audit of api_key holds key_hash=%v (%v)", leaked, err)
+	}
+}
+
+func ftoa(f float64) string { return strconv.FormatFloat(f, 'g', -1, 64) }
