@@ -1,0 +1,384 @@
+package demand
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"net/http"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/api"
+	v1 "github.com/prometheus/client_golang/api/prometheus/v1"
+	"github.com/prometheus/common/model"
+
+	"github.com/quotaplane/quotaplane/regions"
+)
+
+// The metric names and labels this package reads; the gateway's metrics contract.
+const (
+	RequestsMetric       = "ratelimit_requests_total"        // {region,route,decision,source}
+	TenantRequestsMetric = "ratelimit_tenant_requests_total" // {region,tenant,route,decision}
+	// OtherTenant is the tenant label of the folded, uncapped remainder; it has no scope.
+	OtherTenant = "_other"
+)
+
+// Decision label values that count as offered traffic.
+const (
+	DecisionAllowed         = "allowed"
+	DecisionThrottled       = "throttled"
+	DecisionShadowThrottled = "shadow_throttled"
+)
+
+// Defaults filled in by New.
+const (
+	DefaultLongWindow  = 5 * time.Minute
+	DefaultShortWindow = time.Minute
+	DefaultMaxAge      = 2 * time.Minute
+	DefaultTimeout     = 10 * time.Second
+)
+
+// ErrUnavailable is wrapped when Prometheus cannot be queried; the caller skips its run.
+var ErrUnavailable = errors.New("prometheus unavailable")
+
+// Source is one Prometheus server. Region "" means it holds the series of every region;
+// otherwise only that region's series are read from it.
+type Source struct {
+	Region string
+	URL    string
+}
+
+// ParseSources reads the --prometheus-url values: exactly one URL, or one "region=URL"
+// per region (not both forms).
+func ParseSources(values []string) ([]Source, error) {
+	if len(values) == 0 {
+		return nil, fmt.Errorf("%w prometheus url: none given", regions.ErrInvalid)
+	}
+	var out []Source
+	seen := map[string]bool{}
+	for _, v := range values {
+		s := Source{URL: v}
+		if region, u, ok := strings.Cut(v, "="); ok && regions.ValidateID("region", region) == nil {
+			s = Source{Region: region, URL: u}
+		}
+		if !strings.HasPrefix(s.URL, "http://") && !strings.HasPrefix(s.URL, "https://") {
+			return nil, fmt.Errorf("%w prometheus url %q: want http(s)://host:port or region=http(s)://host:port", regions.ErrInvalid, v)
+		}
+		if seen[s.Region] {
+			if s.Region == "" {
+				return nil, fmt.Errorf("%w prometheus url %q: give one URL, or one region=URL per region", regions.ErrInvalid, v)
+			}
+			return nil, fmt.Errorf("%w prometheus url %q: region %s given twice", regions.ErrInvalid, v, s.Region)
+		}
+		seen[s.Region] = true
+		out = append(out, s)
+	}
+	if seen[""] && len(out) > 1 {
+		return nil, fmt.Errorf("%w prometheus urls: a plain URL cannot be mixed with region=URL", regions.ErrInvalid)
+	}
+	return out, nil
+}
+
+// Config configures a Reader.
+type Config struct {
+	Sources []Source
+	// LongWindow is the rate window of the regular run: the rebalancer's interval.
+	LongWindow time.Duration
+	// ShortWindow is the rate window of the fast path and the peak reserve (1 min).
+	ShortWindow time.Duration
+	// MaxAge: a series whose newest sample is older than this is stale (unknown).
+	MaxAge time.Duration
+	// Timeout bounds one Read.
+	Timeout time.Duration
+	// Client is the HTTP client; nil means a new one with Prometheus's default transport.
+	Client *http.Client
+}
+
+// Rates are request rates (requests per second) over one window.
+type Rates struct {
+	Allowed         float64
+	Throttled       float64
+	ShadowThrottled float64
+}
+
+// Offered is everything the clients sent: allowed + throttled + shadow_throttled.
+func (r Rates) Offered() float64 { return r.Allowed + r.Throttled + r.ShadowThrottled }
+
+// Sample is one region's demand in one scope, read from fresh series.
+type Sample struct {
+	Long  Rates // over Config.LongWindow
+	Short Rates // over Config.ShortWindow; Long when the short window has too few points
+	// LastSeen is the time of the newest raw sample behind the rates.
+	LastSeen time.Time
+}
+
+// Demand is one read. A (scope, region) absent from Scopes is unknown, never zero.
+type Demand struct {
+	// At is the evaluation time of every query.
+	At time.Time
+	// Scopes maps a scope — regions.GlobalScope for the region totals, or a capped
+	// tenant/route pair — to the regions with a fresh sample.
+	Scopes map[regions.Scope]map[string]Sample
+	// Unreachable names the regions whose own Prometheus failed (per-region sources
+	// only; with one shared source a failure fails the whole Read).
+	Unreachable map[string]error
+}
+
+// Sample returns region's demand in scope; false means unknown.
+func (d Demand) Sample(scope regions.Scope, region string) (Sample, bool) {
+	s, ok := d.Scopes[scope][region]
+	return s, ok
+}
+
+// PairScopes lists the tenant/route scopes that have a sample in at least one region,
+// sorted (GlobalScope excluded).
+func (d Demand) PairScopes() []regions.Scope {
+	out := make([]regions.Scope, 0, len(d.Scopes))
+	for sc := range d.Scopes {
+		if sc != regions.GlobalScope {
+			out = append(out, sc)
+		}
+	}
+	slices.SortFunc(out, func(a, b regions.Scope) int { return strings.Compare(a.String(), b.String()) })
+	return out
+}
+
+// Reader queries Prometheus. It is safe for concurrent use.
+type Reader struct {
+	cfg     Config
+	sources []source
+}
+
+type source struct {
+	Source
+	api v1.API
+}
+
+// New validates cfg and fills defaults. It dials nothing.
+func New(cfg Config) (*Reader, error) {
+	if len(cfg.Sources) == 0 {
+		return nil, fmt.Errorf("%w demand reader: no prometheus source", regions.ErrInvalid)
+	}
+	if cfg.LongWindow <= 0 {
+		cfg.LongWindow = DefaultLongWindow
+	}
+	if cfg.ShortWindow <= 0 {
+		cfg.ShortWindow = DefaultShortWindow
+	}
+	if cfg.MaxAge <= 0 {
+		cfg.MaxAge = DefaultMaxAge
+	}
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = DefaultTimeout
+	}
+	if cfg.LongWindow < time.Second || cfg.ShortWindow < time.Second {
+		return nil, fmt.Errorf("%w demand reader: windows %s/%s must be at least 1s", regions.ErrInvalid, cfg.LongWindow, cfg.ShortWindow)
+	}
+	r := &Reader{cfg: cfg}
+	for _, s := range cfg.Sources {
+		if s.Region != "" {
+			if err := regions.ValidateID("region", s.Region); err != nil {
+				return nil, fmt.Errorf("demand reader: %w", err)
+			}
+		} else if len(cfg.Sources) > 1 {
+			return nil, fmt.Errorf("%w demand reader: a source for every region cannot be mixed with others", regions.ErrInvalid)
+		}
+		c, err := api.NewClient(api.Config{Address: s.URL, Client: cfg.Client})
+		if err != nil {
+			return nil, fmt.Errorf("%w demand reader: prometheus %q: %v", regions.ErrInvalid, s.URL, err)
+		}
+		r.sources = append(r.sources, source{Source: s, api: v1.NewAPI(c)})
+	}
+	return r, nil
+}
+
+// Config returns the configuration with defaults filled in.
+func (r *Reader) Config() Config { return r.cfg }
+
+// Read evaluates every query at now (zero means the current time). It fails with
+// ErrUnavailable when no source could be read; with per-region sources, a region whose
+// source failed is listed in Unreachable and absent from Scopes.
+func (r *Reader) Read(ctx context.Context, now time.Time) (Demand, error) {
+	if now.IsZero() {
+		now = time.Now()
+	}
+	ctx, cancel := context.WithTimeout(ctx, r.cfg.Timeout)
+	defer cancel()
+	d := Demand{At: now, Scopes: map[regions.Scope]map[string]Sample{}, Unreachable: map[string]error{}}
+	results := make([]sourceResult, len(r.sources))
+	var wg sync.WaitGroup
+	for i, s := range r.sources {
+		wg.Go(func() { results[i] = r.readSource(ctx, s, now) })
+	}
+	wg.Wait()
+	failed := 0
+	for i, res := range results {
+		s := r.sources[i]
+		if res.err != nil {
+			failed++
+			if s.Region != "" {
+				d.Unreachable[s.Region] = res.err
+			}
+			continue
+		}
+		for sc, byRegion := range res.scopes {
+			if d.Scopes[sc] == nil {
+				d.Scopes[sc] = map[string]Sample{}
+			}
+			for region, smp := range byRegion {
+				d.Scopes[sc][region] = smp
+			}
+		}
+	}
+	if failed == len(r.sources) {
+		return Demand{}, fmt.Errorf("read demand: %w", errors.Join(collectErrs(results)...))
+	}
+	return d, nil
+}
+
+func collectErrs(rs []sourceResult) []error {
+	var errs []error
+	for _, r := range rs {
+		if r.err != nil {
+			errs = append(errs, r.err)
+		}
+	}
+	return errs
+}
+
+type sourceResult struct {
+	scopes map[regions.Scope]map[string]Sample
+	err    error
+}
+
+// seriesKey identifies one (scope, region) series group in query results.
+type seriesKey struct {
+	scope  regions.Scope
+	region string
+}
+
+const offeredDecisions = DecisionAllowed + "|" + DecisionThrottled + "|" + DecisionShadowThrottled
+
+// queries returns the six PromQL expressions for one source: rates over the long and
+// short windows and the newest sample time, for the region totals and the tenant pairs.
+func (r *Reader) queries(region string) (total, pair [3]string) {
+	sel := `decision=~"` + offeredDecisions + `"`
+	if region != "" {
+		sel += `,region="` + region + `"`
+	}
+	tsel := sel + `,tenant!="` + OtherTenant + `"`
+	long, short := model.Duration(r.cfg.LongWindow).String(), model.Duration(r.cfg.ShortWindow).String()
+	total = [3]string{
+		fmt.Sprintf(`sum by (region, decision) (rate(%s{%s}[%s]))`, RequestsMetric, sel, long),
+		fmt.Sprintf(`sum by (region, decision) (rate(%s{%s}[%s]))`, RequestsMetric, sel, short),
+		fmt.Sprintf(`max by (region) (timestamp(%s{%s}))`, RequestsMetric, sel),
+	}
+	pair = [3]string{
+		fmt.Sprintf(`sum by (region, tenant, route, decision) (rate(%s{%s}[%s]))`, TenantRequestsMetric, tsel, long),
+		fmt.Sprintf(`sum by (region, tenant, route, decision) (rate(%s{%s}[%s]))`, TenantRequestsMetric, tsel, short),
+		fmt.Sprintf(`max by (region, tenant, route) (timestamp(%s{%s}))`, TenantRequestsMetric, tsel),
+	}
+	return total, pair
+}
+
+func (r *Reader) readSource(ctx context.Context, s source, now time.Time) sourceResult {
+	total, pair := r.queries(s.Region)
+	res := sourceResult{scopes: map[regions.Scope]map[string]Sample{}}
+	for _, qs := range [][3]string{total, pair} {
+		var vecs [3]model.Vector
+		for i, q := range qs {
+			v, err := query(ctx, s, q, now)
+			if err != nil {
+				res.err = err
+				return res
+			}
+			vecs[i] = v
+		}
+		r.merge(res.scopes, vecs, now)
+	}
+	return res
+}
+
+func query(ctx context.Context, s source, q string, now time.Time) (model.Vector, error) {
+	v, _, _, err := s.api.Query(ctx, q, now)
+	if err != nil {
+		return nil, fmt.Errorf("%w: query %s: %v", ErrUnavailable, s.URL, err)
+	}
+	vec, ok := v.(model.Vector)
+	if !ok {
+		return nil, fmt.Errorf("%w: query %s: got %s, want a vector", ErrUnavailable, s.URL, v.Type())
+	}
+	return vec, nil
+}
+
+// merge turns the (long, short, newest) vectors of one metric into samples, keeping only
+// fresh series with a long-window rate.
+func (r *Reader) merge(into map[regions.Scope]map[string]Sample, vecs [3]model.Vector, now time.Time) {
+	long, short := rates(vecs[0]), rates(vecs[1])
+	for _, smp := range vecs[2] {
+		k, ok := keyOf(smp.Metric)
+		if !ok || math.IsNaN(float64(smp.Value)) {
+			continue
+		}
+		last := time.UnixMilli(int64(math.Round(float64(smp.Value) * 1000)))
+		if now.Sub(last) > r.cfg.MaxAge {
+			continue // stale: unknown
+		}
+		l, ok := long[k]
+		if !ok {
+			continue // too few points for a rate: unknown
+		}
+		s, ok := short[k]
+		if !ok {
+			s = l
+		}
+		if into[k.scope] == nil {
+			into[k.scope] = map[string]Sample{}
+		}
+		into[k.scope][k.region] = Sample{Long: l, Short: s, LastSeen: last}
+	}
+}
+
+// rates sums a "sum by (..., decision)" vector into Rates per series key.
+func rates(vec model.Vector) map[seriesKey]Rates {
+	out := make(map[seriesKey]Rates, len(vec))
+	for _, smp := range vec {
+		k, ok := keyOf(smp.Metric)
+		v := float64(smp.Value)
+		if !ok || math.IsNaN(v) || math.IsInf(v, 0) || v < 0 {
+			continue
+		}
+		r := out[k]
+		switch smp.Metric["decision"] {
+		case DecisionAllowed:
+			r.Allowed += v
+		case DecisionThrottled:
+			r.Throttled += v
+		case DecisionShadowThrottled:
+			r.ShadowThrottled += v
+		}
+		out[k] = r
+	}
+	return out
+}
+
+// keyOf reads region (and tenant, route when present) from a result's labels; series
+// with ids that fail validation are ignored.
+func keyOf(m model.Metric) (seriesKey, bool) {
+	region := string(m["region"])
+	if regions.ValidateID("region", region) != nil {
+		return seriesKey{}, false
+	}
+	tenant, hasTenant := m["tenant"]
+	if !hasTenant {
+		return seriesKey{scope: regions.GlobalScope, region: region}, true
+	}
+	route := string(m["route"])
+	if tenant == OtherTenant || regions.ValidateID("tenant", string(tenant)) != nil || regions.ValidateID("route", route) != nil {
+		return seriesKey{}, false
+	}
+	return seriesKey{scope: regions.Scope{Tenant: string(tenant), Route: route}, region: region}, true
+}
