@@ -1,0 +1,78 @@
+package limiter
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/quotaplane/quotaplane/lua"
+	"github.com/quotaplane/quotaplane/regions"
+)
+
+// Source says which mechanism made a decision; it is the "source" label of the
+// gateway's request metrics.
+type Source string
+
+const (
+	// SourceRedis: the region's shared bucket in Redis decided.
+	SourceRedis Source = "redis"
+	// SourceFallback: Redis failed or the breaker is open; a local bucket holding 1/N
+	// of the regional rule decided.
+	SourceFallback Source = "fallback"
+	// SourceLocal: a standalone limiter (no Redis at all) decided with the whole rule.
+	SourceLocal Source = "local"
+	// SourceLease: tokens leased earlier from Redis and spent locally decided.
+	SourceLease Source = "lease"
+)
+
+// Decision is the answer for one request.
+type Decision struct {
+	// Allowed reports whether the request may proceed.
+	Allowed bool
+	// Limit is the capacity (burst) that was enforced: the regional rule's capacity for
+	// Redis and standalone decisions, this instance's 1/N of it for fallback ones.
+	Limit int64
+	// Remaining is the number of whole tokens left after this decision.
+	Remaining int64
+	// RetryAfter is zero when Allowed; otherwise how long until the request's cost in
+	// tokens will be available.
+	RetryAfter time.Duration
+	// ResetAfter is how long until the bucket is full again if nothing more is taken.
+	ResetAfter time.Duration
+	// Source says which mechanism decided.
+	Source Source
+}
+
+// Request asks for tokens of one tenant's bucket for one route.
+type Request struct {
+	// Tenant and Route name the bucket; both already validated ids
+	// ([A-Za-z0-9._-]{1,64}, regions.ValidateID).
+	Tenant, Route string
+	// Limit is the rule this region enforces (already scaled by the region's share).
+	Limit regions.Limit
+	// Cost is the number of tokens the request takes; 0 means 1.
+	Cost int64
+}
+
+// ErrInvalidRequest is wrapped by the error of a request no bucket can answer: a
+// non-positive capacity or refill, a negative cost, or a cost above capacity.
+var ErrInvalidRequest = errors.New("invalid rate limit request")
+
+// cost validates r and returns its cost in tokens (0 means 1).
+func (r Request) cost() (int64, error) {
+	if r.Limit.Capacity < 1 || r.Limit.Capacity > lua.MaxCapacity {
+		return 0, fmt.Errorf("%w %s/%s: capacity %d must be between 1 and %d", ErrInvalidRequest, r.Tenant, r.Route, r.Limit.Capacity, int64(lua.MaxCapacity))
+	}
+	if !(r.Limit.RefillPerSecond > 0) || math.IsInf(r.Limit.RefillPerSecond, 0) {
+		return 0, fmt.Errorf("%w %s/%s: refill per second %v must be a finite number > 0", ErrInvalidRequest, r.Tenant, r.Route, r.Limit.RefillPerSecond)
+	}
+	cost := r.Cost
+	if cost == 0 {
+		cost = 1
+	}
+	if cost < 1 || cost > r.Limit.Capacity {
+		return 0, fmt.Errorf("%w %s/%s: cost %d must be between 1 and capacity %d", ErrInvalidRequest, r.Tenant, r.Route, r.Cost, r.Limit.Capacity)
+	}
+	return cost, nil
+}
