@@ -1,0 +1,675 @@
+package gateway
+
+import (
+	"bytes"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/goccy/go-yaml"
+	"github.com/goccy/go-yaml/ast"
+	"github.com/goccy/go-yaml/parser"
+
+	"github.com/quotaplane/quotaplane/regions"
+)
+
+// Environment variables that override the configuration file.
+const (
+	EnvDatabaseURL = "RATELIMIT_DATABASE_URL"
+	EnvRedisURL    = "RATELIMIT_REDIS_URL"
+)
+
+// Defaults filled in by LoadConfig and New for keys that are absent (or zero).
+const (
+	DefaultListen            = "127.0.0.1:8080"
+	DefaultAdminListen       = "127.0.0.1:9100"
+	DefaultRedisTimeout      = 5 * time.Millisecond
+	DefaultReloadInterval    = 30 * time.Second
+	DefaultHeartbeatInterval = 5 * time.Second
+	DefaultExpectedInstances = 20
+	DefaultDrainTimeout      = 15 * time.Second
+	DefaultMaxTenants        = 1000
+	DefaultTenantInterval    = time.Minute
+	DefaultCapacity          = 20
+	DefaultRefillPerSecond   = 10
+)
+
+// Route ids the gateway uses as metric labels of its own; a configured route may not take them.
+const (
+	routeUnmatched = "_unmatched"
+	labelOther     = "_other"
+)
+
+// Config is the gateway's configuration file (YAML). docs/configuration.md documents every
+// key; zero values mean "use the default". Build one with LoadConfig, or fill it in code
+// and let New validate it.
+type Config struct {
+	// Region is the region this gateway serves (required).
+	Region string `yaml:"region"`
+	// Listen is the proxy's address.
+	Listen string `yaml:"listen"`
+	// AdminListen serves /metrics, /healthz and /readyz.
+	AdminListen string `yaml:"admin_listen"`
+	// DatabaseURL is the control-plane PostgreSQL; empty means standalone: keys and rules
+	// come from Tenants and DefaultRule.
+	DatabaseURL string `yaml:"database_url"`
+	// Redis is the region's shared bucket store; an empty URL means a per-instance local
+	// limiter.
+	Redis RedisConfig `yaml:"redis"`
+	// ReloadInterval is the safety-net reload period (NOTIFY reloads come sooner).
+	ReloadInterval time.Duration `yaml:"reload_interval"`
+	// HeartbeatInterval is how often this instance records itself alive; an instance unseen
+	// for three intervals counts as dead.
+	HeartbeatInterval time.Duration `yaml:"heartbeat_interval"`
+	// ExpectedInstances divides the regional limit for the local fallback while the live
+	// instance count is unknown.
+	ExpectedInstances int `yaml:"expected_instances"`
+	// DrainTimeout bounds the graceful shutdown: in-flight requests get this long.
+	DrainTimeout time.Duration `yaml:"drain_timeout"`
+	// InstanceID names this instance in heartbeats; default host-pid-random.
+	InstanceID string `yaml:"instance_id"`
+	// LogLevel is debug, info, warn or error.
+	LogLevel string `yaml:"log_level"`
+	// DefaultRule applies when no tenant or route rule matches. In database mode a "*"/"*"
+	// rule in the database wins over it.
+	DefaultRule RuleConfig `yaml:"default_rule"`
+	// Routes map request patterns to route ids and upstreams (at least one).
+	Routes []RouteConfig `yaml:"routes"`
+	// Tenants gives keys and rules in standalone mode; not allowed with DatabaseURL.
+	Tenants []TenantConfig `yaml:"tenants"`
+	// Metrics bounds the per-tenant series.
+	Metrics MetricsConfig `yaml:"metrics"`
+
+	// file is where the configuration came from, for error messages.
+	file string
+}
+
+// RedisConfig is the region's Redis.
+type RedisConfig struct {
+	// URL is redis://host:port/db (or rediss://); empty means local limiting only.
+	URL string `yaml:"url"`
+	// Timeout bounds one decision's Redis call; past it the local fallback decides.
+	Timeout time.Duration `yaml:"timeout"`
+}
+
+// RuleConfig is a token bucket.
+type RuleConfig struct {
+	Capacity        int64   `yaml:"capacity"`
+	RefillPerSecond float64 `yaml:"refill_per_second"`
+	Shadow          bool    `yaml:"shadow"`
+	Shards          int     `yaml:"shards"`
+}
+
+// RouteConfig maps a ServeMux pattern to a route id and an upstream.
+type RouteConfig struct {
+	ID       string `yaml:"id"`
+	Match    string `yaml:"match"`
+	Upstream string `yaml:"upstream"`
+}
+
+// TenantConfig is a standalone tenant: its API keys and its rules. Tenant "*" may carry
+// rules only: they apply to a route for every tenant.
+type TenantConfig struct {
+	ID    string             `yaml:"id"`
+	Keys  []KeyConfig        `yaml:"keys"`
+	Rules []TenantRuleConfig `yaml:"rules"`
+}
+
+// KeyConfig is one API key: exactly one of Secret (the key itself, for development) or
+// SHA256 (the lowercase hex SHA-256 of the key, so the file holds no secret).
+type KeyConfig struct {
+	Secret string `yaml:"secret"`
+	SHA256 string `yaml:"sha256"`
+}
+
+// TenantRuleConfig is one tenant's bucket for one route ("*" = every route).
+type TenantRuleConfig struct {
+	Route           string  `yaml:"route"`
+	Capacity        int64   `yaml:"capacity"`
+	RefillPerSecond float64 `yaml:"refill_per_second"`
+	Shadow          bool    `yaml:"shadow"`
+	Shards          int     `yaml:"shards"`
+}
+
+// MetricsConfig bounds the tenant-labelled series.
+type MetricsConfig struct {
+	// MaxTenants is the most (tenant, route) pairs with series of their own; the rest are
+	// counted as tenant="_other", route="_other".
+	MaxTenants int `yaml:"max_tenants"`
+	// TenantInterval is how often the busiest non-tracked pairs may replace the quietest
+	// tracked ones.
+	TenantInterval time.Duration `yaml:"tenant_interval"`
+}
+
+// Overrides are the command-line flags and environment variables that win over the file.
+// Empty fields leave the file's value.
+type Overrides struct {
+	Listen      string
+	Region      string
+	DatabaseURL string
+	RedisURL    string
+}
+
+// OverridesFromEnv reads RATELIMIT_DATABASE_URL and RATELIMIT_REDIS_URL.
+func OverridesFromEnv(getenv func(string) string) Overrides {
+	return Overrides{DatabaseURL: getenv(EnvDatabaseURL), RedisURL: getenv(EnvRedisURL)}
+}
+
+// ConfigError is a configuration problem: which file, which key, and why.
+type ConfigError struct {
+	File   string // empty for a Config built in code
+	Key    string // dotted path, e.g. "redis.timeout" or "routes[1].match"; may be empty
+	Reason string
+}
+
+func (e *ConfigError) Error() string {
+	var b strings.Builder
+	b.WriteString("config")
+	if e.File != "" {
+		b.WriteString(" ")
+		b.WriteString(e.File)
+	}
+	b.WriteString(": ")
+	if e.Key != "" {
+		b.WriteString(e.Key)
+		b.WriteString(": ")
+	}
+	b.WriteString(e.Reason)
+	return b.String()
+}
+
+// LoadConfig reads path strictly (unknown keys are errors), applies ov, fills defaults and
+// validates. Every error is a *ConfigError naming the file, the key and the reason.
+func LoadConfig(path string, ov Overrides) (Config, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return Config{}, &ConfigError{File: path, Reason: err.Error()}
+	}
+	c, err := ParseConfig(path, data)
+	if err != nil {
+		return Config{}, err
+	}
+	c.Apply(ov)
+	if err := c.normalize(); err != nil {
+		return Config{}, err
+	}
+	return c, nil
+}
+
+// ParseConfig decodes YAML strictly without defaults or validation; name is used in
+// errors. Most callers want LoadConfig.
+func ParseConfig(name string, data []byte) (Config, error) {
+	var c Config
+	dec := yaml.NewDecoder(bytes.NewReader(data),
+		yaml.DisallowUnknownField(),
+		yaml.CustomUnmarshaler(unmarshalDuration),
+	)
+	if err := dec.Decode(&c); err != nil {
+		if errors.Is(err, io.EOF) {
+			return Config{}, &ConfigError{File: name, Reason: "the file is empty"}
+		}
+		return Config{}, yamlError(name, data, err)
+	}
+	c.file = name
+	return c, nil
+}
+
+// Apply sets the non-empty overrides.
+func (c *Config) Apply(ov Overrides) {
+	if ov.Listen != "" {
+		c.Listen = ov.Listen
+	}
+	if ov.Region != "" {
+		c.Region = ov.Region
+	}
+	if ov.DatabaseURL != "" {
+		c.DatabaseURL = ov.DatabaseURL
+	}
+	if ov.RedisURL != "" {
+		c.Redis.URL = ov.RedisURL
+	}
+}
+
+// Standalone reports whether keys and rules come from the file rather than a database.
+func (c *Config) Standalone() bool { return c.DatabaseURL == "" }
+
+// File is the path the configuration was read from ("" when built in code).
+func (c *Config) File() string { return c.file }
+
+// normalize fills defaults and validates: the one place that does both. It is idempotent.
+func (c *Config) normalize() error {
+	bad := func(key, format string, args ...any) error {
+		return &ConfigError{File: c.file, Key: key, Reason: fmt.Sprintf(format, args...)}
+	}
+	if c.Listen == "" {
+		c.Listen = DefaultListen
+	}
+	if c.AdminListen == "" {
+		c.AdminListen = DefaultAdminListen
+	}
+	if c.Redis.Timeout == 0 {
+		c.Redis.Timeout = DefaultRedisTimeout
+	}
+	if c.ReloadInterval == 0 {
+		c.ReloadInterval = DefaultReloadInterval
+	}
+	if c.HeartbeatInterval == 0 {
+		c.HeartbeatInterval = DefaultHeartbeatInterval
+	}
+	if c.ExpectedInstances == 0 {
+		c.ExpectedInstances = DefaultExpectedInstances
+	}
+	if c.DrainTimeout == 0 {
+		c.DrainTimeout = DefaultDrainTimeout
+	}
+	if c.Metrics.MaxTenants == 0 {
+		c.Metrics.MaxTenants = DefaultMaxTenants
+	}
+	if c.Metrics.TenantInterval == 0 {
+		c.Metrics.TenantInterval = DefaultTenantInterval
+	}
+	if c.LogLevel == "" {
+		c.LogLevel = "info"
+	}
+	if c.DefaultRule.Capacity == 0 && c.DefaultRule.RefillPerSecond == 0 {
+		c.DefaultRule.Capacity = DefaultCapacity
+		c.DefaultRule.RefillPerSecond = DefaultRefillPerSecond
+	}
+	if c.DefaultRule.Shards == 0 {
+		c.DefaultRule.Shards = 1
+	}
+
+	if c.Region == "" {
+		return bad("region", "required (or --region)")
+	}
+	if err := regions.ValidateID("region", c.Region); err != nil {
+		return bad("region", "%v", unwrapInvalid(err))
+	}
+	if err := checkHostPort(c.Listen); err != nil {
+		return bad("listen", "%v", err)
+	}
+	if err := checkHostPort(c.AdminListen); err != nil {
+		return bad("admin_listen", "%v", err)
+	}
+	if c.DatabaseURL != "" {
+		if err := checkURL(c.DatabaseURL, "postgres", "postgresql"); err != nil {
+			return bad("database_url", "%v", err)
+		}
+	}
+	if c.Redis.URL != "" {
+		if err := checkURL(c.Redis.URL, "redis", "rediss", "unix"); err != nil {
+			return bad("redis.url", "%v", err)
+		}
+	}
+	for _, d := range []struct {
+		key string
+		v   time.Duration
+	}{
+		{"redis.timeout", c.Redis.Timeout},
+		{"reload_interval", c.ReloadInterval},
+		{"heartbeat_interval", c.HeartbeatInterval},
+		{"drain_timeout", c.DrainTimeout},
+		{"metrics.tenant_interval", c.Metrics.TenantInterval},
+	} {
+		if d.v < 0 {
+			return bad(d.key, "must be a positive duration, got %s", d.v)
+		}
+	}
+	if c.Redis.Timeout > time.Second {
+		return bad("redis.timeout", "%s is longer than 1s: a slow Redis would become a slow gateway", c.Redis.Timeout)
+	}
+	if c.ReloadInterval < 100*time.Millisecond {
+		return bad("reload_interval", "%s is shorter than 100ms", c.ReloadInterval)
+	}
+	if c.HeartbeatInterval < 10*time.Millisecond {
+		return bad("heartbeat_interval", "%s is shorter than 10ms", c.HeartbeatInterval)
+	}
+	if c.ExpectedInstances < 0 || c.ExpectedInstances > 10000 {
+		return bad("expected_instances", "must be between 1 and 10000, got %d", c.ExpectedInstances)
+	}
+	if c.Metrics.MaxTenants < 0 || c.Metrics.MaxTenants > 100000 {
+		return bad("metrics.max_tenants", "must be between 1 and 100000, got %d", c.Metrics.MaxTenants)
+	}
+	if _, err := parseLogLevel(c.LogLevel); err != nil {
+		return bad("log_level", "%v", err)
+	}
+	if err := checkBucket(c.DefaultRule.Capacity, c.DefaultRule.RefillPerSecond, c.DefaultRule.Shards); err != nil {
+		return bad("default_rule."+err.key, "%s", err.reason)
+	}
+
+	if len(c.Routes) == 0 {
+		return bad("routes", "at least one route is required")
+	}
+	ids := make(map[string]int, len(c.Routes))
+	mux := http.NewServeMux()
+	for i := range c.Routes {
+		r := &c.Routes[i]
+		key := fmt.Sprintf("routes[%d]", i)
+		if err := regions.ValidateID("route", r.ID); err != nil {
+			return bad(key+".id", "%v", unwrapInvalid(err))
+		}
+		if r.ID == routeUnmatched || r.ID == labelOther {
+			return bad(key+".id", "%q is reserved for metrics", r.ID)
+		}
+		if j, dup := ids[r.ID]; dup {
+			return bad(key+".id", "%q is already the id of routes[%d]", r.ID, j)
+		}
+		ids[r.ID] = i
+		if r.Match == "" {
+			return bad(key+".match", "required: a net/http ServeMux pattern such as \"POST /orders\"")
+		}
+		if err := registerPattern(mux, r.Match); err != nil {
+			for j := range i {
+				pair := http.NewServeMux()
+				if registerPattern(pair, c.Routes[j].Match) == nil && registerPattern(pair, r.Match) != nil {
+					return bad(key+".match", "%q matches the same requests as routes[%d].match %q", r.Match, j, c.Routes[j].Match)
+				}
+			}
+			return bad(key+".match", "%v", err)
+		}
+		if err := checkURL(r.Upstream, "http", "https"); err != nil {
+			return bad(key+".upstream", "%v", err)
+		}
+	}
+
+	if len(c.Tenants) > 0 && !c.Standalone() {
+		return bad("tenants", "only allowed without database_url (standalone mode); with a database, keys and rules live there")
+	}
+	tenants := make(map[string]int, len(c.Tenants))
+	hashes := make(map[regions.KeyHash]string)
+	for i := range c.Tenants {
+		t := &c.Tenants[i]
+		key := fmt.Sprintf("tenants[%d]", i)
+		if t.ID != regions.Wildcard {
+			if err := regions.ValidateID("tenant", t.ID); err != nil {
+				return bad(key+".id", "%v", unwrapInvalid(err))
+			}
+		}
+		if j, dup := tenants[t.ID]; dup {
+			return bad(key+".id", "tenant %q is already tenants[%d]", t.ID, j)
+		}
+		tenants[t.ID] = i
+		if t.ID == regions.Wildcard && len(t.Keys) > 0 {
+			return bad(key+".keys", "tenant \"*\" carries route rules for every tenant and cannot have keys")
+		}
+		for k := range t.Keys {
+			kk := fmt.Sprintf("%s.keys[%d]", key, k)
+			h, err := t.Keys[k].hash()
+			if err != nil {
+				return bad(kk, "%v", err)
+			}
+			if other, dup := hashes[h]; dup {
+				return bad(kk, "the same API key is already given at %s", other)
+			}
+			hashes[h] = kk
+		}
+		routes := make(map[string]bool, len(t.Rules))
+		for k := range t.Rules {
+			r := &t.Rules[k]
+			rk := fmt.Sprintf("%s.rules[%d]", key, k)
+			if r.Route == "" {
+				return bad(rk+".route", "required: a route id or \"*\"")
+			}
+			if r.Route != regions.Wildcard {
+				if _, ok := ids[r.Route]; !ok {
+					return bad(rk+".route", "no route has id %q", r.Route)
+				}
+			}
+			if t.ID == regions.Wildcard && r.Route == regions.Wildcard {
+				return bad(rk+".route", "the rule for every tenant and every route is default_rule")
+			}
+			if routes[r.Route] {
+				return bad(rk+".route", "tenant %q already has a rule for route %q", t.ID, r.Route)
+			}
+			routes[r.Route] = true
+			if r.Shards == 0 {
+				r.Shards = 1
+			}
+			if err := checkBucket(r.Capacity, r.RefillPerSecond, r.Shards); err != nil {
+				return bad(rk+"."+err.key, "%s", err.reason)
+			}
+		}
+	}
+	return nil
+}
+
+type bucketError struct{ key, reason string }
+
+func checkBucket(capacity int64, refill float64, shards int) *bucketError {
+	if capacity <= 0 {
+		return &bucketError{"capacity", fmt.Sprintf("must be > 0, got %d", capacity)}
+	}
+	if !(refill > 0) || math.IsInf(refill, 0) {
+		return &bucketError{"refill_per_second", fmt.Sprintf("must be > 0, got %v", refill)}
+	}
+	if shards < 1 || shards > 1024 {
+		return &bucketError{"shards", fmt.Sprintf("must be between 1 and 1024, got %d", shards)}
+	}
+	return nil
+}
+
+func (k KeyConfig) hash() (regions.KeyHash, error) {
+	switch {
+	case k.Secret != "" && k.SHA256 != "":
+		return regions.KeyHash{}, errors.New("give secret or sha256, not both")
+	case k.Secret != "":
+		return regions.HashKey(k.Secret), nil
+	case k.SHA256 != "":
+		var h regions.KeyHash
+		b, err := hex.DecodeString(k.SHA256)
+		if err != nil || len(b) != len(h) {
+			return h, fmt.Errorf("sha256 must be %d hex digits (sha256sum of the key)", 2*len(h))
+		}
+		copy(h[:], b)
+		return h, nil
+	default:
+		return regions.KeyHash{}, errors.New("give secret (the key) or sha256 (its hex SHA-256)")
+	}
+}
+
+// registerPattern checks a ServeMux pattern by registering it. ServeMux reports a bad or
+// conflicting pattern only by panicking, so this is the one place that recovers.
+func registerPattern(mux *http.ServeMux, pattern string) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("%v", p)
+		}
+	}()
+	mux.Handle(pattern, http.NotFoundHandler())
+	return nil
+}
+
+func checkHostPort(addr string) error {
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("want host:port, got %q", addr)
+	}
+	if n, err := strconv.Atoi(port); err != nil || n < 0 || n > 65535 {
+		return fmt.Errorf("bad port in %q", addr)
+	}
+	return nil
+}
+
+func checkURL(raw string, schemes ...string) error {
+	if raw == "" {
+		return errors.New("required")
+	}
+	u, err := url.Parse(raw)
+	if err != nil {
+		return fmt.Errorf("not a URL: %v", redactURLError(err))
+	}
+	for _, s := range schemes {
+		if u.Scheme == s {
+			if u.Host == "" && s != "unix" {
+				return fmt.Errorf("no host in %s URL", s)
+			}
+			return nil
+		}
+	}
+	return fmt.Errorf("scheme %q not supported (want %s)", u.Scheme, strings.Join(schemes, ", "))
+}
+
+// redactURLError drops the URL itself (it may hold a password) from a parse error.
+func redactURLError(err error) error {
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		return ue.Err
+	}
+	return err
+}
+
+func parseLogLevel(s string) (slog.Level, error) {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(s)); err != nil {
+		return 0, fmt.Errorf("want debug, info, warn or error, got %q", s)
+	}
+	return l, nil
+}
+
+// unwrapInvalid drops the "invalid " prefix regions adds, the key already says what it is.
+func unwrapInvalid(err error) string { return strings.TrimPrefix(err.Error(), "invalid ") }
+
+// durationError is a bad duration value; yamlError finds its key in the document.
+type durationError struct{ value, reason string }
+
+func (e *durationError) Error() string { return e.reason }
+
+// unmarshalDuration reads "5ms", "30s", "1m"; a bare number is an error (which unit?).
+func unmarshalDuration(d *time.Duration, b []byte) error {
+	s := strings.TrimSpace(string(b))
+	s = strings.Trim(s, `"'`)
+	v, err := time.ParseDuration(s)
+	if err != nil {
+		return &durationError{value: s, reason: fmt.Sprintf("%q is not a duration (write e.g. 5ms, 30s, 1m)", s)}
+	}
+	*d = v
+	return nil
+}
+
+// yamlError turns a decoder error into a ConfigError with the key's dotted path.
+func yamlError(name string, data []byte, err error) error {
+	var de *durationError
+	if errors.As(err, &de) {
+		return &ConfigError{File: name, Key: findScalarKey(data, de.value), Reason: de.reason}
+	}
+	var ye yaml.Error
+	if !errors.As(err, &ye) {
+		return &ConfigError{File: name, Reason: err.Error()}
+	}
+	tk := ye.GetToken()
+	msg := ye.GetMessage()
+	var key string
+	if tk != nil {
+		key = findTokenKey(data, tk.Position.Line, tk.Position.Column)
+		if key == "" {
+			key = fmt.Sprintf("line %d", tk.Position.Line)
+		}
+	}
+	var ue *yaml.UnknownFieldError
+	if errors.As(err, &ue) {
+		msg = strings.Replace(msg, "unknown field", "unknown key", 1)
+	}
+	var te *yaml.TypeError
+	if errors.As(err, &te) && te.DstType != nil {
+		msg = fmt.Sprintf("wrong type: want %s", typeName(te.DstType.String()))
+		if te.SrcType != nil {
+			msg += ", got " + typeName(te.SrcType.String())
+		}
+	}
+	return &ConfigError{File: name, Key: key, Reason: msg}
+}
+
+func typeName(t string) string {
+	switch {
+	case strings.HasPrefix(t, "int"), strings.HasPrefix(t, "uint"):
+		return "an integer"
+	case strings.HasPrefix(t, "float"):
+		return "a number"
+	case t == "string":
+		return "a string"
+	case t == "bool":
+		return "true or false"
+	case strings.HasPrefix(t, "[]"):
+		return "a list"
+	case strings.HasPrefix(t, "map"):
+		return "a mapping"
+	case strings.HasPrefix(t, "gateway."):
+		return "a mapping"
+	}
+	return t
+}
+
+// findTokenKey returns the dotted path of the mapping entry whose key or value starts at
+// line:col, or "".
+func findTokenKey(data []byte, line, col int) string {
+	var found string
+	walkMappings(data, func(path string, m *ast.MappingValueNode) bool {
+		for _, n := range []ast.Node{m.Key, m.Value} {
+			if n == nil || n.GetToken() == nil {
+				continue
+			}
+			p := n.GetToken().Position
+			if p.Line == line && p.Column == col {
+				found = path
+				return false
+			}
+		}
+		return true
+	})
+	return found
+}
+
+// findScalarKey returns the dotted path of the first mapping entry whose scalar value is v.
+func findScalarKey(data []byte, v string) string {
+	var found string
+	walkMappings(data, func(path string, m *ast.MappingValueNode) bool {
+		if s, ok := m.Value.(ast.ScalarNode); ok && fmt.Sprint(s.GetValue()) == v {
+			found = path
+			return false
+		}
+		return true
+	})
+	return found
+}
+
+func walkMappings(data []byte, fn func(path string, m *ast.MappingValueNode) bool) {
+	f, err := parser.ParseBytes(data, 0)
+	if err != nil {
+		return
+	}
+	v := &mappingVisitor{fn: fn}
+	for _, d := range f.Docs {
+		if v.stop {
+			return
+		}
+		ast.Walk(v, d)
+	}
+}
+
+type mappingVisitor struct {
+	fn   func(string, *ast.MappingValueNode) bool
+	stop bool
+}
+
+func (v *mappingVisitor) Visit(n ast.Node) ast.Visitor {
+	if v.stop {
+		return nil
+	}
+	if m, ok := n.(*ast.MappingValueNode); ok {
+		if !v.fn(strings.TrimPrefix(m.GetPath(), "$."), m) {
+			v.stop = true
+			return nil
+		}
+	}
+	return v
+}

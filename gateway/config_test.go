@@ -1,0 +1,191 @@
+package gateway
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestLoadConfigGoodFull(t *testing.T) {
+	c, err := LoadConfig("testdata/good-full.yaml", Overrides{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Region != "us-east" || c.Redis.Timeout != 5*time.Millisecond || c.ReloadInterval != 30*time.Second ||
+		c.HeartbeatInterval != 5*time.Second || c.ExpectedInstances != 20 || c.Metrics.MaxTenants != 1000 ||
+		len(c.Routes) != 2 || len(c.Tenants) != 2 || c.Tenants[1].Rules[0].Shards != 2 || c.File() != "testdata/good-full.yaml" {
+		t.Fatalf("unexpected config: %+v", c)
+	}
+	if !c.Standalone() {
+		t.Fatal("no database_url: want standalone")
+	}
+}
+
+func TestLoadConfigDefaults(t *testing.T) {
+	c, err := LoadConfig("testdata/good-minimal.yaml", Overrides{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := Config{
+		Region: "eu-west", Listen: DefaultListen, AdminListen: DefaultAdminListen,
+		Redis:             RedisConfig{Timeout: DefaultRedisTimeout},
+		ReloadInterval:    DefaultReloadInterval,
+		HeartbeatInterval: DefaultHeartbeatInterval,
+		ExpectedInstances: DefaultExpectedInstances,
+		DrainTimeout:      DefaultDrainTimeout,
+		LogLevel:          "info",
+		DefaultRule:       RuleConfig{Capacity: DefaultCapacity, RefillPerSecond: DefaultRefillPerSecond, Shards: 1},
+		Metrics:           MetricsConfig{MaxTenants: DefaultMaxTenants, TenantInterval: DefaultTenantInterval},
+	}
+	got := c
+	got.Routes, got.Tenants, got.file = nil, nil, ""
+	if !equalConfig(got, want) {
+		t.Fatalf("defaults:\n got %+v\nwant %+v", got, want)
+	}
+}
+
+func equalConfig(a, b Config) bool {
+	return a.Region == b.Region && a.Listen == b.Listen && a.AdminListen == b.AdminListen &&
+		a.DatabaseURL == b.DatabaseURL && a.Redis == b.Redis && a.ReloadInterval == b.ReloadInterval &&
+		a.HeartbeatInterval == b.HeartbeatInterval && a.ExpectedInstances == b.ExpectedInstances &&
+		a.DrainTimeout == b.DrainTimeout && a.InstanceID == b.InstanceID && a.LogLevel == b.LogLevel &&
+		a.DefaultRule == b.DefaultRule && a.Metrics == b.Metrics
+}
+
+func TestLoadConfigOverrides(t *testing.T) {
+	env := map[string]string{
+		EnvDatabaseURL: "postgres://gw@127.0.0.1:5432/q",
+		EnvRedisURL:    "redis://127.0.0.1:7000/1",
+	}
+	ov := OverridesFromEnv(func(k string) string { return env[k] })
+	ov.Listen, ov.Region = "127.0.0.1:18080", "ap-south"
+	c, err := LoadConfig("testdata/good-minimal.yaml", ov)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Listen != "127.0.0.1:18080" || c.Region != "ap-south" || c.DatabaseURL != env[EnvDatabaseURL] || c.Redis.URL != env[EnvRedisURL] {
+		t.Fatalf("overrides not applied: %+v", c)
+	}
+	if c.Standalone() {
+		t.Fatal("database_url from the environment: want database mode")
+	}
+	// A database URL from the environment turns a standalone file's tenants into an error.
+	if _, err := LoadConfig("testdata/good-full.yaml", ov); err == nil || !strings.Contains(err.Error(), "tenants: only allowed without database_url") {
+		t.Fatalf("tenants with a database from env: got %v", err)
+	}
+}
+
+// TestBadConfigs checks one fixture per failure mode and its whole error message.
+func TestBadConfigs(t *testing.T) {
+	want := map[string]string{
+		"bad-duration":               `redis.timeout: "banana" is not a duration (write e.g. 5ms, 30s, 1m)`,
+		"bad-listen":                 `listen: want host:port, got "localhost"`,
+		"bad-log-level":              `log_level: want debug, info, warn or error, got "loud"`,
+		"bad-pattern":                `routes[0].match: parsing "POST orders": at offset 5: host/path missing /`,
+		"bad-redis-url":              `redis.url: scheme "http" not supported (want redis, rediss, unix)`,
+		"bad-region-id":              `region: region id "us east": only letters, digits, '.', '_' and '-' are allowed`,
+		"bad-tenant-id":              `tenants[0].id: tenant id "shop/a": only letters, digits, '.', '_' and '-' are allowed`,
+		"bad-upstream":               `routes[0].upstream: scheme "ftp" not supported (want http, https)`,
+		"conflicting-patterns":       `routes[1].match: "POST /orders" matches the same requests as routes[0].match "POST /orders"`,
+		"default-rule-zero-capacity": `default_rule.capacity: must be > 0, got 0`,
+		"duplicate-key":              `tenants[1].keys[0]: the same API key is already given at tenants[0].keys[0]`,
+		"duplicate-route-id":         `routes[1].id: "a" is already the id of routes[0]`,
+		"duplicate-yaml-key":         `line 2: mapping key "region" already defined at [1:1]`,
+		"duration-without-unit":      `reload_interval: "30" is not a duration (write e.g. 5ms, 30s, 1m)`,
+		"empty":                      `the file is empty`,
+		"key-bad-sha256":             `tenants[0].keys[0]: sha256 must be 64 hex digits (sha256sum of the key)`,
+		"key-empty":                  `tenants[0].keys[0]: give secret (the key) or sha256 (its hex SHA-256)`,
+		"key-secret-and-sha256":      `tenants[0].keys[0]: give secret or sha256, not both`,
+		"missing-region":             `region: required (or --region)`,
+		"missing-upstream":           `routes[0].upstream: required`,
+		"negative-duration":          `redis.timeout: must be a positive duration, got -5ms`,
+		"negative-max-tenants":       `metrics.max_tenants: must be between 1 and 100000, got -1`,
+		"no-routes":                  `routes: at least one route is required`,
+		"redis-timeout-too-long":     `redis.timeout: 10s is longer than 1s: a slow Redis would become a slow gateway`,
+		"reserved-route-id":          `routes[0].id: "_other" is reserved for metrics`,
+		"rule-unknown-route":         `tenants[0].rules[0].route: no route has id "delete-order"`,
+		"rule-zero-refill":           `tenants[0].rules[0].refill_per_second: must be > 0, got 0`,
+		"syntax-error":               `line 2: ',' or ']' must be specified`,
+		"tenants-with-database":      `tenants: only allowed without database_url (standalone mode); with a database, keys and rules live there`,
+		"unknown-key":                `regoin: unknown key "regoin"`,
+		"unknown-nested-key":         `redis.timeuot: unknown key "timeuot"`,
+		"wildcard-tenant-with-keys":  `tenants[0].keys: tenant "*" carries route rules for every tenant and cannot have keys`,
+		"wrong-type":                 `expected_instances: wrong type: want an integer, got a string`,
+	}
+	files, err := filepath.Glob("testdata/bad/*.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(files) != len(want) {
+		t.Errorf("%d fixtures, %d expected messages: keep them in step", len(files), len(want))
+	}
+	for _, f := range files {
+		name := strings.TrimSuffix(filepath.Base(f), ".yaml")
+		t.Run(name, func(t *testing.T) {
+			msg, ok := want[name]
+			if !ok {
+				t.Fatalf("no expected message for %s", f)
+			}
+			_, err := LoadConfig(f, Overrides{})
+			var ce *ConfigError
+			if !errors.As(err, &ce) {
+				t.Fatalf("want a *ConfigError, got %T %v", err, err)
+			}
+			if got, want := err.Error(), "config "+f+": "+msg; got != want {
+				t.Fatalf("error message:\n got %s\nwant %s", got, want)
+			}
+		})
+	}
+}
+
+func TestLoadConfigMissingFile(t *testing.T) {
+	_, err := LoadConfig("testdata/does-not-exist.yaml", Overrides{})
+	if err == nil || !strings.HasPrefix(err.Error(), "config testdata/does-not-exist.yaml: ") {
+		t.Fatalf("got %v", err)
+	}
+}
+
+// TestConfigErrorsRedactURLs makes sure a password in a bad URL never reaches a message.
+func TestConfigErrorsRedactURLs(t *testing.T) {
+	f := filepath.Join(t.TempDir(), "c.yaml")
+	src := "region: r\ndatabase_url: \"postgres://u:s3cret@host:bad port/db\"\nroutes: [{id: a, match: /, upstream: 'http://127.0.0.1:1'}]\n"
+	if err := os.WriteFile(f, []byte(src), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, err := LoadConfig(f, Overrides{})
+	if err == nil || strings.Contains(err.Error(), "s3cret") || !strings.Contains(err.Error(), "database_url") {
+		t.Fatalf("got %v", err)
+	}
+}
+
+func FuzzParseConfig(f *testing.F) {
+	for _, p := range []string{"testdata/good-full.yaml", "testdata/good-minimal.yaml", "testdata/bad/unknown-key.yaml", "testdata/bad/bad-duration.yaml"} {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(b)
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		c, err := ParseConfig("fuzz.yaml", data)
+		if err != nil {
+			if !strings.HasPrefix(err.Error(), "config fuzz.yaml: ") {
+				t.Fatalf("error does not name the file: %v", err)
+			}
+			return
+		}
+		if err := c.normalize(); err != nil {
+			if !strings.HasPrefix(err.Error(), "config fuzz.yaml: ") {
+				t.Fatalf("error does not name the file: %v", err)
+			}
+			return
+		}
+		// A valid config stays valid: normalize is idempotent.
+		if err := c.normalize(); err != nil {
+			t.Fatalf("normalize twice: %v", err)
+		}
+	})
+}

@@ -1,0 +1,144 @@
+package gateway
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// decision is the outcome label of ratelimit_requests_total.
+type decision uint8
+
+const (
+	decAllowed decision = iota
+	decThrottled
+	decShadowThrottled
+	decUnauthenticated
+	numDecisions
+)
+
+var decisionNames = [numDecisions]string{"allowed", "throttled", "shadow_throttled", "unauthenticated"}
+
+// source is who decided, as a label.
+type source uint8
+
+const (
+	srcRedis source = iota
+	srcFallback
+	srcLocal
+	srcLease
+	srcNone // no decision: unauthenticated, or the limiter failed and the request was let through
+	numSources
+)
+
+var sourceNames = [numSources]string{"redis", "fallback", "local", "lease", "none"}
+
+func parseSource(s string) source {
+	switch s {
+	case "redis":
+		return srcRedis
+	case "fallback":
+		return srcFallback
+	case "local":
+		return srcLocal
+	case "lease":
+		return srcLease
+	}
+	return srcNone
+}
+
+// metrics are the gateway's series; the names are a contract (the rebalancer, ratectl and
+// the dashboards read them). The limiter registers its own (Redis errors, breaker,
+// fallback) on the same registerer.
+type metrics struct {
+	requests       *prometheus.CounterVec // region, route, decision, source
+	tenantRequests *prometheus.CounterVec // region, tenant, route, decision
+	duration       [numSources]prometheus.Observer
+	lastReload     prometheus.Gauge
+	rulesLoaded    prometheus.Gauge
+	reloadErrors   prometheus.Counter
+	shareRatio     *prometheus.GaugeVec // region, scope
+	instances      prometheus.Gauge
+	decisionErrors prometheus.Counter
+	unmatched      prometheus.Counter
+	upstreamErrors *prometheus.CounterVec // region, route
+	heartbeatErrs  prometheus.Counter
+	ready          prometheus.Gauge
+}
+
+// decisionBuckets span 50µs (a local decision) to 50ms (far past any sane Redis timeout).
+var decisionBuckets = []float64{0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05}
+
+func newMetrics(reg prometheus.Registerer, region string) (*metrics, error) {
+	r := prometheus.Labels{"region": region}
+	m := &metrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ratelimit_requests_total",
+			Help: "Requests by route, decision (allowed, throttled, shadow_throttled, unauthenticated) and decision source (redis, fallback, local, lease, none).",
+		}, []string{"region", "route", "decision", "source"}),
+		tenantRequests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ratelimit_tenant_requests_total",
+			Help: "Requests of the busiest (tenant, route) pairs, at most metrics.max_tenants of them; the rest count as tenant=\"_other\", route=\"_other\".",
+		}, []string{"region", "tenant", "route", "decision"}),
+		shareRatio: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name:        "ratelimit_region_share_ratio",
+			Help:        "This region's effective share of the limits in a scope: \"*\" and the tracked tenant/route pairs.",
+			ConstLabels: r,
+		}, []string{"scope"}),
+		upstreamErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name:        "ratelimit_upstream_errors_total",
+			Help:        "Requests answered 502 because the upstream could not be reached.",
+			ConstLabels: r,
+		}, []string{"route"}),
+	}
+	duration := prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:        "ratelimit_decision_duration_seconds",
+		Help:        "Time to decide one request, by decision source.",
+		Buckets:     decisionBuckets,
+		ConstLabels: r,
+	}, []string{"source"})
+	gauge := func(name, help string) prometheus.Gauge {
+		return prometheus.NewGauge(prometheus.GaugeOpts{Name: name, Help: help, ConstLabels: r})
+	}
+	counter := func(name, help string) prometheus.Counter {
+		return prometheus.NewCounter(prometheus.CounterOpts{Name: name, Help: help, ConstLabels: r})
+	}
+	m.lastReload = gauge("ratelimit_rules_last_reload_success_timestamp_seconds", "When the rules snapshot was last loaded successfully.")
+	m.rulesLoaded = gauge("ratelimit_rules_loaded", "Rules in the current snapshot.")
+	m.reloadErrors = counter("ratelimit_rule_reload_errors_total", "Snapshot reloads that failed; the previous snapshot stays in use.")
+	m.instances = gauge("ratelimit_gateway_instances", "Live gateway instances of this region by heartbeat (0 = unknown; the fallback then divides by expected_instances).")
+	m.decisionErrors = counter("ratelimit_decision_errors_total", "Requests let through because the limiter could not decide (fail open).")
+	m.unmatched = counter("ratelimit_unmatched_requests_total", "Authenticated requests that matched no route (answered 404).")
+	m.heartbeatErrs = counter("ratelimit_heartbeat_errors_total", "Heartbeats that could not be written.")
+	m.ready = gauge("ratelimit_gateway_ready", "1 when a snapshot is loaded and the gateway serves requests.")
+
+	for _, c := range []prometheus.Collector{
+		m.requests, m.tenantRequests, duration, m.lastReload, m.rulesLoaded, m.reloadErrors,
+		m.shareRatio, m.instances, m.decisionErrors, m.unmatched, m.upstreamErrors, m.heartbeatErrs, m.ready,
+	} {
+		if err := reg.Register(c); err != nil {
+			return nil, err
+		}
+	}
+	for s := range numSources {
+		m.duration[s] = duration.WithLabelValues(sourceNames[s])
+	}
+	return m, nil
+}
+
+// routeCounters are one route's ratelimit_requests_total series, resolved once so the
+// hot path does no label lookup.
+type routeCounters [numDecisions][numSources]prometheus.Counter
+
+// newRouteCounters resolves (and so pre-initialises) a route's series: every decision
+// with every source, except unauthenticated, which only ever has source "none".
+func (m *metrics) newRouteCounters(region, route string) *routeCounters {
+	var rc routeCounters
+	for d := range numDecisions {
+		for s := range numSources {
+			if d == decUnauthenticated && s != srcNone {
+				continue // never counted; left nil
+			}
+			rc[d][s] = m.requests.WithLabelValues(region, route, decisionNames[d], sourceNames[s])
+		}
+	}
+	return &rc
+}

@@ -1,0 +1,53 @@
+package gateway
+
+import (
+	"encoding/json"
+	"net/http"
+	"strconv"
+)
+
+// problem is a fixed RFC 9457 application/problem+json response. Bodies are built once:
+// the hot path writes bytes and never formats an error, so no internal text can leak.
+type problem struct {
+	status int
+	body   []byte
+	length []string
+}
+
+var contentTypeProblem = []string{"application/problem+json"}
+
+func newProblem(status int, detail string) *problem {
+	body, err := json.Marshal(struct {
+		Type   string `json:"type"`
+		Title  string `json:"title"`
+		Status int    `json:"status"`
+		Detail string `json:"detail"`
+	}{"about:blank", http.StatusText(status), status, detail})
+	if err != nil {
+		panic(err) // a constant struct always marshals
+	}
+	body = append(body, '\n')
+	return &problem{status: status, body: body, length: []string{strconv.Itoa(len(body))}}
+}
+
+var (
+	problemMissingKey = newProblem(http.StatusUnauthorized, "Send your API key in the X-Api-Key header.")
+	problemBadKey     = newProblem(http.StatusUnauthorized, "The API key is unknown or revoked.")
+	problemNotFound   = newProblem(http.StatusNotFound, "No route matches this method and path.")
+	problemThrottled  = newProblem(http.StatusTooManyRequests, "Rate limit exceeded; retry after the number of seconds in Retry-After.")
+	problemUpstream   = newProblem(http.StatusBadGateway, "The upstream service could not be reached.")
+	problemNotReady   = newProblem(http.StatusServiceUnavailable, "The gateway has not loaded its configuration yet; retry shortly.")
+)
+
+// write sends the problem. Shared slices are safe in the header map: nothing appends to
+// a response's header after it is written.
+func (p *problem) write(w http.ResponseWriter) {
+	h := w.Header()
+	h["Content-Type"] = contentTypeProblem
+	h["Content-Length"] = p.length
+	h["X-Content-Type-Options"] = nosniff
+	w.WriteHeader(p.status)
+	_, _ = w.Write(p.body)
+}
+
+var nosniff = []string{"nosniff"}
