@@ -1,0 +1,63 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"os/user"
+	"syscall"
+	"time"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+// run executes one ratectl command line and returns the exit code. Errors are printed as
+// one line "ratectl: ..." on stderr, with every secret of the URLs in use blanked.
+func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
+	a := &app{
+		getenv: getenv,
+		now:    time.Now,
+		actor:  osActor(getenv),
+		stderr: stderr,
+		build:  readBuildInfo,
+	}
+	return a.execute(ctx, args, stdout, stderr)
+}
+
+// execute runs args on a new root command; tests call it with an app of their own.
+func (a *app) execute(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	a.stderr = stderr
+	root := newRootCmd(a)
+	if args == nil {
+		args = []string{} // cobra would read os.Args
+	}
+	root.SetArgs(args)
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	err := root.ExecuteContext(ctx)
+	if err == nil {
+		return exitOK
+	}
+	fmt.Fprintln(stderr, "ratectl:", oneLine(err, a.secrets()))
+	return exitCode(err)
+}
+
+// osActor names the operator in the audit trail: the OS user, else $USER.
+func osActor(getenv func(string) string) func() (string, error) {
+	return func() (string, error) {
+		if u, err := user.Current(); err == nil && u.Username != "" {
+			return u.Username, nil
+		}
+		if u := getenv("USER"); u != "" {
+			return u, nil
+		}
+		return "", fmt.Errorf("cannot tell who you are for the audit trail: no OS user and $USER is empty")
+	}
+}

@@ -1,0 +1,195 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/spf13/cobra"
+)
+
+// Environment variables read when the matching flag is not given.
+const (
+	envDatabaseURL   = "RATECTL_DATABASE_URL"
+	envPrometheusURL = "RATECTL_PROMETHEUS_URL"
+)
+
+// app is what every command shares: injected dependencies and the global flags.
+type app struct {
+	getenv func(string) string
+	now    func() time.Time
+	actor  func() (string, error)
+	stderr io.Writer
+	build  func() buildInfo
+
+	// global flags
+	databaseURL   string
+	prometheusURL string
+	output        string
+	timeout       time.Duration
+
+	// redisURL is set by bucket inspect; kept here so its password is blanked in errors.
+	redisURL string
+}
+
+// Output formats.
+const (
+	outputTable = "table"
+	outputJSON  = "json"
+)
+
+// newRootCmd builds the whole command tree for one execution.
+func newRootCmd(a *app) *cobra.Command {
+	root := &cobra.Command{
+		Use:   "ratectl",
+		Short: "Operate the multi-region rate limiter: regions, shares, rules, keys, status",
+		Long: `ratectl operates the multi-region rate limiter.
+
+It reads and writes the control-plane database (regions, shares, rules, API keys),
+reads live figures from Prometheus, inspects a tenant's bucket in a region's Redis,
+and replays traffic traces through the rebalancer's allocation code.
+
+Exit codes: 0 success, 1 operation failed, 2 usage or invalid input,
+3 a dependency (PostgreSQL, Prometheus, Redis) is unreachable.`,
+		SilenceErrors:     true,
+		SilenceUsage:      true,
+		Args:              noArgs,
+		RunE:              func(cmd *cobra.Command, _ []string) error { return cmd.Help() },
+		PersistentPreRunE: a.resolveGlobals,
+		CompletionOptions: cobra.CompletionOptions{DisableDefaultCmd: true},
+	}
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
+	pf := root.PersistentFlags()
+	pf.StringVar(&a.databaseURL, "database-url", "", "PostgreSQL URL of the control plane (env "+envDatabaseURL+")")
+	pf.StringVar(&a.prometheusURL, "prometheus-url", "", "Prometheus base URL for status (env "+envPrometheusURL+")")
+	pf.StringVarP(&a.output, "output", "o", outputTable, "output format: table or json")
+	pf.DurationVar(&a.timeout, "timeout", 15*time.Second, "give up on the database, Prometheus or Redis after this long")
+	_ = root.RegisterFlagCompletionFunc("output", cobra.FixedCompletions([]string{outputTable, outputJSON}, cobra.ShellCompDirectiveNoFileComp))
+
+	root.AddCommand(
+		newMigrateCmd(a),
+		newRegionsCmd(a),
+		newKeysCmd(a),
+		newRulesCmd(a),
+		newSharesCmd(a),
+		newStatusCmd(a),
+		newBucketCmd(a),
+		newSimCmd(a),
+		newVersionCmd(a),
+		newCompletionCmd(root),
+	)
+	return root
+}
+
+// resolveGlobals validates the global flags and fills the URLs from the environment.
+func (a *app) resolveGlobals(cmd *cobra.Command, _ []string) error {
+	if !cmd.Flags().Changed("database-url") {
+		a.databaseURL = a.getenv(envDatabaseURL)
+	}
+	if !cmd.Flags().Changed("prometheus-url") {
+		a.prometheusURL = a.getenv(envPrometheusURL)
+	}
+	switch a.output {
+	case outputTable, outputJSON:
+	default:
+		return usagef("--output %q: must be table or json", a.output)
+	}
+	if a.timeout <= 0 {
+		return usagef("--timeout %v: must be > 0", a.timeout)
+	}
+	return nil
+}
+
+// secrets lists what must never be printed.
+func (a *app) secrets() []string {
+	var s []string
+	for _, u := range []string{a.databaseURL, a.prometheusURL, a.redisURL} {
+		s = append(s, secretsOf(u)...)
+	}
+	if a.getenv != nil {
+		for _, e := range []string{envDatabaseURL, envPrometheusURL} {
+			s = append(s, secretsOf(a.getenv(e))...)
+		}
+	}
+	return s
+}
+
+// withTimeout bounds one command's I/O by --timeout.
+func (a *app) withTimeout(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, a.timeout)
+}
+
+// runE wraps a command body so its errors are told apart from cobra's usage errors.
+func runE(f func(cmd *cobra.Command, args []string) error) func(*cobra.Command, []string) error {
+	return func(cmd *cobra.Command, args []string) error {
+		if err := f(cmd, args); err != nil {
+			var u usageError
+			if errors.As(err, &u) {
+				return err
+			}
+			return runError{err}
+		}
+		return nil
+	}
+}
+
+// Positional argument checks that return usage errors.
+
+func noArgs(cmd *cobra.Command, args []string) error {
+	if len(args) > 0 {
+		if cmd.HasSubCommands() {
+			return usagef("unknown command %q for %q", args[0], cmd.CommandPath())
+		}
+		return usagef("%s takes no arguments, got %q", cmd.CommandPath(), args[0])
+	}
+	return nil
+}
+
+func exactArgs(n int, names string) cobra.PositionalArgs {
+	return func(cmd *cobra.Command, args []string) error {
+		if len(args) != n {
+			return usagef("%s needs %s (got %d arguments)", cmd.CommandPath(), names, len(args))
+		}
+		return nil
+	}
+}
+
+// groupCmd is a command that only holds subcommands.
+func groupCmd(use, short string, subs ...*cobra.Command) *cobra.Command {
+	c := &cobra.Command{
+		Use:   use,
+		Short: short,
+		Args:  noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return usagef("%s needs a subcommand: %s", cmd.CommandPath(), subNames(cmd))
+		},
+	}
+	c.AddCommand(subs...)
+	return c
+}
+
+func subNames(cmd *cobra.Command) string {
+	s := ""
+	for i, c := range cmd.Commands() {
+		if i > 0 {
+			s += ", "
+		}
+		s += c.Name()
+	}
+	return s
+}
+
+// requireDatabase returns the database URL or a usage error naming the flag and variable.
+func (a *app) requireDatabase() (string, error) {
+	if a.databaseURL == "" {
+		return "", usagef("no database: set --database-url or %s", envDatabaseURL)
+	}
+	return a.databaseURL, nil
+}
+
+// warnf prints a warning line on stderr.
+func (a *app) warnf(format string, args ...any) {
+	fmt.Fprintf(a.stderr, "ratectl: warning: "+format+"\n", args...)
+}

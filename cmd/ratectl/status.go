@@ -1,0 +1,350 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"math"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/api"
+	promv1 "github.com/prometheus/client_golang/api/prometheus/v1"
+	"github.com/prometheus/common/model"
+	"github.com/spf13/cobra"
+)
+
+// statusReport is the JSON of `ratectl status`.
+type statusReport struct {
+	At            time.Time      `json:"at"`
+	WindowSeconds float64        `json:"window_seconds"`
+	Tenant        string         `json:"tenant,omitempty"`
+	Regions       []regionStatus `json:"regions"`
+	Total         regionStatus   `json:"total"`
+}
+
+// regionStatus is one region's live figures; a field is null when Prometheus has no series
+// for it.
+type regionStatus struct {
+	Region             string   `json:"region"`
+	AllowedPerSecond   *float64 `json:"allowed_per_second"`
+	ThrottledPerSecond *float64 `json:"throttled_per_second"`
+	// ThrottleRatio is throttled / (allowed + throttled); null without traffic.
+	ThrottleRatio *float64 `json:"throttle_ratio"`
+	// FallbackActive: at least one gateway of the region decides locally (Redis down).
+	FallbackActive *bool `json:"fallback_active"`
+	LiveGateways   *int  `json:"live_gateways"`
+	// RuleReloadAgeSeconds is the age of the oldest last successful rule reload among the
+	// region's gateways.
+	RuleReloadAgeSeconds *float64 `json:"rule_reload_age_seconds"`
+	// Share is the region's effective share of the default scope "*" (with --tenant: of the
+	// tenant's scope when the gateways export one, else of "*").
+	Share *float64 `json:"share"`
+	// State is "ok", or a comma-separated list of: "no-data", "fallback", "stale-rules".
+	State string `json:"state"`
+}
+
+type statusOptions struct {
+	tenant     string
+	window     time.Duration
+	staleAfter time.Duration
+	at         string
+}
+
+func newStatusCmd(a *app) *cobra.Command {
+	var o statusOptions
+	cmd := &cobra.Command{
+		Use:   "status",
+		Short: "Live per-region figures from Prometheus: allowed/s, throttled/s, fallback, gateways, reloads, shares",
+		Long: `Live per-region figures from Prometheus, from the gateways' metrics:
+allowed and throttled requests per second over --window, the throttled percentage,
+whether any gateway is on its local fallback (Redis unreachable), the live gateways,
+the age of the oldest successful rule reload, and the effective share of the default
+scope. With --tenant, the request figures are that tenant's (ratelimit_tenant_requests_total).`,
+		Args: noArgs,
+		RunE: runE(func(cmd *cobra.Command, _ []string) error { return a.status(cmd, o) }),
+	}
+	f := cmd.Flags()
+	f.StringVar(&o.tenant, "tenant", "", "show one tenant's traffic")
+	f.DurationVar(&o.window, "window", time.Minute, "rate window")
+	f.DurationVar(&o.staleAfter, "stale-after", 2*time.Minute, "a rule reload older than this marks the region stale-rules")
+	f.StringVar(&o.at, "at", "", "evaluate at this time (RFC 3339) instead of now")
+	return cmd
+}
+
+func (a *app) status(cmd *cobra.Command, o statusOptions) error {
+	if a.prometheusURL == "" {
+		return usagef("no Prometheus: set --prometheus-url or %s", envPrometheusURL)
+	}
+	if o.tenant != "" {
+		if err := checkID("tenant", o.tenant); err != nil {
+			return err
+		}
+	}
+	if o.window < time.Second {
+		return usagef("--window %v: must be at least 1s", o.window)
+	}
+	if o.staleAfter <= 0 {
+		return usagef("--stale-after %v: must be > 0", o.staleAfter)
+	}
+	at := a.now()
+	if o.at != "" {
+		t, err := time.Parse(time.RFC3339, o.at)
+		if err != nil {
+			return usagef("--at %q: want an RFC 3339 time such as 2025-01-02T15:04:05Z", o.at)
+		}
+		at = t
+	}
+	client, err := api.NewClient(api.Config{Address: a.prometheusURL})
+	if err != nil {
+		return usagef("--prometheus-url: %v", err)
+	}
+	ctx, cancel := a.withTimeout(cmd.Context())
+	defer cancel()
+	res, err := queryStatus(ctx, promv1.NewAPI(client), o, at)
+	if err != nil {
+		if isConnectError(err) {
+			return unreachableError{"prometheus", urlHostPort(a.prometheusURL, "9090"), err}
+		}
+		return fmt.Errorf("query prometheus: %w", err)
+	}
+	rep := buildStatus(res, o, at)
+	if o.tenant != "" && rep.Total.AllowedPerSecond == nil && rep.Total.ThrottledPerSecond == nil {
+		a.warnf("tenant %s has no series of its own in the window (gateways export only the busiest tenants; the rest count as _other)", o.tenant)
+	}
+	return a.render(cmd, rep, func(w io.Writer) { statusTable(w, rep) })
+}
+
+// statusQueries are the PromQL queries behind status, by figure, each "by (region)".
+func statusQueries(o statusOptions) map[string]string {
+	win := model.Duration(o.window).String()
+	req := `sum by (region) (rate(ratelimit_requests_total{decision="%s"}[` + win + `]))`
+	share := `avg by (region) (ratelimit_region_share_ratio{scope="*"})`
+	if o.tenant != "" {
+		req = `sum by (region) (rate(ratelimit_tenant_requests_total{tenant="` + o.tenant + `",decision="%s"}[` + win + `]))`
+		share = `avg by (region) (ratelimit_region_share_ratio{scope="` + o.tenant + `"}) or ` + share
+	}
+	return map[string]string{
+		"allowed":   fmt.Sprintf(req, "allowed"),
+		"throttled": fmt.Sprintf(req, "throttled"),
+		"fallback":  `max by (region) (ratelimit_fallback_active)`,
+		"gateways":  `max by (region) (ratelimit_gateway_instances)`,
+		"reload":    `time() - min by (region) (ratelimit_rules_last_reload_success_timestamp_seconds)`,
+		"share":     share,
+	}
+}
+
+// queryStatus runs the status queries concurrently and returns value by figure and region.
+func queryStatus(ctx context.Context, p promv1.API, o statusOptions, at time.Time) (map[string]map[string]float64, error) {
+	qs := statusQueries(o)
+	var (
+		mu   sync.Mutex
+		wg   sync.WaitGroup
+		out  = make(map[string]map[string]float64, len(qs))
+		errs []error
+	)
+	for name, q := range qs {
+		wg.Go(func() {
+			v, _, _, err := p.Query(ctx, q, at)
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				if !isConnectError(err) {
+					err = fmt.Errorf("%s figures: %w", name, err)
+				}
+				errs = append(errs, err)
+				return
+			}
+			vec, ok := v.(model.Vector)
+			if !ok {
+				errs = append(errs, fmt.Errorf("%s: unexpected result type %s", name, v.Type()))
+				return
+			}
+			m := make(map[string]float64, len(vec))
+			for _, s := range vec {
+				if r := string(s.Metric["region"]); r != "" {
+					m[r] = float64(s.Value)
+				}
+			}
+			out[name] = m
+		})
+	}
+	wg.Wait()
+	if len(errs) > 0 {
+		sort.Slice(errs, func(i, j int) bool { return errs[i].Error() < errs[j].Error() })
+		return nil, errs[0]
+	}
+	return out, nil
+}
+
+func buildStatus(res map[string]map[string]float64, o statusOptions, at time.Time) statusReport {
+	names := map[string]bool{}
+	for _, m := range res {
+		for r := range m {
+			names[r] = true
+		}
+	}
+	rep := statusReport{At: at.UTC(), WindowSeconds: o.window.Seconds(), Tenant: o.tenant, Regions: []regionStatus{}}
+	var totAllowed, totThrottled *float64
+	add := func(dst **float64, v *float64) {
+		if v == nil {
+			return
+		}
+		if *dst == nil {
+			*dst = new(float64)
+		}
+		**dst = roundTo(**dst+*v, 3)
+	}
+	var anyFallback *bool
+	var totGateways *int
+	for _, r := range sortedKeys(names) {
+		get := func(name string) *float64 {
+			if v, ok := res[name][r]; ok && !math.IsNaN(v) && !math.IsInf(v, 0) {
+				v = roundTo(v, 3)
+				return &v
+			}
+			return nil
+		}
+		st := regionStatus{
+			Region:               r,
+			AllowedPerSecond:     get("allowed"),
+			ThrottledPerSecond:   get("throttled"),
+			RuleReloadAgeSeconds: get("reload"),
+			Share:                get("share"),
+		}
+		st.ThrottleRatio = throttleRatio(st.AllowedPerSecond, st.ThrottledPerSecond)
+		if v := get("fallback"); v != nil {
+			b := *v > 0
+			st.FallbackActive = &b
+			if anyFallback == nil || b {
+				anyFallback = &b
+			}
+		}
+		if v := get("gateways"); v != nil {
+			n := int(math.Round(*v))
+			st.LiveGateways = &n
+			if totGateways == nil {
+				totGateways = new(int)
+			}
+			*totGateways += n
+		}
+		st.State = regionState(st, o.staleAfter)
+		rep.Regions = append(rep.Regions, st)
+		add(&totAllowed, st.AllowedPerSecond)
+		add(&totThrottled, st.ThrottledPerSecond)
+	}
+	rep.Total = regionStatus{
+		Region:             "total",
+		AllowedPerSecond:   totAllowed,
+		ThrottledPerSecond: totThrottled,
+		ThrottleRatio:      throttleRatio(totAllowed, totThrottled),
+		FallbackActive:     anyFallback,
+		LiveGateways:       totGateways,
+	}
+	rep.Total.State = "ok"
+	for _, st := range rep.Regions {
+		if st.State != "ok" {
+			rep.Total.State = "degraded"
+		}
+	}
+	return rep
+}
+
+func throttleRatio(allowed, throttled *float64) *float64 {
+	if allowed == nil && throttled == nil {
+		return nil
+	}
+	var a, t float64
+	if allowed != nil {
+		a = *allowed
+	}
+	if throttled != nil {
+		t = *throttled
+	}
+	if a+t <= 0 {
+		return nil
+	}
+	r := roundTo(t/(a+t), 4)
+	return &r
+}
+
+// roundTo rounds v to digits decimals, so JSON figures do not carry float noise.
+func roundTo(v float64, digits int) float64 {
+	p := math.Pow10(digits)
+	return math.Round(v*p) / p
+}
+
+func regionState(st regionStatus, staleAfter time.Duration) string {
+	var s []string
+	if st.AllowedPerSecond == nil && st.ThrottledPerSecond == nil && st.LiveGateways == nil && st.RuleReloadAgeSeconds == nil {
+		s = append(s, "no-data")
+	}
+	if st.FallbackActive != nil && *st.FallbackActive {
+		s = append(s, "fallback")
+	}
+	if st.RuleReloadAgeSeconds != nil && *st.RuleReloadAgeSeconds > staleAfter.Seconds() {
+		s = append(s, "stale-rules")
+	}
+	if len(s) == 0 {
+		return "ok"
+	}
+	return strings.Join(s, ",")
+}
+
+func statusTable(w io.Writer, rep statusReport) {
+	title := "all tenants"
+	if rep.Tenant != "" {
+		title = "tenant " + rep.Tenant
+	}
+	fmt.Fprintf(w, "# %s, rates over %s, at %s\n", title, time.Duration(rep.WindowSeconds*float64(time.Second)), timeCell(rep.At))
+	row(w, "REGION", "ALLOWED/S", "THROTTLED/S", "THROTTLED%", "FALLBACK", "GATEWAYS", "RELOAD AGE", "SHARE", "STATE")
+	for _, st := range append(rep.Regions, rep.Total) {
+		row(w, st.Region, optRate(st.AllowedPerSecond), optRate(st.ThrottledPerSecond), optPercent(st.ThrottleRatio),
+			optBool(st.FallbackActive), optInt(st.LiveGateways), optAge(st.RuleReloadAgeSeconds), optShare(st.Share), st.State)
+	}
+}
+
+func optRate(v *float64) string {
+	if v == nil {
+		return "-"
+	}
+	return strconv.FormatFloat(*v, 'f', 1, 64)
+}
+
+func optPercent(v *float64) string {
+	if v == nil {
+		return "-"
+	}
+	return strconv.FormatFloat(*v*100, 'f', 1, 64) + "%"
+}
+
+func optBool(v *bool) string {
+	if v == nil {
+		return "-"
+	}
+	return boolCell(*v)
+}
+
+func optInt(v *int) string {
+	if v == nil {
+		return "-"
+	}
+	return strconv.Itoa(*v)
+}
+
+func optAge(v *float64) string {
+	if v == nil {
+		return "-"
+	}
+	return time.Duration(math.Round(*v) * float64(time.Second)).String()
+}
+
+func optShare(v *float64) string {
+	if v == nil {
+		return "-"
+	}
+	return shareCell(*v)
+}

@@ -1,0 +1,227 @@
+package main
+
+import (
+	"context"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/api"
+	promv1 "github.com/prometheus/client_golang/api/prometheus/v1"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/prometheus/common/model"
+
+	"github.com/quotaplane/quotaplane/deploy/local"
+)
+
+// gatewayExporter exports the gateway's metric names (issue 3) with fixed rates. Each
+// sample carries the scrape time as its timestamp and counters are exactly rate x
+// (timestamp - t0), t0 being the first scrape truncated to the second, so Prometheus's
+// rate() and time() at a fixed time after t0 give exact, repeatable figures.
+type gatewayExporter struct {
+	mu sync.Mutex
+	t0 time.Time
+
+	requests, tenantRequests, fallback, instances, reload, share *prometheus.Desc
+}
+
+func newGatewayExporter() *gatewayExporter {
+	return &gatewayExporter{
+		requests:       prometheus.NewDesc("ratelimit_requests_total", "Requests by decision.", []string{"region", "route", "decision", "source"}, nil),
+		tenantRequests: prometheus.NewDesc("ratelimit_tenant_requests_total", "Requests of the busiest tenants.", []string{"region", "tenant", "route", "decision"}, nil),
+		fallback:       prometheus.NewDesc("ratelimit_fallback_active", "1 while deciding locally.", []string{"region"}, nil),
+		instances:      prometheus.NewDesc("ratelimit_gateway_instances", "Live gateways of the region.", []string{"region"}, nil),
+		reload:         prometheus.NewDesc("ratelimit_rules_last_reload_success_timestamp_seconds", "Last good reload.", []string{"region"}, nil),
+		share:          prometheus.NewDesc("ratelimit_region_share_ratio", "Effective share.", []string{"region", "scope"}, nil),
+	}
+}
+
+func (e *gatewayExporter) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{e.requests, e.tenantRequests, e.fallback, e.instances, e.reload, e.share} {
+		ch <- d
+	}
+}
+
+func (e *gatewayExporter) Collect(ch chan<- prometheus.Metric) {
+	now := time.Now().Truncate(time.Millisecond)
+	e.mu.Lock()
+	if e.t0.IsZero() {
+		e.t0 = now.Truncate(time.Second)
+	}
+	t0 := e.t0
+	e.mu.Unlock()
+	el := now.Sub(t0).Seconds()
+	emit := func(d *prometheus.Desc, vt prometheus.ValueType, v float64, labels ...string) {
+		ch <- prometheus.NewMetricWithTimestamp(now, prometheus.MustNewConstMetric(d, vt, v, labels...))
+	}
+	counter := func(d *prometheus.Desc, rate float64, labels ...string) {
+		emit(d, prometheus.CounterValue, rate*el, labels...)
+	}
+	// us-east: 70 allowed/s over two routes, 7 throttled/s, 3 gateways, healthy.
+	counter(e.requests, 50, "us-east", "create-order", "allowed", "redis")
+	counter(e.requests, 20, "us-east", "default", "allowed", "redis")
+	counter(e.requests, 7, "us-east", "create-order", "throttled", "redis")
+	counter(e.requests, 1, "us-east", "default", "unauthenticated", "redis")
+	emit(e.fallback, prometheus.GaugeValue, 0, "us-east")
+	emit(e.instances, prometheus.GaugeValue, 3, "us-east")
+	emit(e.reload, prometheus.GaugeValue, float64(t0.Unix()-5), "us-east")
+	emit(e.share, prometheus.GaugeValue, 0.7, "us-east", "*")
+	emit(e.share, prometheus.GaugeValue, 0.5, "us-east", "shop-a")
+	// eu-west: 30 allowed/s, 12 throttled/s (some by the local fallback), 2 gateways, its
+	// rules not reloaded for 200 s.
+	counter(e.requests, 24, "eu-west", "create-order", "allowed", "redis")
+	counter(e.requests, 6, "eu-west", "create-order", "allowed", "fallback")
+	counter(e.requests, 12, "eu-west", "create-order", "throttled", "fallback")
+	emit(e.fallback, prometheus.GaugeValue, 1, "eu-west")
+	emit(e.instances, prometheus.GaugeValue, 2, "eu-west")
+	emit(e.reload, prometheus.GaugeValue, float64(t0.Unix()-200), "eu-west")
+	emit(e.share, prometheus.GaugeValue, 0.3, "eu-west", "*")
+	// shop-a has its own series and share in us-east only; eu-west sees it under the default.
+	counter(e.tenantRequests, 20, "us-east", "shop-a", "create-order", "allowed")
+	counter(e.tenantRequests, 4, "us-east", "shop-a", "create-order", "throttled")
+	counter(e.tenantRequests, 5, "eu-west", "shop-a", "create-order", "allowed")
+	counter(e.tenantRequests, 5, "eu-west", "shop-a", "create-order", "throttled")
+	counter(e.tenantRequests, 40, "us-east", "_other", "_other", "allowed")
+}
+
+// startExporter serves the registry on 127.0.0.1 and returns host:port.
+func startExporter(t *testing.T, c prometheus.Collector) string {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(c)
+	srv := httptest.NewServer(promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	t.Cleanup(srv.Close)
+	return strings.TrimPrefix(srv.URL, "http://")
+}
+
+// waitForSamples polls Prometheus until it holds samples of the exporter at or after at.
+func waitForSamples(t *testing.T, promURL string, at time.Time) {
+	t.Helper()
+	c, err := api.NewClient(api.Config{Address: promURL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := promv1.NewAPI(c)
+	deadline := time.Now().Add(45 * time.Second)
+	for time.Now().Before(deadline) {
+		v, _, _, err := p.Query(context.Background(), `min(timestamp(ratelimit_gateway_instances))`, time.Time{})
+		if err == nil {
+			if vec, ok := v.(model.Vector); ok && len(vec) == 1 && float64(vec[0].Value) >= float64(at.Unix()) {
+				return
+			}
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	t.Fatalf("prometheus at %s has no samples at %s after 45s", promURL, at)
+}
+
+func TestStatusAgainstPrometheus(t *testing.T) {
+	exp := newGatewayExporter()
+	target := startExporter(t, exp)
+	prom := local.Prom(t, local.PrometheusOptions{Jobs: []local.ScrapeJob{{Name: "gateway", Targets: []string{target}}}})
+	// The first scrape sets t0; evaluating at t0+8s, the 5s rate window is covered by samples.
+	waitForSamples(t, prom.URL(), time.Time{})
+	exp.mu.Lock()
+	at := exp.t0.Add(8 * time.Second)
+	exp.mu.Unlock()
+	waitForSamples(t, prom.URL(), at.Add(time.Second))
+
+	c := newCLI(t, map[string]string{envPrometheusURL: prom.URL()})
+	c.clock = func() time.Time { return at }
+	for _, tc := range []struct {
+		name string
+		args []string
+	}{
+		{"status", []string{"status", "--window", "5s"}},
+		{"status_tenant", []string{"status", "--window", "5s", "--tenant", "shop-a"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			for _, format := range []string{"table", "json"} {
+				r := c.ok(append(tc.args, "-o", format)...)
+				golden(t, tc.name+"."+format, normTimes(r.stdout))
+				if r.stderr != "" {
+					t.Errorf("stderr: %s", r.stderr)
+				}
+			}
+		})
+	}
+
+	t.Run("unknown tenant warns", func(t *testing.T) {
+		r := c.ok("status", "--window", "5s", "--tenant", "nobody")
+		if !strings.Contains(r.stderr, "warning: tenant nobody has no series") {
+			t.Errorf("stderr = %q, want the warning", r.stderr)
+		}
+	})
+	t.Run("at flag", func(t *testing.T) {
+		r := c.ok("status", "--window", "5s", "-o", "json", "--at", at.UTC().Format(time.RFC3339))
+		if want := `"at": "` + at.UTC().Format(time.RFC3339) + `"`; !strings.Contains(r.stdout, want) {
+			t.Errorf("stdout lacks %s:\n%s", want, r.stdout)
+		}
+	})
+}
+
+func TestStatusErrors(t *testing.T) {
+	// A port nobody listens on.
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := strconv.Itoa(l.Addr().(*net.TCPAddr).Port)
+	l.Close()
+	// A server that answers, but not as Prometheus does.
+	notProm := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		http.Error(w, "nope", http.StatusInternalServerError)
+	}))
+	t.Cleanup(notProm.Close)
+
+	for _, tc := range []struct {
+		name     string
+		env      map[string]string
+		args     []string
+		code     int
+		contains string
+		absent   string
+	}{
+		{"no url", nil, []string{"status"}, exitUsage, "no Prometheus: set --prometheus-url or RATECTL_PROMETHEUS_URL", ""},
+		{"unreachable, password hidden", nil, []string{"status", "--prometheus-url", "http://ops:hunter2secret@127.0.0.1:" + port},
+			exitUnreachable, "prometheus at 127.0.0.1:" + port + " unreachable", "hunter2secret"},
+		{"unreachable from env", map[string]string{envPrometheusURL: "http://127.0.0.1:" + port}, []string{"status"},
+			exitUnreachable, "prometheus at 127.0.0.1:" + port + " unreachable", ""},
+		{"server error", nil, []string{"status", "--prometheus-url", notProm.URL}, exitFailure, "query prometheus:", ""},
+		{"bad tenant", nil, []string{"status", "--prometheus-url", notProm.URL, "--tenant", "a b"}, exitUsage, `invalid tenant id "a b"`, ""},
+		{"bad window", nil, []string{"status", "--prometheus-url", notProm.URL, "--window", "10ms"}, exitUsage, "--window 10ms: must be at least 1s", ""},
+		{"bad at", nil, []string{"status", "--prometheus-url", notProm.URL, "--at", "yesterday"}, exitUsage, `--at "yesterday": want an RFC 3339 time`, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newCLI(t, tc.env).run(tc.args...)
+			checkError(t, r, tc.code, tc.contains, tc.absent)
+		})
+	}
+}
+
+// checkError asserts a failed run: exit code, one line on stderr starting "ratectl: "
+// and containing contains, nothing on stdout, and absent nowhere.
+func checkError(t *testing.T, r result, code int, contains, absent string) {
+	t.Helper()
+	if r.code != code {
+		t.Errorf("exit code %d, want %d (stderr %q)", r.code, code, r.stderr)
+	}
+	if !strings.HasPrefix(r.stderr, "ratectl: ") || strings.Count(r.stderr, "\n") != 1 {
+		t.Errorf("stderr is not one line starting with \"ratectl: \": %q", r.stderr)
+	}
+	if !strings.Contains(r.stderr, contains) {
+		t.Errorf("stderr %q does not contain %q", r.stderr, contains)
+	}
+	if r.stdout != "" {
+		t.Errorf("stdout not empty on error: %q", r.stdout)
+	}
+	if absent != "" && strings.Contains(r.stdout+r.stderr, absent) {
+		t.Errorf("output contains %q:\n%s%s", absent, r.stdout, r.stderr)
+	}
+}
