@@ -7,6 +7,8 @@ import (
 	"math"
 	"strings"
 	"time"
+
+	"github.com/quotaplane/quotaplane/migrations"
 )
 
 // Wildcard is the tenant or route id of a default rule, and the scope of a region-wide share.
@@ -15,6 +17,20 @@ const Wildcard = "*"
 // ErrInvalid is wrapped by every validation error of this package, so callers can tell
 // bad input from a failed operation.
 var ErrInvalid = errors.New("invalid")
+
+// Sentinels of the store, for callers that branch on them (errors.Is).
+var (
+	// ErrNotFound: the rule, key or region to change does not exist.
+	ErrNotFound = errors.New("not found")
+	// ErrExists: the region to add exists already.
+	ErrExists = errors.New("already exists")
+	// ErrRegionInUse: the region to remove still has shares (remove them, or force).
+	ErrRegionInUse = errors.New("region has shares")
+)
+
+// NotifyChannel is the PostgreSQL channel that is notified on every change of rules,
+// keys, regions and shares (not on heartbeats). The payload is the changed table's name.
+const NotifyChannel = migrations.NotifyChannel
 
 // ValidateID checks a tenant, route or region id: [A-Za-z0-9._-]{1,64}. kind names the id
 // in the error ("tenant", "route", "region").
@@ -123,6 +139,35 @@ func ParseScope(s string) (Scope, error) {
 	return Scope{Tenant: tenant, Route: route}, nil
 }
 
+// Validate checks the scope's ids: "*" (both parts "*"), a tenant with route "*" (or ""),
+// or a tenant and a route.
+func (s Scope) Validate() error {
+	if s.Tenant == Wildcard {
+		if s.Route != Wildcard && s.Route != "" {
+			return fmt.Errorf("%w scope */%s: a route scope needs a tenant", ErrInvalid, s.Route)
+		}
+		return nil
+	}
+	if err := ValidateID("tenant", s.Tenant); err != nil {
+		return fmt.Errorf("scope: %w", err)
+	}
+	if s.Route == Wildcard || s.Route == "" {
+		return nil
+	}
+	if err := ValidateID("route", s.Route); err != nil {
+		return fmt.Errorf("scope: %w", err)
+	}
+	return nil
+}
+
+// normal is the scope with an empty Route written as "*", the form used as a map key.
+func (s Scope) normal() Scope {
+	if s.Route == "" || s.Tenant == Wildcard {
+		s.Route = Wildcard
+	}
+	return s
+}
+
 // String is the stored form: "*", "TENANT" or "TENANT/ROUTE".
 func (s Scope) String() string {
 	switch {
@@ -153,6 +198,8 @@ type Share struct {
 	// ExpiresAt is when an override stops applying; zero means never.
 	ExpiresAt time.Time
 	UpdatedAt time.Time
+	// Reason is why the share was set (an operator's --reason, or the rebalancer's).
+	Reason string
 }
 
 // Active reports whether the share applies at now.

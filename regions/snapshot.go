@@ -58,6 +58,9 @@ func NewSnapshot(d SnapshotData) (*Snapshot, error) {
 		if err := ValidateID("region", r); err != nil {
 			return nil, fmt.Errorf("snapshot: %w", err)
 		}
+		if known[r] {
+			return nil, fmt.Errorf("snapshot: %w: duplicate region %s", ErrInvalid, r)
+		}
 		known[r] = true
 	}
 	for _, r := range d.Rules {
@@ -82,6 +85,10 @@ func NewSnapshot(d SnapshotData) (*Snapshot, error) {
 		}
 	}
 	for _, sh := range d.Shares {
+		if err := sh.Scope.Validate(); err != nil {
+			return nil, fmt.Errorf("snapshot: share of region %s: %w", sh.Region, err)
+		}
+		sh.Scope = sh.Scope.normal()
 		if !known[sh.Region] {
 			return nil, fmt.Errorf("snapshot: %w: share for unknown region %q", ErrInvalid, sh.Region)
 		}
@@ -91,7 +98,11 @@ func NewSnapshot(d SnapshotData) (*Snapshot, error) {
 		if sh.Source != SourceOverride && sh.Source != SourceRebalancer {
 			return nil, fmt.Errorf("snapshot: %w: share source %q", ErrInvalid, sh.Source)
 		}
-		s.shares[shareKey{sh.Scope, sh.Region, sh.Source}] = sh
+		k := shareKey{sh.Scope, sh.Region, sh.Source}
+		if _, dup := s.shares[k]; dup {
+			return nil, fmt.Errorf("snapshot: %w: duplicate %s share of region %s scope %s", ErrInvalid, sh.Source, sh.Region, sh.Scope)
+		}
+		s.shares[k] = sh
 	}
 	for _, in := range d.Instances {
 		if d.InstanceTTL <= 0 || d.LoadedAt.Sub(in.LastSeen) <= d.InstanceTTL {
@@ -147,9 +158,11 @@ func (s *Snapshot) EffectiveShare(region, tenant, route string, now time.Time) (
 	return 1 / float64(n), SourceDefault
 }
 
-// ScopeShare is region's share for exactly one scope (no fallback to wider scopes except
-// the equal split), with its source; ratectl and the rebalancer use it.
+// ScopeShare is region's active share for exactly this scope (an override before a
+// rebalancer value; no fallback to wider scopes), and false when there is none; ratectl
+// and the rebalancer use it.
 func (s *Snapshot) ScopeShare(region string, scope Scope, now time.Time) (Share, bool) {
+	scope = scope.normal()
 	for _, src := range [...]Source{SourceOverride, SourceRebalancer} {
 		if sh, ok := s.shares[shareKey{scope, region, src}]; ok && sh.Active(now) {
 			return sh, true

@@ -1,0 +1,271 @@
+package regions
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// ReloaderOptions configures a Reloader. Only Load is required.
+type ReloaderOptions struct {
+	// Load reads and validates a whole new snapshot, e.g. a Store's LoadSnapshot.
+	Load func(ctx context.Context) (*Snapshot, error)
+	// ListenURL is the database to LISTEN on for NotifyChannel, on a connection of its own.
+	// Empty: no LISTEN, the timer alone reloads.
+	ListenURL string
+	// Interval is the safety-net reload period. Default 30 s.
+	Interval time.Duration
+	// Debounce coalesces a burst of notifications into one reload. Default 100 ms.
+	Debounce time.Duration
+	// LoadTimeout bounds one Load. Default 10 s.
+	LoadTimeout time.Duration
+	// Logger receives state changes (nil: discard). Never logs data.
+	Logger *slog.Logger
+	// OnReload, if set, is called with every new snapshot after it is swapped in (metrics).
+	OnReload func(*Snapshot)
+	// OnError, if set, is called with every failed load (metrics); the previous snapshot
+	// stays current.
+	OnError func(error)
+}
+
+// Reload timing that is not configurable.
+const (
+	retryMin       = 500 * time.Millisecond // first retry after a failed load
+	listenBackoff  = 100 * time.Millisecond // first LISTEN reconnect delay
+	listenMaxDelay = 5 * time.Second        // longest LISTEN reconnect delay
+	listenPing     = 15 * time.Second       // idle LISTEN connections are pinged this often
+	connectTimeout = 5 * time.Second        // one LISTEN connection attempt
+)
+
+// Reloader holds the current Snapshot and replaces it whole: on every notification on
+// NotifyChannel (coalesced by Debounce), every Interval, and soon after a failed load
+// (retrying with backoff up to Interval). A load is validated before the swap; a failed
+// load keeps the previous snapshot. While the LISTEN connection is down it reconnects with
+// backoff and the timer keeps reloading; after it reconnects it reloads, since changes
+// may have been missed.
+type Reloader struct {
+	opts   ReloaderOptions
+	log    *slog.Logger
+	cur    atomic.Pointer[Snapshot]
+	kick   chan struct{} // a notification arrived (buffered 1: bursts fold)
+	loadMu sync.Mutex    // one load at a time, so an older load never overwrites a newer one
+	failed bool          // guarded by loadMu: the last load failed (log state changes only)
+	active atomic.Bool   // Run is running
+}
+
+// NewReloader fills defaults; it starts nothing and connects to nothing.
+func NewReloader(o ReloaderOptions) *Reloader {
+	if o.Interval <= 0 {
+		o.Interval = 30 * time.Second
+	}
+	if o.Debounce <= 0 {
+		o.Debounce = 100 * time.Millisecond
+	}
+	if o.LoadTimeout <= 0 {
+		o.LoadTimeout = 10 * time.Second
+	}
+	log := o.Logger
+	if log == nil {
+		log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	return &Reloader{opts: o, log: log, kick: make(chan struct{}, 1)}
+}
+
+// Current is the last good snapshot; nil until the first load (or SetStatic) succeeds.
+// It is safe for concurrent use and cheap: call it once per request.
+func (r *Reloader) Current() *Snapshot { return r.cur.Load() }
+
+// SetStatic makes s the current snapshot, for a standalone gateway whose configuration
+// comes from a file (it need not call Run), or for tests.
+func (r *Reloader) SetStatic(s *Snapshot) { r.cur.Store(s) }
+
+// Reload loads a new snapshot now and swaps it in; on error the previous one stays and
+// the error is returned (and passed to OnError unless ctx ended).
+func (r *Reloader) Reload(ctx context.Context) error {
+	if r.opts.Load == nil {
+		return errors.New("reload config: no Load function")
+	}
+	r.loadMu.Lock()
+	defer r.loadMu.Unlock()
+	lctx, cancel := context.WithTimeout(ctx, r.opts.LoadTimeout)
+	defer cancel()
+	start := time.Now()
+	s, err := r.opts.Load(lctx)
+	if err == nil && s == nil {
+		err = errors.New("load returned no snapshot")
+	}
+	if err != nil {
+		err = fmt.Errorf("reload config: %w", err)
+		if ctx.Err() != nil {
+			return err // shutting down: not a failure of the store
+		}
+		if !r.failed {
+			r.log.Warn("config reload failed; keeping previous snapshot", "err", err)
+		} else {
+			r.log.Debug("config reload failed again", "err", err)
+		}
+		r.failed = true
+		if r.opts.OnError != nil {
+			r.opts.OnError(err)
+		}
+		return err
+	}
+	r.cur.Store(s)
+	if r.failed {
+		r.log.Info("config reload recovered", "rules", s.RuleCount())
+	}
+	r.failed = false
+	r.log.Debug("config reloaded", "rules", s.RuleCount(), "duration", time.Since(start))
+	if r.opts.OnReload != nil {
+		r.opts.OnReload(s)
+	}
+	return nil
+}
+
+// Run loads at once, then reloads on notifications and on the timer until ctx ends. It
+// returns nil when ctx ends, after its goroutines have exited; an error only if it cannot
+// run at all (no Load, or already running). A failed load is not an error of Run.
+func (r *Reloader) Run(ctx context.Context) error {
+	if r.opts.Load == nil {
+		return errors.New("config reloader: no Load function")
+	}
+	if !r.active.CompareAndSwap(false, true) {
+		return errors.New("config reloader: already running")
+	}
+	defer r.active.Store(false)
+
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel() // runs before wg.Wait
+	if r.opts.ListenURL != "" {
+		wg.Go(func() { r.listen(ctx) })
+	}
+
+	ticker := time.NewTicker(r.opts.Interval)
+	defer ticker.Stop()
+	var (
+		debounce   <-chan time.Time // pending coalesced notification
+		retry      <-chan time.Time // pending retry after a failure
+		retryDelay = retryMin
+	)
+	reload := func() {
+		if err := r.Reload(ctx); err != nil {
+			if ctx.Err() == nil {
+				retry = time.After(retryDelay)
+				retryDelay = min(2*retryDelay, r.opts.Interval)
+			}
+			return
+		}
+		retry, retryDelay = nil, retryMin
+	}
+	reload()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-r.kick:
+			if debounce == nil {
+				debounce = time.After(r.opts.Debounce)
+			}
+		case <-debounce:
+			debounce = nil
+			reload()
+		case <-retry:
+			retry = nil
+			reload()
+		case <-ticker.C:
+			reload()
+		}
+	}
+}
+
+// notify asks Run for a (debounced) reload.
+func (r *Reloader) notify() {
+	select {
+	case r.kick <- struct{}{}:
+	default: // one is pending already
+	}
+}
+
+// listen keeps a LISTEN connection open until ctx ends, reconnecting with backoff.
+func (r *Reloader) listen(ctx context.Context) {
+	delay := listenBackoff
+	lost := false
+	for {
+		up := false
+		err := r.listenOnce(ctx, func() {
+			up = true
+			delay = listenBackoff
+			if lost {
+				r.log.Info("config listen restored", "channel", NotifyChannel)
+				lost = false
+				r.notify() // changes may have happened while we were away
+			}
+		})
+		if ctx.Err() != nil {
+			return
+		}
+		if !lost {
+			r.log.Warn("config listen lost; reloading on the timer only until it is back", "channel", NotifyChannel, "err", err)
+			lost = true
+		}
+		if !up {
+			delay = min(2*delay, listenMaxDelay)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(delay):
+		}
+	}
+}
+
+// listenOnce connects, LISTENs (then calls onUp), and forwards notifications until the
+// connection fails or ctx ends.
+func (r *Reloader) listenOnce(ctx context.Context, onUp func()) error {
+	cctx, cancel := context.WithTimeout(ctx, connectTimeout)
+	conn, err := pgx.Connect(cctx, r.opts.ListenURL)
+	cancel()
+	if err != nil {
+		return redactErr(fmt.Errorf("listen connect: %w", err), urlSecrets(r.opts.ListenURL))
+	}
+	defer func() {
+		cctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		_ = conn.Close(cctx)
+	}()
+	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{NotifyChannel}.Sanitize()); err != nil {
+		return fmt.Errorf("listen %s: %w", NotifyChannel, err)
+	}
+	onUp()
+	for {
+		wctx, cancel := context.WithTimeout(ctx, listenPing)
+		_, err := conn.WaitForNotification(wctx)
+		cancel()
+		switch {
+		case err == nil:
+			r.notify()
+		case ctx.Err() != nil:
+			return ctx.Err()
+		case errors.Is(err, context.DeadlineExceeded):
+			// Idle: make sure the connection is still there (a silent network loss
+			// would otherwise leave us waiting forever).
+			pctx, cancel := context.WithTimeout(ctx, connectTimeout)
+			err := conn.Ping(pctx)
+			cancel()
+			if err != nil {
+				return fmt.Errorf("listen ping: %w", err)
+			}
+		default:
+			return fmt.Errorf("listen wait: %w", err)
+		}
+	}
+}

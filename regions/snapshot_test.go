@@ -1,0 +1,258 @@
+package regions
+
+import (
+	"errors"
+	"math"
+	"strings"
+	"testing"
+	"time"
+)
+
+var t0 = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+
+func defaultRule() Rule {
+	return Rule{Tenant: "*", Route: "*", Capacity: 20, RefillPerSecond: 10, Shards: 1}
+}
+
+func mustSnapshot(t *testing.T, d SnapshotData) *Snapshot {
+	t.Helper()
+	s, err := NewSnapshot(d)
+	if err != nil {
+		t.Fatalf("NewSnapshot: %v", err)
+	}
+	return s
+}
+
+func TestRuleResolution(t *testing.T) {
+	t.Parallel()
+	rule := func(tenant, route string, capacity int64) Rule {
+		return Rule{Tenant: tenant, Route: route, Capacity: capacity, RefillPerSecond: 1, Shards: 1}
+	}
+	all := []Rule{defaultRule(), rule("*", "r1", 2), rule("t", "*", 3), rule("t", "r1", 4)}
+	tests := []struct {
+		name          string
+		rules         []Rule
+		tenant, route string
+		want          int64
+	}{
+		{"tenant and route", all, "t", "r1", 4},
+		{"tenant default", all, "t", "r2", 3},
+		{"route default", all, "u", "r1", 2},
+		{"global default", all, "u", "r2", 20},
+		{"tenant default beats route default", all[:3], "t", "r1", 3},
+		{"route default when tenant has none", []Rule{defaultRule(), rule("*", "r1", 2), rule("t", "r2", 5)}, "t", "r1", 2},
+		{"only the default", all[:1], "t", "r1", 20},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			s := mustSnapshot(t, SnapshotData{Rules: tt.rules})
+			if got := s.Rule(tt.tenant, tt.route); got.Capacity != tt.want {
+				t.Fatalf("Rule(%s, %s) = %+v, want capacity %d", tt.tenant, tt.route, got, tt.want)
+			}
+		})
+	}
+}
+
+func TestEffectiveSharePrecedence(t *testing.T) {
+	t.Parallel()
+	const region = "us-east"
+	// One share per level, each with its own value, so the answer names the level.
+	type level struct {
+		scope  Scope
+		source Source
+		value  float64
+	}
+	var (
+		oTR = level{Scope{"t", "r"}, SourceOverride, 0.11}
+		oT  = level{Scope{"t", "*"}, SourceOverride, 0.12}
+		oG  = level{GlobalScope, SourceOverride, 0.13}
+		rTR = level{Scope{"t", "r"}, SourceRebalancer, 0.21}
+		rT  = level{Scope{"t", "*"}, SourceRebalancer, 0.22}
+		rG  = level{GlobalScope, SourceRebalancer, 0.23}
+	)
+	tests := []struct {
+		name       string
+		levels     []level
+		expired    []level // overrides that expired at t0
+		route      string
+		want       float64
+		wantSource Source
+	}{
+		{"override tenant/route first", []level{oTR, oT, oG, rTR, rT, rG}, nil, "r", 0.11, SourceOverride},
+		{"then override tenant", []level{oT, oG, rTR, rT, rG}, nil, "r", 0.12, SourceOverride},
+		{"then override *", []level{oG, rTR, rT, rG}, nil, "r", 0.13, SourceOverride},
+		{"then rebalancer tenant/route", []level{rTR, rT, rG}, nil, "r", 0.21, SourceRebalancer},
+		{"then rebalancer tenant", []level{rT, rG}, nil, "r", 0.22, SourceRebalancer},
+		{"then rebalancer *", []level{rG}, nil, "r", 0.23, SourceRebalancer},
+		{"then an equal split", nil, nil, "r", 0.5, SourceDefault},
+		{"override * beats rebalancer tenant/route", []level{oG, rTR}, nil, "r", 0.13, SourceOverride},
+		{"override tenant covers every route", []level{oT, rTR}, nil, "r", 0.12, SourceOverride},
+		{"another route's share does not apply", []level{oTR, rT}, nil, "other", 0.22, SourceRebalancer},
+		{"expired override is ignored", []level{rTR}, []level{oTR, oT, oG}, "r", 0.21, SourceRebalancer},
+		{"expired override falls back to the split", nil, []level{oG}, "r", 0.5, SourceDefault},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			var shares []Share
+			for _, l := range tt.levels {
+				sh := Share{Scope: l.scope, Region: region, Share: l.value, Source: l.source}
+				if l.source == SourceOverride {
+					sh.ExpiresAt = t0.Add(time.Hour)
+				}
+				shares = append(shares, sh, Share{Scope: l.scope, Region: "eu-west", Share: 1 - l.value, Source: l.source})
+			}
+			for _, l := range tt.expired {
+				shares = append(shares, Share{Scope: l.scope, Region: region, Share: 0.99, Source: l.source, ExpiresAt: t0})
+			}
+			// Another tenant's shares never apply.
+			shares = append(shares, Share{Scope: Scope{"u", "*"}, Region: region, Share: 0.77, Source: SourceOverride})
+			s := mustSnapshot(t, SnapshotData{Regions: []string{region, "eu-west"}, Rules: []Rule{defaultRule()}, Shares: shares})
+			got, src := s.EffectiveShare(region, "t", tt.route, t0)
+			if math.Abs(got-tt.want) > 1e-12 || src != tt.wantSource {
+				t.Fatalf("EffectiveShare = %v (%s), want %v (%s)", got, src, tt.want, tt.wantSource)
+			}
+		})
+	}
+}
+
+func TestRegionalAndScopeShare(t *testing.T) {
+	t.Parallel()
+	s := mustSnapshot(t, SnapshotData{
+		Regions: []string{"us-east", "eu-west"},
+		Rules:   []Rule{defaultRule(), {Tenant: "shop-a", Route: "create-order", Capacity: 2000, RefillPerSecond: 1000, Shards: 1}},
+		Shares: []Share{
+			{Scope: Scope{Tenant: "shop-a"}, Region: "us-east", Share: 0.7, Source: SourceRebalancer}, // Route "" means "*"
+			{Scope: Scope{Tenant: "shop-a"}, Region: "eu-west", Share: 0.3, Source: SourceRebalancer},
+		},
+	})
+	r, lim, share := s.Regional("us-east", "shop-a", "create-order", t0)
+	if r.Capacity != 2000 || lim.Capacity != 1400 || lim.RefillPerSecond != 700 || share != 0.7 {
+		t.Fatalf("Regional = %+v %+v %v, want 2000 -> 1400/700 at 0.7", r, lim, share)
+	}
+	if _, lim, _ := s.Regional("eu-west", "other", "x", t0); lim.Capacity != 10 || lim.RefillPerSecond != 5 {
+		t.Fatalf("default rule at the equal split = %+v, want 10/5", lim)
+	}
+	for _, sc := range []Scope{{"shop-a", "*"}, {"shop-a", ""}} {
+		if sh, ok := s.ScopeShare("eu-west", sc, t0); !ok || sh.Share != 0.3 {
+			t.Fatalf("ScopeShare(%+v) = %+v, %v; want 0.3", sc, sh, ok)
+		}
+	}
+	if _, ok := s.ScopeShare("eu-west", GlobalScope, t0); ok {
+		t.Fatal("ScopeShare(*) found a share where there is none")
+	}
+	if got := s.Regions(); strings.Join(got, ",") != "us-east,eu-west" {
+		t.Fatalf("Regions() = %v", got)
+	}
+}
+
+func TestSnapshotKeysAndInstances(t *testing.T) {
+	t.Parallel()
+	s := mustSnapshot(t, SnapshotData{
+		Regions: []string{"us-east"},
+		Rules:   []Rule{defaultRule()},
+		Keys: []APIKey{
+			{ID: 1, Hash: HashKey("qp_good"), Tenant: "shop-a"},
+			{ID: 2, Hash: HashKey("qp_revoked"), Tenant: "shop-a", RevokedAt: t0.Add(-time.Minute)},
+		},
+		Instances: []Instance{
+			{ID: "gw-1", Region: "us-east", LastSeen: t0.Add(-5 * time.Second)},
+			{ID: "gw-2", Region: "us-east", LastSeen: t0.Add(-15 * time.Second)},
+			{ID: "gw-3", Region: "us-east", LastSeen: t0.Add(-16 * time.Second)},
+			{ID: "gw-4", Region: "eu-west", LastSeen: t0},
+		},
+		InstanceTTL: 15 * time.Second,
+		LoadedAt:    t0,
+	})
+	if tenant, ok := s.Tenant(HashKey("qp_good")); !ok || tenant != "shop-a" {
+		t.Fatalf("valid key: %q, %v", tenant, ok)
+	}
+	for _, k := range []string{"qp_revoked", "qp_unknown", ""} {
+		if tenant, ok := s.Tenant(HashKey(k)); ok {
+			t.Fatalf("key %q authenticates as %q", k, tenant)
+		}
+	}
+	if n := s.LiveInstances("us-east"); n != 2 {
+		t.Fatalf("LiveInstances(us-east) = %d, want 2 (gw-3 is past the TTL)", n)
+	}
+	if n := s.LiveInstances("ap-south"); n != 0 {
+		t.Fatalf("LiveInstances(ap-south) = %d, want 0", n)
+	}
+	if s.LoadedAt() != t0 || s.RuleCount() != 1 {
+		t.Fatalf("LoadedAt %v RuleCount %d", s.LoadedAt(), s.RuleCount())
+	}
+}
+
+func TestNewSnapshotRejectsBadData(t *testing.T) {
+	t.Parallel()
+	good := func() SnapshotData {
+		return SnapshotData{
+			Regions: []string{"us-east", "eu-west"},
+			Rules:   []Rule{defaultRule(), {Tenant: "t", Route: "r", Capacity: 1, RefillPerSecond: 1, Shards: 1}},
+			Keys:    []APIKey{{ID: 1, Hash: HashKey("k"), Tenant: "t"}},
+			Shares:  []Share{{Scope: GlobalScope, Region: "us-east", Share: 0.5, Source: SourceRebalancer}},
+		}
+	}
+	tests := []struct {
+		name   string
+		modify func(*SnapshotData)
+		want   string // part of the error; "" = accepted
+	}{
+		{"good", func(*SnapshotData) {}, ""},
+		{"no regions is fine", func(d *SnapshotData) { d.Regions, d.Shares = nil, nil }, ""},
+		{"bad region id", func(d *SnapshotData) { d.Regions[1] = "eu west" }, "region id"},
+		{"duplicate region", func(d *SnapshotData) { d.Regions[1] = "us-east" }, "duplicate region"},
+		{"no default rule", func(d *SnapshotData) { d.Rules = d.Rules[1:] }, "no default rule"},
+		{"duplicate rule", func(d *SnapshotData) { d.Rules = append(d.Rules, d.Rules[1]) }, "duplicate rule"},
+		{"bad rule", func(d *SnapshotData) { d.Rules[1].Capacity = 0 }, "capacity"},
+		{"bad rule tenant", func(d *SnapshotData) { d.Rules[1].Tenant = "t'" }, "tenant id"},
+		{"key with bad tenant", func(d *SnapshotData) { d.Keys[0].Tenant = "*" }, "key 1"},
+		{"share of unknown region", func(d *SnapshotData) { d.Shares[0].Region = "ap-south" }, "unknown region"},
+		{"share above one", func(d *SnapshotData) { d.Shares[0].Share = 1.5 }, "share 1.5"},
+		{"negative share", func(d *SnapshotData) { d.Shares[0].Share = -0.1 }, "share -0.1"},
+		{"NaN share", func(d *SnapshotData) { d.Shares[0].Share = math.NaN() }, "share NaN"},
+		{"bad share source", func(d *SnapshotData) { d.Shares[0].Source = SourceDefault }, "source"},
+		{"bad share scope", func(d *SnapshotData) { d.Shares[0].Scope = Scope{"a b", "*"} }, "tenant id"},
+		{"route scope without tenant", func(d *SnapshotData) { d.Shares[0].Scope = Scope{"*", "r"} }, "needs a tenant"},
+		{"duplicate share", func(d *SnapshotData) { d.Shares = append(d.Shares, d.Shares[0]) }, "duplicate rebalancer share"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			d := good()
+			tt.modify(&d)
+			s, err := NewSnapshot(d)
+			if tt.want == "" {
+				if err != nil || s == nil {
+					t.Fatalf("NewSnapshot rejected good data: %v", err)
+				}
+				return
+			}
+			if err == nil || s != nil {
+				t.Fatalf("NewSnapshot accepted bad data (want %q)", tt.want)
+			}
+			if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("error %q, want ErrInvalid mentioning %q", err, tt.want)
+			}
+		})
+	}
+}
+
+func BenchmarkSnapshotHotPath(b *testing.B) {
+	s, err := NewSnapshot(SnapshotData{
+		Regions: []string{"us-east", "eu-west"},
+		Rules:   []Rule{defaultRule(), {Tenant: "t", Route: "r", Capacity: 100, RefillPerSecond: 10, Shards: 1}},
+		Keys:    []APIKey{{ID: 1, Hash: HashKey("k"), Tenant: "t"}},
+		Shares:  []Share{{Scope: GlobalScope, Region: "us-east", Share: 0.7, Source: SourceRebalancer}},
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	h := HashKey("k")
+	b.ReportAllocs()
+	for b.Loop() {
+		tenant, _ := s.Tenant(h)
+		s.Regional("us-east", tenant, "r", t0)
+	}
+}

@@ -1,0 +1,311 @@
+package regions
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"time"
+	"unicode"
+	"unicode/utf8"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Regions lists the region names, sorted.
+func (s *Store) Regions(ctx context.Context) ([]string, error) {
+	rows, _ := s.pool.Query(ctx, `SELECT name FROM region ORDER BY name`)
+	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("list regions: %w", err)
+	}
+	return names, nil
+}
+
+// AddRegion adds a region (ErrExists if it exists). Until shares name it, it gets an equal
+// split of every limit.
+func (s *Store) AddRegion(ctx context.Context, name string) error {
+	if err := ValidateID("region", name); err != nil {
+		return fmt.Errorf("add region: %w", err)
+	}
+	err := s.write(ctx, auditOf(ctx), func(tx pgx.Tx) error {
+		tag, err := tx.Exec(ctx, `INSERT INTO region (name) VALUES ($1) ON CONFLICT (name) DO NOTHING`, name)
+		if err != nil {
+			return dbErr(err)
+		}
+		if tag.RowsAffected() == 0 {
+			return ErrExists
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("add region %s: %w", name, err)
+	}
+	return nil
+}
+
+// RemoveRegion removes a region. While any share (of any scope or source) names it, it
+// refuses with ErrRegionInUse, unless force: then those shares are deleted first, in the
+// same transaction, each leaving a history row. ErrNotFound if there is no such region.
+func (s *Store) RemoveRegion(ctx context.Context, name string, force bool) error {
+	if err := ValidateID("region", name); err != nil {
+		return fmt.Errorf("remove region: %w", err)
+	}
+	err := s.write(ctx, auditOf(ctx), func(tx pgx.Tx) error {
+		// Lock the region row: a concurrent SetOverride reads regions FOR SHARE.
+		var locked string
+		switch err := tx.QueryRow(ctx, `SELECT name FROM region WHERE name = $1 FOR UPDATE`, name).Scan(&locked); {
+		case errors.Is(err, pgx.ErrNoRows):
+			return ErrNotFound
+		case err != nil:
+			return err
+		}
+		var shares int
+		if err := tx.QueryRow(ctx, `SELECT count(*) FROM region_share WHERE region = $1`, name).Scan(&shares); err != nil {
+			return err
+		}
+		if shares > 0 && !force {
+			return fmt.Errorf("%w: %d share rows name it (clear them, or force)", ErrRegionInUse, shares)
+		}
+		if _, err := tx.Exec(ctx, `DELETE FROM region_share WHERE region = $1`, name); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, `DELETE FROM region WHERE name = $1`, name)
+		return dbErr(err)
+	})
+	if err != nil {
+		return fmt.Errorf("remove region %s: %w", name, err)
+	}
+	return nil
+}
+
+// KeyPrefix starts every API key secret, so a leaked key is recognisable (secret scanners).
+const KeyPrefix = "qp_"
+
+// maxLabel is the longest key label, in characters (the schema's limit).
+const maxLabel = 200
+
+// CreateKey makes a new API key for tenant: 256 random bits, returned once as
+// KeyPrefix + base64url (no padding). Only HashKey(secret) is stored. The tenant need not
+// have rules yet (see TenantExists).
+func (s *Store) CreateKey(ctx context.Context, tenant, label string) (string, APIKey, error) {
+	if err := ValidateID("tenant", tenant); err != nil {
+		return "", APIKey{}, fmt.Errorf("create key: %w", err)
+	}
+	if err := validateLabel(label); err != nil {
+		return "", APIKey{}, fmt.Errorf("create key for %s: %w", tenant, err)
+	}
+	var raw [32]byte
+	if _, err := rand.Read(raw[:]); err != nil {
+		return "", APIKey{}, fmt.Errorf("create key for %s: %w", tenant, err)
+	}
+	secret := KeyPrefix + base64.RawURLEncoding.EncodeToString(raw[:])
+	k := APIKey{Hash: HashKey(secret), Tenant: tenant, Label: label}
+	err := s.write(ctx, auditOf(ctx), func(tx pgx.Tx) error {
+		return dbErr(tx.QueryRow(ctx, `INSERT INTO api_key (key_hash, tenant_id, label) VALUES ($1, $2, $3) RETURNING id, created_at`,
+			k.Hash[:], tenant, label).Scan(&k.ID, &k.CreatedAt))
+	})
+	if err != nil {
+		return "", APIKey{}, fmt.Errorf("create key for %s: %w", tenant, err)
+	}
+	return secret, k, nil
+}
+
+func validateLabel(label string) error {
+	if !utf8.ValidString(label) {
+		return fmt.Errorf("%w label: not UTF-8", ErrInvalid)
+	}
+	if n := utf8.RuneCountInString(label); n > maxLabel {
+		return fmt.Errorf("%w label: %d characters, at most %d", ErrInvalid, n, maxLabel)
+	}
+	for _, r := range label {
+		if unicode.IsControl(r) {
+			return fmt.Errorf("%w label %q: control characters are not allowed", ErrInvalid, label)
+		}
+	}
+	return nil
+}
+
+// Keys lists the keys of tenant ("" = every tenant), revoked ones included, by id.
+func (s *Store) Keys(ctx context.Context, tenant string) ([]APIKey, error) {
+	if tenant != "" {
+		if err := ValidateID("tenant", tenant); err != nil {
+			return nil, fmt.Errorf("list keys: %w", err)
+		}
+	}
+	rows, _ := s.pool.Query(ctx, `SELECT id, key_hash, tenant_id, label, created_at, revoked_at FROM api_key
+		WHERE $1 = '' OR tenant_id = $1 ORDER BY id`, tenant)
+	keys, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (APIKey, error) {
+		var (
+			k       APIKey
+			hash    []byte
+			revoked *time.Time
+		)
+		if err := row.Scan(&k.ID, &hash, &k.Tenant, &k.Label, &k.CreatedAt, &revoked); err != nil {
+			return APIKey{}, err
+		}
+		copy(k.Hash[:], hash)
+		if revoked != nil {
+			k.RevokedAt = *revoked
+		}
+		return k, nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list keys: %w", err)
+	}
+	return keys, nil
+}
+
+// RevokeKey revokes the key with id; gateways refuse it after their next reload. Revoking a
+// revoked key changes nothing; ErrNotFound if there is no such key.
+func (s *Store) RevokeKey(ctx context.Context, id int64) error {
+	err := s.write(ctx, auditOf(ctx), func(tx pgx.Tx) error {
+		tag, err := tx.Exec(ctx, `UPDATE api_key SET revoked_at = now() WHERE id = $1 AND revoked_at IS NULL`, id)
+		if err != nil || tag.RowsAffected() == 1 {
+			return err
+		}
+		var exists bool
+		if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM api_key WHERE id = $1)`, id).Scan(&exists); err != nil {
+			return err
+		}
+		if !exists {
+			return ErrNotFound
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("revoke key %d: %w", id, err)
+	}
+	return nil
+}
+
+// TenantExists reports whether tenant has a rule or a key.
+func (s *Store) TenantExists(ctx context.Context, tenant string) (bool, error) {
+	if err := ValidateID("tenant", tenant); err != nil {
+		return false, fmt.Errorf("find tenant: %w", err)
+	}
+	var ok bool
+	err := s.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM rate_limit_rule WHERE tenant_id = $1)
+		OR EXISTS (SELECT 1 FROM api_key WHERE tenant_id = $1)`, tenant).Scan(&ok)
+	if err != nil {
+		return false, fmt.Errorf("find tenant %s: %w", tenant, err)
+	}
+	return ok, nil
+}
+
+// Rules lists the rules matching tenant and route exactly ("" = any; "*" = the wildcard
+// rules), sorted by tenant then route.
+func (s *Store) Rules(ctx context.Context, tenant, route string) ([]Rule, error) {
+	if tenant != "" {
+		if err := validateIDOrWildcard("tenant", tenant); err != nil {
+			return nil, fmt.Errorf("list rules: %w", err)
+		}
+	}
+	if route != "" {
+		if err := validateIDOrWildcard("route", route); err != nil {
+			return nil, fmt.Errorf("list rules: %w", err)
+		}
+	}
+	rows, _ := s.pool.Query(ctx, `SELECT tenant_id, route_id, capacity, refill_per_second, shadow, shards, updated_at
+		FROM rate_limit_rule WHERE ($1 = '' OR tenant_id = $1) AND ($2 = '' OR route_id = $2)
+		ORDER BY tenant_id, route_id`, tenant, route)
+	rules, err := pgx.CollectRows(rows, pgx.RowToStructByPos[Rule])
+	if err != nil {
+		return nil, fmt.Errorf("list rules: %w", err)
+	}
+	return rules, nil
+}
+
+// SetRule creates or replaces the rule for r.Tenant and r.Route. Shards 0 means 1;
+// UpdatedAt is ignored (the database sets it).
+func (s *Store) SetRule(ctx context.Context, r Rule) error {
+	if r.Shards == 0 {
+		r.Shards = 1
+	}
+	if err := r.Validate(); err != nil {
+		return fmt.Errorf("set rule: %w", err)
+	}
+	err := s.write(ctx, auditOf(ctx), func(tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, `INSERT INTO rate_limit_rule (tenant_id, route_id, capacity, refill_per_second, shadow, shards, updated_at)
+			VALUES ($1, $2, $3, $4, $5, $6, now())
+			ON CONFLICT (tenant_id, route_id) DO UPDATE SET capacity = EXCLUDED.capacity,
+				refill_per_second = EXCLUDED.refill_per_second, shadow = EXCLUDED.shadow,
+				shards = EXCLUDED.shards, updated_at = now()`,
+			r.Tenant, r.Route, r.Capacity, r.RefillPerSecond, r.Shadow, r.Shards)
+		return dbErr(err)
+	})
+	if err != nil {
+		return fmt.Errorf("set rule %s/%s: %w", r.Tenant, r.Route, err)
+	}
+	return nil
+}
+
+// DeleteRule deletes the rule for tenant and route; ErrNotFound if there is none. The
+// default rule (*, *) cannot be deleted (ErrInvalid): set it instead.
+func (s *Store) DeleteRule(ctx context.Context, tenant, route string) error {
+	if err := validateIDOrWildcard("tenant", tenant); err != nil {
+		return fmt.Errorf("delete rule: %w", err)
+	}
+	if err := validateIDOrWildcard("route", route); err != nil {
+		return fmt.Errorf("delete rule: %w", err)
+	}
+	if tenant == Wildcard && route == Wildcard {
+		return fmt.Errorf("delete rule */*: %w: the default rule cannot be deleted; set it instead", ErrInvalid)
+	}
+	err := s.write(ctx, auditOf(ctx), func(tx pgx.Tx) error {
+		tag, err := tx.Exec(ctx, `DELETE FROM rate_limit_rule WHERE tenant_id = $1 AND route_id = $2`, tenant, route)
+		if err != nil {
+			return dbErr(err)
+		}
+		if tag.RowsAffected() == 0 {
+			return ErrNotFound
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("delete rule %s/%s: %w", tenant, route, err)
+	}
+	return nil
+}
+
+// Heartbeat records that gateway instance id of region is alive (last_seen = the
+// database's now()). It does not notify gateways; they count instances on their timer
+// reload.
+func (s *Store) Heartbeat(ctx context.Context, id, region string) error {
+	if err := ValidateID("instance", id); err != nil {
+		return fmt.Errorf("heartbeat: %w", err)
+	}
+	if err := ValidateID("region", region); err != nil {
+		return fmt.Errorf("heartbeat %s: %w", id, err)
+	}
+	_, err := s.pool.Exec(ctx, `INSERT INTO gateway_instance (id, region, last_seen) VALUES ($1, $2, now())
+		ON CONFLICT (id) DO UPDATE SET region = EXCLUDED.region, last_seen = now()`, id, region)
+	if err != nil {
+		return fmt.Errorf("heartbeat %s in %s: %w", id, region, dbErr(err))
+	}
+	return nil
+}
+
+// RemoveInstance forgets gateway instance id (on a clean shutdown). Removing an unknown
+// instance does nothing.
+func (s *Store) RemoveInstance(ctx context.Context, id string) error {
+	if err := ValidateID("instance", id); err != nil {
+		return fmt.Errorf("remove instance: %w", err)
+	}
+	if _, err := s.pool.Exec(ctx, `DELETE FROM gateway_instance WHERE id = $1`, id); err != nil {
+		return fmt.Errorf("remove instance %s: %w", id, err)
+	}
+	return nil
+}
+
+// Instances lists every instance that ever heartbeated and was not removed, by region and
+// id, with its last heartbeat (the database's clock).
+func (s *Store) Instances(ctx context.Context) ([]Instance, error) {
+	rows, _ := s.pool.Query(ctx, `SELECT id, region, last_seen FROM gateway_instance ORDER BY region, id`)
+	in, err := pgx.CollectRows(rows, pgx.RowToStructByPos[Instance])
+	if err != nil {
+		return nil, fmt.Errorf("list instances: %w", err)
+	}
+	return in, nil
+}
