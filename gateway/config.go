@@ -368,10 +368,10 @@ func (c *Config) normalize() error {
 		if r.Match == "" {
 			return bad(key+".match", "required: a net/http ServeMux pattern such as \"POST /orders\"")
 		}
-		if err := registerPattern(mux, r.Match); err != nil {
+		if err := registerPattern(mux, r.Match, http.NotFoundHandler()); err != nil {
 			for j := range i {
 				pair := http.NewServeMux()
-				if registerPattern(pair, c.Routes[j].Match) == nil && registerPattern(pair, r.Match) != nil {
+				if registerPattern(pair, c.Routes[j].Match, http.NotFoundHandler()) == nil && registerPattern(pair, r.Match, http.NotFoundHandler()) != nil {
 					return bad(key+".match", "%q matches the same requests as routes[%d].match %q", r.Match, j, c.Routes[j].Match)
 				}
 			}
@@ -479,13 +479,13 @@ func (k KeyConfig) hash() (regions.KeyHash, error) {
 
 // registerPattern checks a ServeMux pattern by registering it. ServeMux reports a bad or
 // conflicting pattern only by panicking, so this is the one place that recovers.
-func registerPattern(mux *http.ServeMux, pattern string) (err error) {
+func registerPattern(mux *http.ServeMux, pattern string, h http.Handler) (err error) {
 	defer func() {
 		if p := recover(); p != nil {
 			err = fmt.Errorf("%v", p)
 		}
 	}()
-	mux.Handle(pattern, http.NotFoundHandler())
+	mux.Handle(pattern, h)
 	return nil
 }
 

@@ -1,0 +1,8 @@
+// Command gateway runs one region gateway: an authenticated, rate-limited reverse proxy.
+//
+//	gateway --config FILE [--listen ADDR] [--region NAME] [--check]
+//
+// RATELIMIT_DATABASE_URL and RATELIMIT_REDIS_URL override the file's URLs; see
+// docs/configuration.md. It is wiring only (flags, signals, logger, registry, exit code):
+// package gateway does the work. Nothing imports it.
+package main

@@ -1,0 +1,503 @@
+package gateway
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/quotaplane/quotaplane/gateway/limiter"
+	"github.com/quotaplane/quotaplane/regions"
+)
+
+// decider is the limiter as the gateway uses it: *limiter.Redis or *limiter.Local.
+type decider interface {
+	Decide(ctx context.Context, r limiter.Request) (limiter.Decision, error)
+}
+
+// Options are the gateway's dependencies. The zero value works: logs are discarded and
+// metrics go to a registry of the gateway's own, served on /metrics.
+type Options struct {
+	// Logger receives lifecycle events and state changes; nil discards. Requests are
+	// logged at Debug only.
+	Logger *slog.Logger
+	// Registerer receives the gateway's and the limiter's metrics; nil means a new
+	// registry. Gatherer is what /metrics serves; nil means Registerer when it is a
+	// Gatherer (a *prometheus.Registry), else prometheus.DefaultGatherer.
+	Registerer prometheus.Registerer
+	Gatherer   prometheus.Gatherer
+	// Now is the clock for share expiry; nil means time.Now.
+	Now func() time.Time
+}
+
+// Gateway is one region gateway: the proxy handler, the admin handler and, in Run, the
+// snapshot reloader and heartbeats.
+type Gateway struct {
+	cfg        Config
+	log        *slog.Logger
+	gatherer   prometheus.Gatherer
+	registerer prometheus.Registerer
+	now        func() time.Time
+	m          *metrics
+	tenants    *tenantTracker
+	instanceID string
+
+	snap     atomic.Pointer[regions.Snapshot]
+	draining atomic.Bool
+
+	lim      decider
+	fallback func() bool // reports the Redis breaker not closed; nil without Redis
+	rdb      *redis.Client
+
+	handler http.Handler
+	admin   http.Handler
+
+	storeMu sync.Mutex
+	store   *regions.Store
+}
+
+// route is one configured route as the hot path sees it.
+type route struct {
+	id       string
+	proxy    *httputil.ReverseProxy
+	counters *routeCounters
+	upErrs   prometheus.Counter
+}
+
+// New validates cfg, fills its defaults and builds the gateway. It dials nothing and
+// starts no goroutine: a standalone gateway's handler works at once; a database one
+// answers 503 until Run has loaded a snapshot.
+func New(cfg Config, opts Options) (*Gateway, error) {
+	if err := cfg.normalize(); err != nil {
+		return nil, err
+	}
+	g := &Gateway{
+		cfg:        cfg,
+		log:        opts.Logger,
+		registerer: opts.Registerer,
+		gatherer:   opts.Gatherer,
+		now:        opts.Now,
+		instanceID: cfg.InstanceID,
+	}
+	if g.log == nil {
+		g.log = slog.New(slog.DiscardHandler)
+	}
+	if g.now == nil {
+		g.now = time.Now
+	}
+	if g.registerer == nil {
+		g.registerer = prometheus.NewRegistry()
+	}
+	if g.gatherer == nil {
+		if ga, ok := g.registerer.(prometheus.Gatherer); ok {
+			g.gatherer = ga
+		} else {
+			g.gatherer = prometheus.DefaultGatherer
+		}
+	}
+	if g.instanceID == "" {
+		g.instanceID = defaultInstanceID()
+	} else if err := regions.ValidateID("instance", g.instanceID); err != nil {
+		return nil, &ConfigError{File: cfg.file, Key: "instance_id", Reason: unwrapInvalid(err)}
+	}
+
+	m, err := newMetrics(g.registerer, cfg.Region)
+	if err != nil {
+		return nil, fmt.Errorf("gateway %s: register metrics: %w", cfg.Region, err)
+	}
+	g.m = m
+	g.tenants = newTenantTracker(m, cfg.Region, cfg.Metrics.MaxTenants, g.pairShare)
+
+	if err := g.newLimiter(); err != nil {
+		return nil, err
+	}
+	if err := g.newHandler(); err != nil {
+		return nil, err
+	}
+	g.admin = g.newAdminHandler()
+
+	if cfg.Standalone() {
+		s, err := standaloneSnapshot(&g.cfg, g.now())
+		if err != nil {
+			return nil, &ConfigError{File: cfg.file, Key: "tenants", Reason: err.Error()}
+		}
+		g.setSnapshot(s)
+	}
+	return g, nil
+}
+
+// Handler is the proxy: routing, authentication, limiting, headers, forwarding.
+func (g *Gateway) Handler() http.Handler { return g.handler }
+
+// AdminHandler serves /metrics, /healthz and /readyz.
+func (g *Gateway) AdminHandler() http.Handler { return g.admin }
+
+// Config is the validated configuration with defaults filled in.
+func (g *Gateway) Config() Config { return g.cfg }
+
+// InstanceID is this instance's heartbeat id.
+func (g *Gateway) InstanceID() string { return g.instanceID }
+
+// Ready reports whether a snapshot is loaded and the gateway is not draining.
+func (g *Gateway) Ready() bool { return g.snap.Load() != nil && !g.draining.Load() }
+
+func (g *Gateway) newLimiter() error {
+	if g.cfg.Redis.URL == "" {
+		l, err := limiter.NewLocal(limiter.LocalOptions{Region: g.cfg.Region, Registerer: g.registerer})
+		if err != nil {
+			return fmt.Errorf("gateway %s: local limiter: %w", g.cfg.Region, err)
+		}
+		g.lim = l
+		return nil
+	}
+	ro, err := redis.ParseURL(g.cfg.Redis.URL)
+	if err != nil {
+		return &ConfigError{File: g.cfg.file, Key: "redis.url", Reason: redactRedisError(err, g.cfg.Redis.URL)}
+	}
+	// The limiter bounds every call by its own timeout through the context; these keep a
+	// dead Redis from holding a connection attempt or a pool slot for long either.
+	ro.ContextTimeoutEnabled = true
+	ro.DialTimeout = max(10*g.cfg.Redis.Timeout, 100*time.Millisecond)
+	ro.MaxRetries = -1 // a retry would double the latency bound; the fallback answers instead
+	g.rdb = redis.NewClient(ro)
+	l, err := limiter.NewRedis(g.rdb, limiter.Options{
+		Region:            g.cfg.Region,
+		Timeout:           g.cfg.Redis.Timeout,
+		Instances:         g.liveInstances,
+		ExpectedInstances: g.cfg.ExpectedInstances,
+		Registerer:        g.registerer,
+		Logger:            g.log,
+	})
+	if err != nil {
+		_ = g.rdb.Close()
+		return fmt.Errorf("gateway %s: redis limiter: %w", g.cfg.Region, err)
+	}
+	g.lim = l
+	g.fallback = l.FallbackActive
+	return nil
+}
+
+// redactRedisError keeps a password out of a URL parse error.
+func redactRedisError(err error, raw string) string {
+	msg := err.Error()
+	if u, perr := url.Parse(raw); perr == nil && u.User != nil {
+		if p, ok := u.User.Password(); ok && p != "" {
+			msg = strings.ReplaceAll(msg, p, "xxxxx")
+		}
+	}
+	return msg
+}
+
+// liveInstances is the fallback divisor: live gateways of this region, 0 when unknown.
+func (g *Gateway) liveInstances() int {
+	if s := g.snap.Load(); s != nil {
+		return s.LiveInstances(g.cfg.Region)
+	}
+	return 0
+}
+
+// pairShare is a tracked (tenant, route) pair's effective share, for the share gauge.
+func (g *Gateway) pairShare(tenant, route string) (float64, bool) {
+	s := g.snap.Load()
+	if s == nil {
+		return 0, false
+	}
+	v, _ := s.EffectiveShare(g.cfg.Region, tenant, route, g.now())
+	return v, true
+}
+
+// setSnapshot swaps in a new snapshot and updates the gauges that describe it.
+func (g *Gateway) setSnapshot(s *regions.Snapshot) {
+	g.snap.Store(s)
+	g.m.rulesLoaded.Set(float64(s.RuleCount()))
+	g.m.lastReload.SetToCurrentTime()
+	g.m.instances.Set(float64(s.LiveInstances(g.cfg.Region)))
+	share, _ := s.EffectiveShare(g.cfg.Region, regions.Wildcard, regions.Wildcard, g.now())
+	g.m.shareRatio.WithLabelValues(regions.Wildcard).Set(share)
+	g.tenants.refreshShares()
+	if !g.draining.Load() {
+		g.m.ready.Set(1)
+	}
+}
+
+// standaloneSnapshot builds the snapshot of a gateway without a database: one region
+// (so its share is 1), the default rule, and the tenants' keys and rules. No instances
+// are known, so the fallback divides by expected_instances.
+func standaloneSnapshot(c *Config, now time.Time) (*regions.Snapshot, error) {
+	d := regions.SnapshotData{
+		Regions:  []string{c.Region},
+		LoadedAt: now,
+		Rules: []regions.Rule{{
+			Tenant: regions.Wildcard, Route: regions.Wildcard,
+			Capacity: c.DefaultRule.Capacity, RefillPerSecond: c.DefaultRule.RefillPerSecond,
+			Shadow: c.DefaultRule.Shadow, Shards: c.DefaultRule.Shards,
+		}},
+	}
+	var id int64
+	for _, t := range c.Tenants {
+		for _, k := range t.Keys {
+			h, err := k.hash()
+			if err != nil {
+				return nil, err // normalize has checked every key
+			}
+			id++
+			d.Keys = append(d.Keys, regions.APIKey{ID: id, Hash: h, Tenant: t.ID, CreatedAt: now})
+		}
+		for _, r := range t.Rules {
+			d.Rules = append(d.Rules, regions.Rule{
+				Tenant: t.ID, Route: r.Route, Capacity: r.Capacity, RefillPerSecond: r.RefillPerSecond,
+				Shadow: r.Shadow, Shards: r.Shards, UpdatedAt: now,
+			})
+		}
+	}
+	return regions.NewSnapshot(d)
+}
+
+// defaultInstanceID is host-pid-random, trimmed to a valid id.
+func defaultInstanceID() string {
+	host, _ := os.Hostname()
+	host = strings.Map(func(r rune) rune {
+		if r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '.' || r == '_' || r == '-' {
+			return r
+		}
+		return '-'
+	}, host)
+	if host == "" {
+		host = "gateway"
+	}
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	suffix := "-" + strconv.Itoa(os.Getpid()) + "-" + hex.EncodeToString(b[:])
+	if len(host)+len(suffix) > 64 {
+		host = host[:64-len(suffix)]
+	}
+	return host + suffix
+}
+
+// openStore returns the store, opening it on first use. A database that is down at start
+// is retried by the caller (the reloader's backoff), so the gateway starts regardless.
+func (g *Gateway) openStore(ctx context.Context) (*regions.Store, error) {
+	g.storeMu.Lock()
+	defer g.storeMu.Unlock()
+	if g.store != nil {
+		return g.store, nil
+	}
+	s, err := regions.Open(ctx, g.cfg.DatabaseURL)
+	if err != nil {
+		return nil, err
+	}
+	g.store = s
+	return s, nil
+}
+
+func (g *Gateway) closeStore() {
+	g.storeMu.Lock()
+	defer g.storeMu.Unlock()
+	if g.store != nil {
+		g.store.Close()
+		g.store = nil
+	}
+}
+
+// Run serves the proxy on listen and the admin endpoints on admin_listen, reloads the
+// snapshot (database mode) and heartbeats, until ctx ends; then it stops accepting,
+// lets in-flight requests finish (up to drain_timeout), removes its heartbeat and
+// returns after every goroutine it started has exited. A database or Redis that is down
+// is not an error: the gateway reports not ready (no snapshot yet) or falls back.
+func (g *Gateway) Run(ctx context.Context) error {
+	ln, err := net.Listen("tcp", g.cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("gateway %s: listen: %w", g.cfg.Region, err)
+	}
+	aln, err := net.Listen("tcp", g.cfg.AdminListen)
+	if err != nil {
+		_ = ln.Close()
+		return fmt.Errorf("gateway %s: admin listen: %w", g.cfg.Region, err)
+	}
+	g.log.Info("gateway starting", "region", g.cfg.Region, "instance", g.instanceID,
+		"listen", ln.Addr().String(), "admin_listen", aln.Addr().String(),
+		"mode", map[bool]string{true: "standalone", false: "database"}[g.cfg.Standalone()])
+	if g.rdb == nil {
+		g.log.Warn("no redis configured: limits are enforced per instance, not per region",
+			"region", g.cfg.Region)
+	}
+
+	bg, stopBG := context.WithCancel(context.WithoutCancel(ctx))
+	var wg sync.WaitGroup
+	if !g.cfg.Standalone() {
+		rl := regions.NewReloader(regions.ReloaderOptions{
+			Load: func(ctx context.Context) (*regions.Snapshot, error) {
+				st, err := g.openStore(ctx)
+				if err != nil {
+					return nil, err
+				}
+				return st.LoadSnapshot(ctx, g.instanceTTL())
+			},
+			ListenURL: g.cfg.DatabaseURL,
+			Interval:  g.cfg.ReloadInterval,
+			Logger:    g.log,
+			OnReload:  g.onReload,
+			OnError: func(error) {
+				g.m.reloadErrors.Inc()
+			},
+		})
+		wg.Go(func() {
+			if err := rl.Run(bg); err != nil {
+				g.log.Error("snapshot reloader stopped", "region", g.cfg.Region, "err", err)
+			}
+		})
+		wg.Go(func() { g.heartbeat(bg) })
+	}
+	wg.Go(func() { g.rotateTenants(bg) })
+
+	srv := &http.Server{Handler: g.handler, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(g.log.Handler(), slog.LevelDebug)}
+	adm := &http.Server{Handler: g.admin, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(g.log.Handler(), slog.LevelDebug)}
+	errc := make(chan error, 2)
+	go func() { errc <- serve(srv, ln) }()
+	go func() { errc <- serve(adm, aln) }()
+
+	var runErr error
+	select {
+	case <-ctx.Done():
+	case runErr = <-errc:
+		runErr = fmt.Errorf("gateway %s: serve: %w", g.cfg.Region, runErr)
+	}
+	g.draining.Store(true)
+	g.m.ready.Set(0)
+	g.log.Info("gateway draining", "region", g.cfg.Region, "drain_timeout", g.cfg.DrainTimeout.String())
+	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), g.cfg.DrainTimeout)
+	if err := srv.Shutdown(dctx); err != nil {
+		g.log.Warn("drain incomplete; closing remaining connections", "region", g.cfg.Region, "err", err)
+		_ = srv.Close()
+	}
+	cancel()
+	stopBG()
+	wg.Wait()
+	if !g.cfg.Standalone() {
+		g.removeInstance(ctx)
+	}
+	g.closeStore()
+	if g.rdb != nil {
+		_ = g.rdb.Close()
+	}
+	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+	_ = adm.Shutdown(actx)
+	cancel()
+	// Both Serve calls have returned by now (Shutdown waits for the listener to close).
+	for range 2 {
+		if err := <-errc; err != nil && runErr == nil {
+			runErr = fmt.Errorf("gateway %s: serve: %w", g.cfg.Region, err)
+		}
+	}
+	g.log.Info("gateway stopped", "region", g.cfg.Region)
+	return runErr
+}
+
+// serve is Serve with the normal shutdown result mapped to nil.
+func serve(srv *http.Server, ln net.Listener) error {
+	if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	return nil
+}
+
+// instanceTTL: an instance unseen for three heartbeat periods is dead.
+func (g *Gateway) instanceTTL() time.Duration { return 3 * g.cfg.HeartbeatInterval }
+
+func (g *Gateway) onReload(s *regions.Snapshot) {
+	known := false
+	for _, r := range s.Regions() {
+		known = known || r == g.cfg.Region
+	}
+	if !known {
+		g.log.Warn("this region is not in the database; limits use an equal split of the known regions",
+			"region", g.cfg.Region)
+	}
+	g.setSnapshot(s)
+	g.log.Debug("snapshot loaded", "region", g.cfg.Region, "rules", s.RuleCount(),
+		"instances", s.LiveInstances(g.cfg.Region))
+}
+
+// heartbeat records this instance alive every heartbeat_interval. Failures are counted,
+// and logged when the state changes.
+func (g *Gateway) heartbeat(ctx context.Context) {
+	t := time.NewTicker(g.cfg.HeartbeatInterval)
+	defer t.Stop()
+	failing := false
+	for {
+		err := g.beat(ctx)
+		switch {
+		case ctx.Err() != nil:
+			return
+		case err != nil:
+			g.m.heartbeatErrs.Inc()
+			if !failing {
+				g.log.Warn("heartbeat failed", "region", g.cfg.Region, "instance", g.instanceID, "err", err)
+			}
+			failing = true
+		case failing:
+			g.log.Info("heartbeat recovered", "region", g.cfg.Region, "instance", g.instanceID)
+			failing = false
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func (g *Gateway) beat(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, max(g.cfg.HeartbeatInterval, time.Second))
+	defer cancel()
+	st, err := g.openStore(ctx)
+	if err != nil {
+		return err
+	}
+	return st.Heartbeat(ctx, g.instanceID, g.cfg.Region)
+}
+
+// removeInstance deletes the heartbeat on shutdown so the others' fallback shares grow
+// at once rather than after the TTL.
+func (g *Gateway) removeInstance(ctx context.Context) {
+	g.storeMu.Lock()
+	st := g.store
+	g.storeMu.Unlock()
+	if st == nil {
+		return
+	}
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+	defer cancel()
+	if err := st.RemoveInstance(rctx, g.instanceID); err != nil {
+		g.log.Warn("remove heartbeat failed", "region", g.cfg.Region, "instance", g.instanceID, "err", err)
+	}
+}
+
+// rotateTenants lets the busiest untracked pairs into the per-tenant series.
+func (g *Gateway) rotateTenants(ctx context.Context) {
+	t := time.NewTicker(g.cfg.Metrics.TenantInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			g.tenants.rotate()
+		}
+	}
+}
