@@ -1,0 +1,77 @@
+package limiter
+
+import (
+	"math"
+	"time"
+)
+
+// eps absorbs float rounding in token counts, as in lua/token_bucket.lua: ten refills
+// of 0.3 tokens make 3 tokens, not 2.9999999999999996.
+const eps = 1e-9
+
+// Bucket is one in-memory token bucket: the same maths as lua/token_bucket.lua, with
+// the clock passed in. The zero value is a full bucket. A Bucket is not safe for
+// concurrent use; Local guards its buckets.
+type Bucket struct {
+	tokens float64
+	// last is the time of the last refill in Unix nanoseconds; 0 means never used (full).
+	last int64
+}
+
+// Take refills the bucket up to now at refill tokens per second, clips it to capacity
+// (a rule that shrank takes effect at once), and takes cost tokens if they are there.
+// The Decision's Source is left empty for the caller to set.
+//
+// Callers ensure capacity >= 1, refill > 0 and finite, 1 <= cost <= capacity. A now
+// earlier than the last call (a clock stepping back) refills nothing, so a bucket
+// never holds more tokens than were due.
+func (b *Bucket) Take(now time.Time, capacity int64, refill float64, cost int64) Decision {
+	t := now.UnixNano()
+	c := float64(capacity)
+	if b.last == 0 {
+		b.tokens, b.last = c, t
+	} else if t > b.last {
+		b.tokens += float64(t-b.last) * refill / 1e9
+		b.last = t
+	}
+	if b.tokens > c {
+		b.tokens = c
+	}
+	d := Decision{Limit: capacity}
+	if b.tokens+eps >= float64(cost) {
+		d.Allowed = true
+		b.tokens = max(b.tokens-float64(cost), 0)
+	} else {
+		d.RetryAfter = secondsUp((float64(cost) - b.tokens) / refill)
+	}
+	d.Remaining = int64(math.Floor(b.tokens + eps))
+	d.ResetAfter = secondsUp((c - b.tokens) / refill)
+	return d
+}
+
+// fullAt is when the bucket will be full if nothing more is taken (Unix nanoseconds):
+// from then on it is indistinguishable from a missing, that is full, bucket.
+func (b *Bucket) fullAt(capacity int64, refill float64) int64 {
+	missing := float64(capacity) - b.tokens
+	if missing <= eps {
+		return b.last
+	}
+	d := int64(secondsUp(missing / refill))
+	if d > math.MaxInt64-b.last {
+		return math.MaxInt64
+	}
+	return b.last + d
+}
+
+// secondsUp converts seconds to a Duration, rounding up to the nanosecond, saturating
+// instead of overflowing.
+func secondsUp(s float64) time.Duration {
+	if s <= 0 {
+		return 0
+	}
+	ns := math.Ceil(s*1e9 - 1e-3) // a thousandth of a ns absorbs float noise
+	if ns >= math.MaxInt64 {
+		return math.MaxInt64
+	}
+	return time.Duration(ns)
+}

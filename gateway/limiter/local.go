@@ -1,0 +1,261 @@
+package limiter
+
+import (
+	"context"
+	"fmt"
+	"hash/maphash"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/quotaplane/quotaplane/regions"
+)
+
+// DefaultMaxBuckets is LocalOptions.MaxBuckets when zero.
+const DefaultMaxBuckets = 1 << 20
+
+const (
+	localShards = 64 // Local.key picks a shard with the top 6 bits of a hash
+	// sampleOnInsert and sampleEvery/sampleOnHit: how many buckets an insert, and every
+	// sampleEvery-th hit, inspect for eviction (see Local).
+	sampleOnInsert = 8
+	sampleEvery    = 16
+	sampleOnHit    = 4
+	// sampleToMakeRoom: how many buckets a shard at its cap inspects before it evicts
+	// one that is not yet full.
+	sampleToMakeRoom = 32
+	// shrinkBelow: a shard map rebuilt when it holds fewer than 1/shrinkBelow of its
+	// peak (Go maps never give memory back on delete) and the peak is at least shrinkMin.
+	shrinkBelow = 4
+	shrinkMin   = 1024
+)
+
+// LocalOptions configures a Local limiter. The zero value works: the wall clock, no
+// metrics, DefaultMaxBuckets.
+type LocalOptions struct {
+	// Region is the constant "region" label of the metrics.
+	Region string
+	// Now is the clock; nil means time.Now. Tests inject a fake one.
+	Now func() time.Time
+	// MaxBuckets caps the buckets held (0 means DefaultMaxBuckets). Idle buckets are
+	// evicted exactly (see Local); only past this cap is a bucket that is not yet full
+	// evicted, which forgets its debt, and that is counted
+	// (ratelimit_local_evictions_total{reason="capacity"}).
+	MaxBuckets int
+	// Registerer receives the metrics; nil means they are not registered.
+	Registerer prometheus.Registerer
+}
+
+// Local is an in-memory limiter: a sharded map of Buckets keyed by (tenant, route). It is
+// the whole limiter of a standalone gateway (Source "local") and the fallback of Redis
+// (Source "fallback").
+//
+// A bucket is keyed by a 64-bit hash of (tenant, route) with a per-process random seed,
+// not by the strings: 32 bytes a slot and no pointers for the garbage collector to scan
+// in a map of a million buckets. Two pairs share a bucket only if their hashes collide:
+// with a million buckets the chance that any two do is about 3e-8, and the seed keeps
+// anyone from choosing ids that do.
+//
+// Memory stays bounded without a background goroutine. A bucket idle until it has
+// refilled to capacity is indistinguishable from a missing bucket (a missing bucket is
+// full), so evicting it changes no decision. Every insert inspects a few buckets of its
+// shard (Go's randomised map iteration makes them a random sample) and deletes the full
+// ones, as Redis does for expiring keys: with k inspected per insert, at most about 1/k
+// of a shard is dead weight, so a shard holds about the buckets used within their
+// time-to-fill, times k/(k-1). A shard that shrinks to a quarter of its peak is rebuilt,
+// because Go maps keep their memory after deletes. Above MaxBuckets, the closest-to-full
+// sampled bucket is evicted, inexactly, and counted.
+//
+// It is safe for concurrent use.
+type Local struct {
+	now      func() time.Time
+	seed     maphash.Seed
+	perShard int
+	shards   [localShards]shard
+	m        *localMetrics
+}
+
+type shard struct {
+	mu   sync.Mutex
+	m    map[uint64]entry
+	peak int
+	hits uint32
+	_    [40]byte // keep hot shard locks on separate cache lines
+}
+
+type entry struct {
+	b      Bucket
+	fullAt int64 // Unix ns from which b is full, so evicting it is exact
+}
+
+// NewLocal returns a Local limiter. It starts no goroutines.
+func NewLocal(opts LocalOptions) (*Local, error) {
+	l := newLocal(opts)
+	if err := register(opts.Registerer, opts.Region, l.m.collectors(l.Len)...); err != nil {
+		return nil, fmt.Errorf("new local limiter: %w", err)
+	}
+	return l, nil
+}
+
+func newLocal(opts LocalOptions) *Local {
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	if opts.MaxBuckets <= 0 {
+		opts.MaxBuckets = DefaultMaxBuckets
+	}
+	l := &Local{now: opts.Now, seed: maphash.MakeSeed(), perShard: max(1, opts.MaxBuckets/localShards), m: newLocalMetrics()}
+	for i := range l.shards {
+		l.shards[i].m = make(map[uint64]entry)
+	}
+	return l
+}
+
+// Decide takes r.Cost tokens (0 means 1) from the local bucket of (r.Tenant, r.Route)
+// holding r.Limit. Decisions have Source "local". The error is non-nil only for an
+// invalid request (ErrInvalidRequest) or a context that has already ended.
+func (l *Local) Decide(ctx context.Context, r Request) (Decision, error) {
+	cost, err := r.cost()
+	if err != nil {
+		return Decision{}, err
+	}
+	if err := ctx.Err(); err != nil {
+		return Decision{}, fmt.Errorf("decide %s/%s: %w", r.Tenant, r.Route, err)
+	}
+	d := l.take(l.now(), r.Tenant, r.Route, r.Limit, cost)
+	d.Source = SourceLocal
+	return d, nil
+}
+
+// Len is the number of buckets held.
+func (l *Local) Len() int {
+	n := 0
+	for i := range l.shards {
+		s := &l.shards[i]
+		s.mu.Lock()
+		n += len(s.m)
+		s.mu.Unlock()
+	}
+	return n
+}
+
+// Sweep deletes every bucket that is full by now and returns how many. Buckets are
+// evicted as new ones arrive anyway; Sweep is for a caller that wants memory back after
+// a burst of keys with no traffic since (for example on a timer).
+func (l *Local) Sweep() int {
+	now := l.now().UnixNano()
+	n := 0
+	for i := range l.shards {
+		s := &l.shards[i]
+		s.mu.Lock()
+		for k, e := range s.m {
+			if e.fullAt <= now {
+				delete(s.m, k)
+				n++
+			}
+		}
+		s.maybeShrink()
+		s.mu.Unlock()
+	}
+	l.m.evicted(evictIdle, n)
+	return n
+}
+
+// key hashes (tenant, route) and picks its shard. The 0 byte between the ids cannot
+// occur in an id, so ("ab", "c") and ("a", "bc") differ.
+func (l *Local) key(tenant, route string) (uint64, *shard) {
+	var h maphash.Hash
+	h.SetSeed(l.seed)
+	h.WriteString(tenant)
+	h.WriteByte(0)
+	h.WriteString(route)
+	k := h.Sum64()
+	return k, &l.shards[k>>58] // the top 6 bits pick one of 64 shards
+}
+
+// take is the decision of every local bucket, at now, with a validated limit and cost.
+func (l *Local) take(now time.Time, tenant, route string, lim regions.Limit, cost int64) Decision {
+	t := now.UnixNano()
+	k, s := l.key(tenant, route)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e, ok := s.m[k]
+	idle, forced := 0, 0
+	if !ok {
+		idle += s.sample(t, sampleOnInsert)
+		if len(s.m) >= l.perShard {
+			i, f := s.makeRoom(t)
+			idle, forced = idle+i, forced+f
+		}
+	} else if s.hits++; s.hits%sampleEvery == 0 {
+		idle += s.sample(t, sampleOnHit)
+	}
+	d := e.b.Take(now, lim.Capacity, lim.RefillPerSecond, cost)
+	e.fullAt = e.b.fullAt(lim.Capacity, lim.RefillPerSecond)
+	s.m[k] = e
+	if len(s.m) > s.peak {
+		s.peak = len(s.m)
+	} else if idle > 0 {
+		s.maybeShrink()
+	}
+	if idle > 0 || forced > 0 {
+		l.m.evicted(evictIdle, idle)
+		l.m.evicted(evictCapacity, forced)
+	}
+	return d
+}
+
+// sample inspects up to n buckets of the shard, a random sample, and deletes the full
+// ones. It returns how many it deleted.
+func (s *shard) sample(now int64, n int) int {
+	seen, deleted := 0, 0
+	for k, e := range s.m {
+		if e.fullAt <= now {
+			delete(s.m, k)
+			deleted++
+		}
+		if seen++; seen >= n {
+			break
+		}
+	}
+	return deleted
+}
+
+// makeRoom is called when the shard is at its cap: it samples for full buckets, and if
+// there are none, evicts the sampled bucket closest to full. It returns the idle and
+// the forced evictions.
+func (s *shard) makeRoom(now int64) (idle, forced int) {
+	seen := 0
+	var victim uint64
+	victimAt, found := int64(0), false
+	for k, e := range s.m {
+		if e.fullAt <= now {
+			delete(s.m, k)
+			idle++
+		} else if !found || e.fullAt < victimAt {
+			victim, victimAt, found = k, e.fullAt, true
+		}
+		if seen++; seen >= sampleToMakeRoom {
+			break
+		}
+	}
+	if idle == 0 && found {
+		delete(s.m, victim)
+		forced = 1
+	}
+	return idle, forced
+}
+
+// maybeShrink rebuilds the map once it holds a small part of its peak, so the memory of
+// a burst of keys is given back.
+func (s *shard) maybeShrink() {
+	if s.peak < shrinkMin || len(s.m) >= s.peak/shrinkBelow {
+		return
+	}
+	m := make(map[uint64]entry, len(s.m))
+	for k, e := range s.m {
+		m[k] = e
+	}
+	s.m, s.peak = m, len(m)
+}

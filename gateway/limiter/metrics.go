@@ -1,0 +1,125 @@
+package limiter
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Eviction reasons of ratelimit_local_evictions_total.
+const (
+	evictIdle     = "idle"     // the bucket was full: exact
+	evictCapacity = "capacity" // MaxBuckets reached: the bucket's debt is forgotten
+)
+
+// Reasons of ratelimit_redis_errors_total.
+const (
+	reasonTimeout     = "timeout"      // the call exceeded Options.Timeout
+	reasonError       = "error"        // any other failure to get an answer
+	reasonBreakerOpen = "breaker_open" // the breaker did not let the call through
+	reasonInvalid     = "invalid"      // the script refused the arguments (a bug here)
+)
+
+// localMetrics are the metrics of one Local. They exist whether or not they are
+// registered, so the hot path never checks.
+type localMetrics struct {
+	evictions *prometheus.CounterVec
+	idle      prometheus.Counter
+	capacity  prometheus.Counter
+}
+
+func newLocalMetrics() *localMetrics {
+	m := &localMetrics{
+		evictions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ratelimit_local_evictions_total",
+			Help: "In-memory buckets evicted: idle (full, so exact) or capacity (MaxBuckets reached, forgets the bucket's debt).",
+		}, []string{"reason"}),
+	}
+	m.idle = m.evictions.WithLabelValues(evictIdle)
+	m.capacity = m.evictions.WithLabelValues(evictCapacity)
+	return m
+}
+
+func (m *localMetrics) evicted(reason string, n int) {
+	if n <= 0 {
+		return
+	}
+	if reason == evictCapacity {
+		m.capacity.Add(float64(n))
+		return
+	}
+	m.idle.Add(float64(n))
+}
+
+// collectors are what a Local registers: the eviction counters and a gauge of the
+// buckets held, read at scrape time.
+func (m *localMetrics) collectors(buckets func() int) []prometheus.Collector {
+	return []prometheus.Collector{
+		m.evictions,
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "ratelimit_local_buckets",
+			Help: "In-memory token buckets held by the local or fallback limiter.",
+		}, func() float64 { return float64(buckets()) }),
+	}
+}
+
+// redisMetrics are the metrics of the Redis limiter.
+type redisMetrics struct {
+	errors      *prometheus.CounterVec
+	timeout     prometheus.Counter
+	failed      prometheus.Counter
+	breakerOpen prometheus.Counter
+	invalid     prometheus.Counter
+	active      prometheus.Gauge
+	state       prometheus.Gauge
+	minCapacity prometheus.Counter
+}
+
+func newRedisMetrics() *redisMetrics {
+	m := &redisMetrics{
+		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ratelimit_redis_errors_total",
+			Help: "Decisions Redis did not make, by reason: timeout, error, breaker_open, invalid.",
+		}, []string{"reason"}),
+		active: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "ratelimit_fallback_active",
+			Help: "1 while the Redis circuit breaker is not closed (decisions may come from the local fallback).",
+		}),
+		state: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "ratelimit_breaker_state",
+			Help: "State of the Redis circuit breaker: 0 closed, 1 half-open, 2 open.",
+		}),
+		minCapacity: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "ratelimit_fallback_min_capacity_total",
+			Help: "Fallback decisions whose rule had fewer tokens than there are instances, so each instance kept 1 token (the region may admit up to N).",
+		}),
+	}
+	m.timeout = m.errors.WithLabelValues(reasonTimeout)
+	m.failed = m.errors.WithLabelValues(reasonError)
+	m.breakerOpen = m.errors.WithLabelValues(reasonBreakerOpen)
+	m.invalid = m.errors.WithLabelValues(reasonInvalid)
+	return m
+}
+
+func (m *redisMetrics) collectors() []prometheus.Collector {
+	return []prometheus.Collector{m.errors, m.active, m.state, m.minCapacity}
+}
+
+// register registers every collector with the constant label region (every limiter
+// metric has it), or nothing when reg is nil.
+func register(reg prometheus.Registerer, region string, cs ...prometheus.Collector) error {
+	if reg == nil {
+		return nil
+	}
+	if region == "" {
+		return errors.New("metrics need a region label: set Region")
+	}
+	reg = prometheus.WrapRegistererWith(prometheus.Labels{"region": region}, reg)
+	for _, c := range cs {
+		if err := reg.Register(c); err != nil {
+			return fmt.Errorf("register limiter metrics: %w", err)
+		}
+	}
+	return nil
+}

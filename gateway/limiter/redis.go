@@ -1,0 +1,268 @@
+package limiter
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+	"github.com/sony/gobreaker/v2"
+
+	"github.com/quotaplane/quotaplane/lua"
+	"github.com/quotaplane/quotaplane/regions"
+)
+
+// Defaults of Options.
+const (
+	DefaultTimeout           = 5 * time.Millisecond
+	DefaultBreakerFailures   = 5
+	DefaultBreakerOpenFor    = time.Second
+	DefaultBreakerProbes     = 1
+	DefaultExpectedInstances = 1
+)
+
+// Options configures a Redis limiter. Zero fields take the defaults above.
+type Options struct {
+	// Region is the constant "region" label of the metrics; required with a Registerer.
+	Region string
+	// KeyPrefix starts every bucket key (lua.Keys); empty means "rl".
+	KeyPrefix string
+	// Timeout bounds each Redis call (default 5 ms). A call that exceeds it counts as a
+	// failure and the decision comes from the fallback, so a slow Redis costs at most
+	// this much latency.
+	Timeout time.Duration
+	// BreakerFailures consecutive failures (errors or timeouts) open the breaker
+	// (default 5). While it is open no call goes to Redis.
+	BreakerFailures uint32
+	// BreakerOpenFor is how long the breaker stays open before it half-opens and lets
+	// probes through (default 1 s).
+	BreakerOpenFor time.Duration
+	// BreakerProbes is how many calls a half-open breaker lets through; that many
+	// successes close it, one failure opens it again (default 1).
+	BreakerProbes uint32
+	// Instances returns the number of live gateway instances of this region (from
+	// heartbeats); the fallback holds 1/N of each rule. nil, or a result <= 0, means
+	// ExpectedInstances.
+	Instances func() int
+	// ExpectedInstances is N while Instances does not know (default 1).
+	ExpectedInstances int
+	// Now is the clock of the fallback buckets; nil means time.Now.
+	Now func() time.Time
+	// MaxFallbackBuckets caps the fallback's buckets (LocalOptions.MaxBuckets).
+	MaxFallbackBuckets int
+	// Registerer receives the metrics; nil means they are not registered.
+	Registerer prometheus.Registerer
+	// Logger receives breaker state changes (never per-request lines); nil discards.
+	Logger *slog.Logger
+}
+
+// Redis decides with the region's shared token bucket in Redis (one EVALSHA per
+// decision), behind a per-call timeout and a circuit breaker. When a call fails or the
+// breaker is open, a local bucket holding Limit/N decides instead (Source "fallback"),
+// N being the live instances of the region, so the region as a whole still admits about
+// its limit. It is safe for concurrent use and starts no goroutines.
+type Redis struct {
+	tb        *lua.TokenBucket
+	keys      lua.Keys
+	timeout   time.Duration
+	cb        *gobreaker.TwoStepCircuitBreaker[struct{}]
+	fallback  *Local
+	instances func() int
+	expected  int
+	m         *redisMetrics
+	log       *slog.Logger
+}
+
+// errCallerGone marks a call abandoned because the caller's context ended: it says
+// nothing about Redis, so the breaker ignores it.
+var errCallerGone = errors.New("caller context ended")
+
+// NewRedis returns a limiter that runs the bucket script on rdb (a *redis.Client, a
+// *redis.ClusterClient, or any redis.Scripter). It dials nothing and starts no
+// goroutines.
+//
+// A go-redis client ignores context deadlines on the socket unless its options set
+// ContextTimeoutEnabled: true, and then a stalled Redis would hold each request for the
+// client's ReadTimeout (seconds) instead of Options.Timeout. NewRedis therefore refuses a
+// *redis.Client, *redis.ClusterClient or *redis.Ring without it.
+func NewRedis(rdb redis.Scripter, opts Options) (*Redis, error) {
+	if rdb == nil {
+		return nil, errors.New("new redis limiter: no redis client")
+	}
+	if err := checkContextTimeouts(rdb); err != nil {
+		return nil, fmt.Errorf("new redis limiter: %w", err)
+	}
+	if opts.Timeout < 0 || opts.BreakerOpenFor < 0 || opts.ExpectedInstances < 0 {
+		return nil, fmt.Errorf("new redis limiter: negative Timeout %v, BreakerOpenFor %v or ExpectedInstances %d",
+			opts.Timeout, opts.BreakerOpenFor, opts.ExpectedInstances)
+	}
+	if opts.Timeout == 0 {
+		opts.Timeout = DefaultTimeout
+	}
+	if opts.BreakerFailures == 0 {
+		opts.BreakerFailures = DefaultBreakerFailures
+	}
+	if opts.BreakerOpenFor == 0 {
+		opts.BreakerOpenFor = DefaultBreakerOpenFor
+	}
+	if opts.BreakerProbes == 0 {
+		opts.BreakerProbes = DefaultBreakerProbes
+	}
+	if opts.ExpectedInstances == 0 {
+		opts.ExpectedInstances = DefaultExpectedInstances
+	}
+	if opts.Instances == nil {
+		opts.Instances = func() int { return 0 }
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	l := &Redis{
+		tb:        lua.NewTokenBucket(rdb),
+		keys:      lua.Keys{Prefix: opts.KeyPrefix},
+		timeout:   opts.Timeout,
+		fallback:  newLocal(LocalOptions{Now: opts.Now, MaxBuckets: opts.MaxFallbackBuckets}),
+		instances: opts.Instances,
+		expected:  opts.ExpectedInstances,
+		m:         newRedisMetrics(),
+		log:       opts.Logger.With("region", opts.Region),
+	}
+	failures := opts.BreakerFailures
+	l.cb = gobreaker.NewTwoStepCircuitBreaker[struct{}](gobreaker.Settings{
+		Name:        "redis",
+		MaxRequests: opts.BreakerProbes,
+		Timeout:     opts.BreakerOpenFor,
+		ReadyToTrip: func(c gobreaker.Counts) bool { return c.ConsecutiveFailures >= failures },
+		IsExcluded:  func(err error) bool { return errors.Is(err, errCallerGone) },
+		// Called under the breaker's lock, only on a change: cheap, and the only log.
+		OnStateChange: func(_ string, from, to gobreaker.State) { l.stateChanged(from, to) },
+	})
+	cs := append(l.m.collectors(), l.fallback.m.collectors(l.fallback.Len)...)
+	if err := register(opts.Registerer, opts.Region, cs...); err != nil {
+		return nil, fmt.Errorf("new redis limiter: %w", err)
+	}
+	return l, nil
+}
+
+// checkContextTimeouts refuses the go-redis clients known to ignore context deadlines.
+func checkContextTimeouts(rdb redis.Scripter) error {
+	enabled := true
+	switch c := rdb.(type) {
+	case *redis.Client:
+		enabled = c.Options().ContextTimeoutEnabled
+	case *redis.ClusterClient:
+		enabled = c.Options().ContextTimeoutEnabled
+	case *redis.Ring:
+		enabled = c.Options().ContextTimeoutEnabled
+	}
+	if !enabled {
+		return errors.New("the redis client must set ContextTimeoutEnabled: true, or a stalled Redis stalls every request for the client's ReadTimeout instead of the limiter's Timeout")
+	}
+	return nil
+}
+
+// Decide takes r.Cost tokens (0 means 1) from the shared bucket of (r.Tenant, r.Route)
+// in Redis. If Redis does not answer within the timeout, fails, or the breaker is open,
+// the fallback decides (Source "fallback") and the error is nil: a Redis outage is not
+// the caller's error. The error is non-nil only for an invalid request
+// (ErrInvalidRequest) or when ctx ended before a decision.
+func (l *Redis) Decide(ctx context.Context, r Request) (Decision, error) {
+	cost, err := r.cost()
+	if err != nil {
+		return Decision{}, err
+	}
+	done, err := l.cb.Allow()
+	if err != nil { // open, or half-open with its probes already out
+		l.m.breakerOpen.Inc()
+		return l.decideFallback(r, cost), nil
+	}
+	cctx, cancel := context.WithTimeout(ctx, l.timeout)
+	res, err := l.tb.Take(cctx, l.keys.Bucket(r.Tenant, r.Route), r.Limit.Capacity, r.Limit.RefillPerSecond, cost)
+	timedOut := cctx.Err() != nil
+	cancel()
+	switch {
+	case err == nil:
+		done(nil)
+		return Decision{
+			Allowed:    res.Allowed,
+			Limit:      r.Limit.Capacity,
+			Remaining:  res.Remaining,
+			RetryAfter: res.RetryAfter,
+			ResetAfter: res.ResetAfter,
+			Source:     SourceRedis,
+		}, nil
+	case errors.Is(err, lua.ErrInvalidArgument):
+		done(nil) // Redis answered, so it is healthy; the request is what is wrong
+		l.m.invalid.Inc()
+		return Decision{}, fmt.Errorf("decide %s/%s: %w: %w", r.Tenant, r.Route, ErrInvalidRequest, err)
+	case ctx.Err() != nil:
+		done(errCallerGone)
+		return Decision{}, fmt.Errorf("decide %s/%s: %w", r.Tenant, r.Route, ctx.Err())
+	case timedOut:
+		done(err)
+		l.m.timeout.Inc()
+	default:
+		done(err)
+		l.m.failed.Inc()
+	}
+	l.log.Debug("redis decision failed; using fallback", "tenant", r.Tenant, "route", r.Route, "err", err)
+	return l.decideFallback(r, cost), nil
+}
+
+// Load loads the bucket scripts into Redis, which also opens a connection, under the
+// caller's deadline rather than Options.Timeout. Call it at startup (and it serves as a
+// readiness probe): otherwise the first decisions pay for a dial and an EVAL, which may
+// exceed a 5 ms timeout and be answered by the fallback.
+func (l *Redis) Load(ctx context.Context) error { return l.tb.Load(ctx) }
+
+// FallbackActive reports whether the breaker is not closed, that is whether decisions
+// are (or may be) coming from the fallback. For readiness and status pages.
+func (l *Redis) FallbackActive() bool { return l.cb.State() != gobreaker.StateClosed }
+
+// decideFallback decides with this instance's 1/N of the rule. A rule too small to split
+// keeps one token per instance (regions.Scale), which is counted; a cost above the
+// scaled capacity is clipped to it, so a request the regional rule admits can still pass.
+func (l *Redis) decideFallback(r Request, cost int64) Decision {
+	n := l.instances()
+	if n <= 0 {
+		n = l.expected
+	}
+	lim := r.Limit
+	if n > 1 {
+		lim = regions.Scale(r.Limit.Capacity, r.Limit.RefillPerSecond, 1/float64(n))
+		if r.Limit.Capacity < int64(n) {
+			// Fewer tokens than instances: together they may admit up to n, not capacity.
+			l.m.minCapacity.Inc()
+		}
+	}
+	cost = min(cost, lim.Capacity)
+	d := l.fallback.take(l.fallback.now(), r.Tenant, r.Route, lim, cost)
+	d.Source = SourceFallback
+	return d
+}
+
+func (l *Redis) stateChanged(from, to gobreaker.State) {
+	l.m.state.Set(float64(stateValue(to)))
+	if to == gobreaker.StateClosed {
+		l.m.active.Set(0)
+		l.log.Info("redis circuit breaker closed; decisions from redis again", "from", from.String())
+		return
+	}
+	l.m.active.Set(1)
+	l.log.Warn("redis circuit breaker state changed; decisions from local fallback", "from", from.String(), "to", to.String())
+}
+
+// stateValue is the ratelimit_breaker_state value: 0 closed, 1 half-open, 2 open.
+func stateValue(s gobreaker.State) int {
+	switch s {
+	case gobreaker.StateHalfOpen:
+		return 1
+	case gobreaker.StateOpen:
+		return 2
+	default:
+		return 0
+	}
+}
