@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -57,14 +58,9 @@ func jsonTime(t time.Time) *time.Time {
 // shareCell formats a share as a fraction with up to 4 decimals.
 func shareCell(v float64) string { return strconv.FormatFloat(v, 'f', 4, 64) }
 
-// rateCell formats a rate (tokens or requests per second).
+// rateCell formats a rate (tokens or requests per second) with at most 3 decimals.
 func rateCell(v float64) string {
-	switch {
-	case v == float64(int64(v)) && v < 1e15:
-		return strconv.FormatInt(int64(v), 10)
-	default:
-		return strconv.FormatFloat(v, 'f', 3, 64)
-	}
+	return strconv.FormatFloat(math.Round(v*1000)/1000, 'f', -1, 64)
 }
 
 // boolCell is "yes" or "no".

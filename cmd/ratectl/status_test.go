@@ -122,6 +122,7 @@ func waitForSamples(t *testing.T, promURL string, at time.Time) {
 }
 
 func TestStatusAgainstPrometheus(t *testing.T) {
+	t.Parallel()
 	exp := newGatewayExporter()
 	target := startExporter(t, exp)
 	prom := local.Prom(t, local.PrometheusOptions{Jobs: []local.ScrapeJob{{Name: "gateway", Targets: []string{target}}}})
@@ -167,6 +168,7 @@ func TestStatusAgainstPrometheus(t *testing.T) {
 }
 
 func TestStatusErrors(t *testing.T) {
+	t.Parallel()
 	// A port nobody listens on.
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

@@ -1,0 +1,141 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"strconv"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/quotaplane/quotaplane/regions"
+)
+
+// keyJSON is one API key in `keys list -o json`: never its secret, nor its hash.
+type keyJSON struct {
+	ID        int64      `json:"id"`
+	Tenant    string     `json:"tenant"`
+	Label     string     `json:"label"`
+	CreatedAt time.Time  `json:"created_at"`
+	RevokedAt *time.Time `json:"revoked_at"`
+}
+
+// newKeyJSON is the output of `keys create -o json`: the one time the secret is shown.
+type newKeyJSON struct {
+	keyJSON
+	Key string `json:"key"`
+}
+
+func toKeyJSON(k regions.APIKey) keyJSON {
+	return keyJSON{ID: k.ID, Tenant: k.Tenant, Label: k.Label, CreatedAt: k.CreatedAt.UTC(), RevokedAt: jsonTime(k.RevokedAt)}
+}
+
+func newKeysCmd(a *app) *cobra.Command {
+	var tenant, label, reason string
+	create := &cobra.Command{
+		Use:   "create --tenant T [--label L]",
+		Short: "Create an API key for a tenant and print it once (only its hash is stored)",
+		Args:  noArgs,
+		RunE: runE(func(cmd *cobra.Command, _ []string) error {
+			if err := checkID("tenant", tenant); err != nil {
+				return err
+			}
+			if len(label) > 200 {
+				return usagef("--label: at most 200 characters")
+			}
+			return a.withStore(cmd, func(ctx context.Context, st *regions.Store) error {
+				ctx, _, err := a.auditCtx(ctx, reasonOr(reason, cmd))
+				if err != nil {
+					return err
+				}
+				exists, err := st.TenantExists(ctx, tenant)
+				if err != nil {
+					return err
+				}
+				if !exists {
+					a.warnf("tenant %s has no rules and no keys yet: creating the key anyway; it gets the default rules until you set its own", tenant)
+				}
+				secret, k, err := st.CreateKey(ctx, tenant, label)
+				if err != nil {
+					return fmt.Errorf("create key for tenant %s: %w", tenant, err)
+				}
+				out := newKeyJSON{keyJSON: toKeyJSON(k), Key: secret}
+				return a.render(cmd, out, func(w io.Writer) {
+					row(w, "ID", strconv.FormatInt(k.ID, 10))
+					row(w, "TENANT", k.Tenant)
+					row(w, "LABEL", orDash(k.Label))
+					row(w, "CREATED", timeCell(k.CreatedAt))
+					row(w, "KEY", secret)
+					fmt.Fprintln(w, "\nThe key is shown only now: only its hash is stored.")
+				})
+			})
+		}),
+	}
+	create.Flags().StringVar(&tenant, "tenant", "", "the tenant the key authenticates (required)")
+	create.Flags().StringVar(&label, "label", "", "a note to recognise the key by (at most 200 characters)")
+	create.Flags().StringVar(&reason, "reason", "", "why, for the audit log (default: the command)")
+	_ = create.MarkFlagRequired("tenant")
+
+	var listTenant string
+	list := &cobra.Command{
+		Use:   "list [--tenant T]",
+		Short: "List API keys (never their secrets), revoked ones included",
+		Args:  noArgs,
+		RunE: runE(func(cmd *cobra.Command, _ []string) error {
+			if listTenant != "" {
+				if err := checkID("tenant", listTenant); err != nil {
+					return err
+				}
+			}
+			return a.withStore(cmd, func(ctx context.Context, st *regions.Store) error {
+				ks, err := st.Keys(ctx, listTenant)
+				if err != nil {
+					return err
+				}
+				out := []keyJSON{}
+				for _, k := range ks {
+					out = append(out, toKeyJSON(k))
+				}
+				return a.render(cmd, out, func(w io.Writer) {
+					row(w, "ID", "TENANT", "LABEL", "CREATED", "REVOKED")
+					for _, k := range out {
+						row(w, strconv.FormatInt(k.ID, 10), k.Tenant, orDash(k.Label), timeCell(k.CreatedAt), timeCell(deref(k.RevokedAt)))
+					}
+				})
+			})
+		}),
+	}
+	list.Flags().StringVar(&listTenant, "tenant", "", "only this tenant's keys")
+
+	var revokeReason string
+	revoke := &cobra.Command{
+		Use:   "revoke ID",
+		Short: "Revoke an API key; gateways refuse it within a second",
+		Args:  exactArgs(1, "a key ID (see ratectl keys list)"),
+		RunE: runE(func(cmd *cobra.Command, args []string) error {
+			id, err := strconv.ParseInt(args[0], 10, 64)
+			if err != nil || id <= 0 {
+				return usagef("key id %q: must be a whole number > 0 (see ratectl keys list)", args[0])
+			}
+			return a.withStore(cmd, func(ctx context.Context, st *regions.Store) error {
+				ctx, _, err := a.auditCtx(ctx, reasonOr(revokeReason, cmd))
+				if err != nil {
+					return err
+				}
+				if err := st.RevokeKey(ctx, id); err != nil {
+					if errors.Is(err, regions.ErrNotFound) {
+						return fmt.Errorf("key %d does not exist", id)
+					}
+					return fmt.Errorf("revoke key %d: %w", id, err)
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "revoked key %d\n", id)
+				return nil
+			})
+		}),
+	}
+	revoke.Flags().StringVar(&revokeReason, "reason", "", "why, for the audit log (default: the command)")
+
+	return groupCmd("keys", "Create, list and revoke API keys", create, list, revoke)
+}

@@ -1,0 +1,102 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/spf13/cobra"
+
+	"github.com/quotaplane/quotaplane/migrations"
+	"github.com/quotaplane/quotaplane/regions"
+)
+
+// migrationJSON is one migration in `migrate status -o json`.
+type migrationJSON struct {
+	Version   int64      `json:"version"`
+	Name      string     `json:"name"`
+	Applied   bool       `json:"applied"`
+	AppliedAt *time.Time `json:"applied_at"`
+}
+
+func newMigrateCmd(a *app) *cobra.Command {
+	up := &cobra.Command{
+		Use:   "up",
+		Short: "Apply every pending migration (safe to run from several places at once)",
+		Args:  noArgs,
+		RunE: runE(func(cmd *cobra.Command, _ []string) error {
+			return a.withStore(cmd, func(ctx context.Context, st *regions.Store) error {
+				before, err := migrationStatus(ctx, st)
+				if err != nil {
+					return err
+				}
+				if err := st.Migrate(ctx); err != nil {
+					return fmt.Errorf("migrate up: %w", err)
+				}
+				after, err := migrationStatus(ctx, st)
+				if err != nil {
+					return err
+				}
+				applied := 0
+				for i := range after {
+					if after[i].Applied && !before[i].Applied {
+						applied++
+					}
+				}
+				return a.renderMigrations(cmd, after, fmt.Sprintf("applied %d migration(s); the schema is at version %d", applied, migrations.Latest()))
+			})
+		}),
+	}
+	status := &cobra.Command{
+		Use:   "status",
+		Short: "List the migrations and whether each is applied",
+		Args:  noArgs,
+		RunE: runE(func(cmd *cobra.Command, _ []string) error {
+			return a.withStore(cmd, func(ctx context.Context, st *regions.Store) error {
+				ms, err := migrationStatus(ctx, st)
+				if err != nil {
+					return err
+				}
+				pending := 0
+				for _, m := range ms {
+					if !m.Applied {
+						pending++
+					}
+				}
+				note := "the schema is up to date"
+				if pending > 0 {
+					note = fmt.Sprintf("%d migration(s) pending: run ratectl migrate up", pending)
+				}
+				return a.renderMigrations(cmd, ms, note)
+			})
+		}),
+	}
+	return groupCmd("migrate", "Apply or show the database migrations", up, status)
+}
+
+func migrationStatus(ctx context.Context, st *regions.Store) ([]migrations.MigrationStatus, error) {
+	db := stdlib.OpenDBFromPool(st.Pool())
+	defer db.Close() // does not close the pool
+	ms, err := migrations.Status(ctx, db)
+	if err != nil {
+		return nil, fmt.Errorf("migration status: %w", err)
+	}
+	return ms, nil
+}
+
+func (a *app) renderMigrations(cmd *cobra.Command, ms []migrations.MigrationStatus, note string) error {
+	out := make([]migrationJSON, len(ms))
+	for i, m := range ms {
+		out[i] = migrationJSON{Version: m.Version, Name: m.Name, Applied: m.Applied, AppliedAt: jsonTime(m.AppliedAt)}
+	}
+	return a.render(cmd, out, func(w io.Writer) {
+		row(w, "VERSION", "NAME", "APPLIED", "APPLIED AT")
+		for _, m := range ms {
+			row(w, strconv.FormatInt(m.Version, 10), m.Name, boolCell(m.Applied), timeCell(m.AppliedAt))
+		}
+		fmt.Fprintf(w, "\n%s\n", note)
+	})
+}

@@ -1,0 +1,197 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"strconv"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/quotaplane/quotaplane/regions"
+)
+
+// ruleJSON is one rule in `rules list -o json`.
+type ruleJSON struct {
+	Tenant          string    `json:"tenant"`
+	Route           string    `json:"route"`
+	Capacity        int64     `json:"capacity"`
+	RefillPerSecond float64   `json:"refill_per_second"`
+	Shadow          bool      `json:"shadow"`
+	Shards          int       `json:"shards"`
+	UpdatedAt       time.Time `json:"updated_at"`
+}
+
+func toRuleJSON(r regions.Rule) ruleJSON {
+	return ruleJSON{Tenant: r.Tenant, Route: r.Route, Capacity: r.Capacity, RefillPerSecond: r.RefillPerSecond,
+		Shadow: r.Shadow, Shards: r.Shards, UpdatedAt: r.UpdatedAt.UTC()}
+}
+
+func rulesTable(w io.Writer, rs []ruleJSON) {
+	row(w, "TENANT", "ROUTE", "CAPACITY", "REFILL/S", "SHADOW", "SHARDS", "UPDATED")
+	for _, r := range rs {
+		row(w, r.Tenant, r.Route, strconv.FormatInt(r.Capacity, 10), rateCell(r.RefillPerSecond), boolCell(r.Shadow), strconv.Itoa(r.Shards), timeCell(r.UpdatedAt))
+	}
+}
+
+func newRulesCmd(a *app) *cobra.Command {
+	var lt, lr string
+	list := &cobra.Command{
+		Use:   "list [--tenant T] [--route R]",
+		Short: "List rules (tenant or route * are defaults)",
+		Args:  noArgs,
+		RunE: runE(func(cmd *cobra.Command, _ []string) error {
+			if lt != "" {
+				if err := checkIDOrWildcard("tenant", lt); err != nil {
+					return err
+				}
+			}
+			if lr != "" {
+				if err := checkIDOrWildcard("route", lr); err != nil {
+					return err
+				}
+			}
+			return a.withStore(cmd, func(ctx context.Context, st *regions.Store) error {
+				rs, err := st.Rules(ctx, lt, lr)
+				if err != nil {
+					return err
+				}
+				out := []ruleJSON{}
+				for _, r := range rs {
+					out = append(out, toRuleJSON(r))
+				}
+				return a.render(cmd, out, func(w io.Writer) { rulesTable(w, out) })
+			})
+		}),
+	}
+	list.Flags().StringVar(&lt, "tenant", "", "only this tenant's rules (* for the defaults)")
+	list.Flags().StringVar(&lr, "route", "", "only rules of this route (* for tenant-wide rules)")
+
+	var (
+		r      regions.Rule
+		reason string
+	)
+	set := &cobra.Command{
+		Use:   "set --tenant T --route R --capacity N --refill X [--shadow] [--shards K]",
+		Short: "Create or change a rule (flags not given keep the existing rule's values)",
+		Long: `Create or change the token bucket of a tenant for a route. Tenant * or route * make a
+default rule. --capacity is the burst (a whole number > 0), --refill the sustained rate in
+requests per second (> 0, may be fractional). Changing an existing rule, the flags you do
+not give keep their current values (so --shadow is never switched off by accident); a
+new rule needs --capacity and --refill.`,
+		Args: noArgs,
+		RunE: runE(func(cmd *cobra.Command, _ []string) error {
+			f := cmd.Flags()
+			if err := checkIDOrWildcard("tenant", r.Tenant); err != nil {
+				return err
+			}
+			if err := checkIDOrWildcard("route", r.Route); err != nil {
+				return err
+			}
+			if f.Changed("capacity") {
+				if err := checkPositiveInt("capacity", r.Capacity); err != nil {
+					return err
+				}
+			}
+			if f.Changed("refill") {
+				if err := checkPositiveFloat("refill", r.RefillPerSecond); err != nil {
+					return err
+				}
+			}
+			if f.Changed("shards") && (r.Shards < 1 || r.Shards > 1024) {
+				return usagef("--shards %d: must be between 1 and 1024", r.Shards)
+			}
+			return a.withStore(cmd, func(ctx context.Context, st *regions.Store) error {
+				existing, err := st.Rules(ctx, r.Tenant, r.Route)
+				if err != nil {
+					return err
+				}
+				nr := r
+				if len(existing) == 1 {
+					old := existing[0]
+					if !f.Changed("capacity") {
+						nr.Capacity = old.Capacity
+					}
+					if !f.Changed("refill") {
+						nr.RefillPerSecond = old.RefillPerSecond
+					}
+					if !f.Changed("shadow") {
+						nr.Shadow = old.Shadow
+					}
+					if !f.Changed("shards") {
+						nr.Shards = old.Shards
+					}
+				} else if !f.Changed("capacity") || !f.Changed("refill") {
+					return usagef("rule %s/%s does not exist yet: a new rule needs --capacity and --refill", r.Tenant, r.Route)
+				}
+				ctx, _, err = a.auditCtx(ctx, reasonOr(reason, cmd))
+				if err != nil {
+					return err
+				}
+				if err := st.SetRule(ctx, nr); err != nil {
+					return fmt.Errorf("set rule %s/%s: %w", r.Tenant, r.Route, err)
+				}
+				got, err := st.Rules(ctx, r.Tenant, r.Route)
+				if err != nil {
+					return err
+				}
+				out := []ruleJSON{}
+				for _, g := range got {
+					out = append(out, toRuleJSON(g))
+				}
+				return a.render(cmd, out, func(w io.Writer) { rulesTable(w, out) })
+			})
+		}),
+	}
+	sf := set.Flags()
+	sf.StringVar(&r.Tenant, "tenant", "", "tenant id, or * for every tenant (required)")
+	sf.StringVar(&r.Route, "route", "", "route id, or * for every route (required)")
+	sf.Int64Var(&r.Capacity, "capacity", 0, "burst: the most tokens the bucket holds (> 0)")
+	sf.Float64Var(&r.RefillPerSecond, "refill", 0, "sustained rate in requests per second (> 0)")
+	sf.BoolVar(&r.Shadow, "shadow", false, "never reject; only count what would be rejected")
+	sf.IntVar(&r.Shards, "shards", 1, "split the bucket over this many Redis keys (hot keys), 1..1024")
+	sf.StringVar(&reason, "reason", "", "why, for the audit log (default: the command)")
+	_ = set.MarkFlagRequired("tenant")
+	_ = set.MarkFlagRequired("route")
+
+	var dt, dr, dreason string
+	del := &cobra.Command{
+		Use:   "delete --tenant T --route R",
+		Short: "Delete a rule (the tenant falls back to the next matching rule)",
+		Args:  noArgs,
+		RunE: runE(func(cmd *cobra.Command, _ []string) error {
+			if err := checkIDOrWildcard("tenant", dt); err != nil {
+				return err
+			}
+			if err := checkIDOrWildcard("route", dr); err != nil {
+				return err
+			}
+			if dt == regions.Wildcard && dr == regions.Wildcard {
+				return usagef("the default rule */* cannot be deleted: change it with ratectl rules set")
+			}
+			return a.withStore(cmd, func(ctx context.Context, st *regions.Store) error {
+				ctx, _, err := a.auditCtx(ctx, reasonOr(dreason, cmd))
+				if err != nil {
+					return err
+				}
+				if err := st.DeleteRule(ctx, dt, dr); err != nil {
+					if errors.Is(err, regions.ErrNotFound) {
+						return fmt.Errorf("rule %s/%s does not exist", dt, dr)
+					}
+					return fmt.Errorf("delete rule %s/%s: %w", dt, dr, err)
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "deleted rule %s/%s\n", dt, dr)
+				return nil
+			})
+		}),
+	}
+	del.Flags().StringVar(&dt, "tenant", "", "tenant id or * (required)")
+	del.Flags().StringVar(&dr, "route", "", "route id or * (required)")
+	del.Flags().StringVar(&dreason, "reason", "", "why, for the audit log (default: the command)")
+	_ = del.MarkFlagRequired("tenant")
+	_ = del.MarkFlagRequired("route")
+
+	return groupCmd("rules", "List, set and delete rules", list, set, del)
+}
