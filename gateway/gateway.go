@@ -22,6 +22,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/quotaplane/quotaplane/gateway/limiter"
+	"github.com/quotaplane/quotaplane/lua"
 	"github.com/quotaplane/quotaplane/regions"
 )
 
@@ -335,6 +336,8 @@ func (g *Gateway) Run(ctx context.Context) error {
 	if g.rdb == nil {
 		g.log.Warn("no redis configured: limits are enforced per instance, not per region",
 			"region", g.cfg.Region)
+	} else {
+		g.warmRedis(ctx)
 	}
 
 	bg, stopBG := context.WithCancel(context.WithoutCancel(ctx))
@@ -406,6 +409,18 @@ func (g *Gateway) Run(ctx context.Context) error {
 	}
 	g.log.Info("gateway stopped", "region", g.cfg.Region)
 	return runErr
+}
+
+// warmRedis dials Redis and loads the bucket scripts before the first request, so the
+// first decisions need neither a dial nor an EVAL within the decision timeout. A Redis
+// that is down is not fatal: the limiter falls back until it answers.
+func (g *Gateway) warmRedis(ctx context.Context) {
+	wctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	if err := lua.NewTokenBucket(g.rdb).Load(wctx); err != nil {
+		g.log.Warn("redis not reachable at start; the local fallback decides until it is",
+			"region", g.cfg.Region, "err", err)
+	}
 }
 
 // serve is Serve with the normal shutdown result mapped to nil.
