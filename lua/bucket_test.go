@@ -493,19 +493,24 @@ func TestBucketMemory(t *testing.T) {
 	b := NewTokenBucket(rdb)
 	ctx := context.Background()
 	keys := Keys{}
-	// A realistic key: 64-character ids would be the worst case; these are typical.
-	one := keys.Bucket("tenant-000001", "create-order")
-	mustTake(t, b, one, 100, 0.01, 1)
-	usage, err := rdb.MemoryUsage(ctx, one).Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("MEMORY USAGE %s = %d bytes", one, usage)
-	if usage <= 0 || usage > 200 {
-		t.Errorf("MEMORY USAGE = %d bytes, want within (0, 200]", usage)
-	}
-	if err := rdb.Del(ctx, one).Err(); err != nil {
-		t.Fatal(err)
+	// MEMORY USAGE of one bucket: a typical key, and the longest ids allowed (64 each).
+	for _, k := range []struct{ tenant, route string }{
+		{"tenant-000001", "create-order"},
+		{strings.Repeat("t", 64), strings.Repeat("r", 64)},
+	} {
+		key := keys.Bucket(k.tenant, k.route)
+		mustTake(t, b, key, 100, 0.01, 1)
+		usage, err := rdb.MemoryUsage(ctx, key).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("MEMORY USAGE %s (%d-byte key) = %d bytes", key, len(key), usage)
+		if usage <= 0 || usage > 300 {
+			t.Errorf("MEMORY USAGE = %d bytes, want within (0, 300]", usage)
+		}
+		if err := rdb.Del(ctx, key).Err(); err != nil {
+			t.Fatal(err)
+		}
 	}
 
 	before := usedMemory(t, rdb)

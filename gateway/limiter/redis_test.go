@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"strings"
 	"testing"
@@ -342,7 +343,7 @@ func BenchmarkRedisDecide(b *testing.B) {
 	l := newTestRedis(b, newClient(b, p), Options{Timeout: time.Second})
 	reqs := make([]Request, 1024)
 	for i := range reqs {
-		reqs[i] = Request{Tenant: "tenant-" + string(rune('a'+i%26)) + strings.Repeat("x", i%7), Route: "r" + string(rune('a'+i/26%26)), Limit: regions.Limit{Capacity: 1_000_000, RefillPerSecond: 1000}}
+		reqs[i] = Request{Tenant: fmt.Sprintf("tenant-%04d", i), Route: "create-order", Limit: regions.Limit{Capacity: 1_000_000, RefillPerSecond: 1000}}
 	}
 	ctx := context.Background()
 	mustDecide(b, l, reqs[0])
