@@ -18,6 +18,7 @@
 // [Plan] (shrink before grow); the parts are exported for callers that need them apart.
 // The simulator in rebalancer/sim drives exactly this loop.
 //
-// Subpackages: demand (the Prometheus source) and sim (the trace simulator). This
-// package imports regions only; never gateway, cmd, a database or Prometheus client.
+// Subpackages: demand (the Prometheus source), job (the scheduled job) and sim (the
+// trace simulator). This package imports regions only; never gateway, cmd, a database
+// or a Prometheus client.
 package rebalancer
