@@ -1,0 +1,166 @@
+package job
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/quotaplane/quotaplane/regions"
+)
+
+// DefaultLockKey is the advisory lock every rebalancer of one database competes for
+// ("quotaplane-rebalancer" in ASCII, truncated to 8 bytes: 0x71756f7461706c61).
+const DefaultLockKey int64 = 0x71756f7461706c61
+
+// ErrNotLeader is returned by Elector.IsLeader when another rebalancer holds the lock, or
+// when the database cannot be reached (no lock, no leadership).
+var ErrNotLeader = errors.New("not the leader")
+
+// Elector is gocron's distributed elector backed by a PostgreSQL session advisory lock:
+// the leader is the process whose dedicated connection holds pg_try_advisory_lock(key).
+// The lock lives as long as that connection, so when the leader dies (or its connection
+// does) PostgreSQL releases it and another rebalancer takes it on its next tick. It is
+// safe for concurrent use.
+type Elector struct {
+	url     string
+	key     int64
+	timeout time.Duration
+	log     *slog.Logger
+
+	mu     sync.Mutex
+	conn   *pgx.Conn
+	leader bool
+	closed bool
+}
+
+// ElectorConfig configures NewElector.
+type ElectorConfig struct {
+	// DatabaseURL is the PostgreSQL the lock lives in (the store's database).
+	DatabaseURL string
+	// LockKey is the advisory lock key; 0 means DefaultLockKey.
+	LockKey int64
+	// Timeout bounds connecting and each query; 0 means 5 s.
+	Timeout time.Duration
+	Logger  *slog.Logger
+}
+
+// NewElector validates cfg; it dials nothing until the first IsLeader.
+func NewElector(cfg ElectorConfig) (*Elector, error) {
+	if cfg.DatabaseURL == "" {
+		return nil, fmt.Errorf("%w elector: no database url", regions.ErrInvalid)
+	}
+	if _, err := pgx.ParseConfig(cfg.DatabaseURL); err != nil {
+		return nil, fmt.Errorf("%w elector: database url %s does not parse", regions.ErrInvalid, regions.RedactURL(cfg.DatabaseURL))
+	}
+	if cfg.LockKey == 0 {
+		cfg.LockKey = DefaultLockKey
+	}
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = 5 * time.Second
+	}
+	return &Elector{url: cfg.DatabaseURL, key: cfg.LockKey, timeout: cfg.Timeout, log: orDiscard(cfg.Logger)}, nil
+}
+
+// IsLeader returns nil while this process holds the lock, taking it when it is free; else
+// an error wrapping ErrNotLeader. A leader checks its connection on every call, so a lost
+// connection (and with it the lock) ends leadership at the next tick.
+func (e *Elector) IsLeader(ctx context.Context) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.closed {
+		return fmt.Errorf("%w: elector closed", ErrNotLeader)
+	}
+	ctx, cancel := context.WithTimeout(ctx, e.timeout)
+	defer cancel()
+	if e.conn == nil || e.conn.IsClosed() {
+		e.setLeader(false)
+		cfg, err := pgx.ParseConfig(e.url)
+		if err != nil {
+			return fmt.Errorf("%w: %v", ErrNotLeader, err)
+		}
+		cfg.ConnectTimeout = e.timeout
+		if cfg.RuntimeParams == nil {
+			cfg.RuntimeParams = map[string]string{}
+		}
+		cfg.RuntimeParams["application_name"] = "quotaplane-rebalancer-lock"
+		conn, err := pgx.ConnectConfig(ctx, cfg)
+		if err != nil {
+			return fmt.Errorf("%w: connect to %s for the lock: %v", ErrNotLeader, regions.RedactURL(e.url), err)
+		}
+		e.conn = conn
+	}
+	if e.leader {
+		// The session still holds the lock as long as it is alive.
+		if _, err := e.conn.Exec(ctx, "SELECT 1"); err != nil {
+			e.dropConn()
+			return fmt.Errorf("%w: lock connection lost: %v", ErrNotLeader, err)
+		}
+		return nil
+	}
+	var got bool
+	if err := e.conn.QueryRow(ctx, "SELECT pg_try_advisory_lock($1)", e.key).Scan(&got); err != nil {
+		e.dropConn()
+		return fmt.Errorf("%w: try advisory lock %d: %v", ErrNotLeader, e.key, err)
+	}
+	if !got {
+		return fmt.Errorf("%w: advisory lock %d is held by another rebalancer", ErrNotLeader, e.key)
+	}
+	e.setLeader(true)
+	return nil
+}
+
+// Leader reports whether the last IsLeader found this process the leader.
+func (e *Elector) Leader() bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.leader
+}
+
+// Close releases the lock by closing the connection; IsLeader fails afterwards.
+func (e *Elector) Close() error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.closed = true
+	if e.conn == nil {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), e.timeout)
+	defer cancel()
+	err := e.conn.Close(ctx)
+	e.conn = nil
+	e.setLeader(false)
+	return err
+}
+
+// dropConn closes a broken connection; PostgreSQL releases whatever it held.
+func (e *Elector) dropConn() {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	_ = e.conn.Close(ctx)
+	e.conn = nil
+	e.setLeader(false)
+}
+
+func (e *Elector) setLeader(v bool) {
+	if e.leader == v {
+		return
+	}
+	e.leader = v
+	if v {
+		e.log.Info("became leader", "lock_key", e.key)
+	} else {
+		e.log.Warn("lost leadership", "lock_key", e.key)
+	}
+}
+
+func orDiscard(l *slog.Logger) *slog.Logger {
+	if l == nil {
+		return slog.New(slog.DiscardHandler)
+	}
+	return l
+}

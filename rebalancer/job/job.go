@@ -1,0 +1,470 @@
+package job
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"log/slog"
+	"maps"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/go-co-op/gocron/v2"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/quotaplane/quotaplane/rebalancer"
+	"github.com/quotaplane/quotaplane/rebalancer/demand"
+	"github.com/quotaplane/quotaplane/regions"
+)
+
+// Defaults filled in by New.
+const (
+	DefaultInterval      = 5 * time.Minute
+	DefaultCheckInterval = time.Minute
+	DefaultReloadWait    = 2 * time.Second
+	// DefaultInstanceTTL matches the gateway: heartbeats every 5 s, dead after 3 missed.
+	DefaultInstanceTTL    = 15 * time.Second
+	DefaultMaxScopes      = 1000
+	DefaultMaxShareSeries = 100
+	DefaultActor          = "rebalancer"
+)
+
+// Store is what a tick needs from the control-plane store (regions.Store).
+type Store interface {
+	LoadSnapshot(ctx context.Context, instanceTTL time.Duration) (*regions.Snapshot, error)
+	WriteRebalancerShares(ctx context.Context, changes []regions.ShareChange, inputs any, actor string) error
+}
+
+// DemandReader is what a tick needs from Prometheus (demand.Reader).
+type DemandReader interface {
+	Read(ctx context.Context, now time.Time) (demand.Demand, error)
+}
+
+// Config configures a Job. Zero fields take the defaults above.
+type Config struct {
+	// Interval is the full run's period; the demand's long window should equal it.
+	Interval time.Duration
+	// CheckInterval is the fast-path check's period.
+	CheckInterval time.Duration
+	// ReloadWait is the pause between writing decreases and increases: at least one
+	// gateway reload (NOTIFY makes that well under a second; 2 s by default).
+	ReloadWait time.Duration
+	// InstanceTTL: a gateway unseen for longer is not live; a region with none is dark.
+	InstanceTTL time.Duration
+	// DryRun computes and logs, and writes nothing.
+	DryRun bool
+	// Actor names the writer in the share history.
+	Actor string
+	// Allocation returns the allocation tuning for a scope over n regions; nil means
+	// rebalancer.DefaultConfig.
+	Allocation func(nRegions int) rebalancer.Config
+	// MaxScopes caps the tenant/route pairs rebalanced per tick (the busiest first).
+	MaxScopes int
+	// MaxShareSeries caps the pairs exported in ratelimit_rebalancer_share_ratio.
+	MaxShareSeries int
+	// Elector decides which rebalancer acts (an *Elector in production); nil means this
+	// one always does. Used by Run only.
+	Elector gocron.Elector
+	// Now is the clock behind the allocation's peak state; nil means time.Now.
+	Now        func() time.Time
+	Logger     *slog.Logger
+	Registerer prometheus.Registerer
+}
+
+// Job is the rebalancer. Its methods are safe for concurrent use; ticks never overlap.
+type Job struct {
+	cfg    Config
+	store  Store
+	demand DemandReader
+	log    *slog.Logger
+	m      *metrics
+
+	mu     sync.Mutex // one tick at a time; guards states
+	states map[regions.Scope]rebalancer.State
+
+	lastMu sync.Mutex
+	last   Report
+}
+
+// New validates cfg and fills defaults. It starts nothing and dials nothing.
+func New(cfg Config, store Store, dem DemandReader) (*Job, error) {
+	if store == nil || dem == nil {
+		return nil, fmt.Errorf("%w job: a store and a demand reader are required", regions.ErrInvalid)
+	}
+	cfg.Interval = cmp.Or(cfg.Interval, DefaultInterval)
+	cfg.CheckInterval = cmp.Or(cfg.CheckInterval, DefaultCheckInterval)
+	cfg.ReloadWait = cmp.Or(cfg.ReloadWait, DefaultReloadWait)
+	cfg.InstanceTTL = cmp.Or(cfg.InstanceTTL, DefaultInstanceTTL)
+	cfg.MaxScopes = cmp.Or(cfg.MaxScopes, DefaultMaxScopes)
+	cfg.MaxShareSeries = cmp.Or(cfg.MaxShareSeries, DefaultMaxShareSeries)
+	cfg.Actor = cmp.Or(cfg.Actor, DefaultActor)
+	if cfg.Allocation == nil {
+		cfg.Allocation = rebalancer.DefaultConfig
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	for name, d := range map[string]time.Duration{"interval": cfg.Interval, "check interval": cfg.CheckInterval,
+		"reload wait": cfg.ReloadWait, "instance ttl": cfg.InstanceTTL} {
+		if d < 0 {
+			return nil, fmt.Errorf("%w job: %s %s must be > 0", regions.ErrInvalid, name, d)
+		}
+	}
+	if cfg.MaxScopes < 0 || cfg.MaxShareSeries < 0 {
+		return nil, fmt.Errorf("%w job: max scopes %d and max share series %d must be > 0", regions.ErrInvalid, cfg.MaxScopes, cfg.MaxShareSeries)
+	}
+	if err := regions.ValidateID("actor", cfg.Actor); err != nil {
+		return nil, fmt.Errorf("job: %w", err)
+	}
+	return &Job{
+		cfg: cfg, store: store, demand: dem, log: orDiscard(cfg.Logger), m: newMetrics(cfg.Registerer),
+		states: map[regions.Scope]rebalancer.State{},
+	}, nil
+}
+
+// Report is the outcome of one tick, for logs and the status page.
+type Report struct {
+	At     time.Time
+	Kind   string // "run" or "check"
+	Result string // one of the Result* constants
+	Err    error
+	DryRun bool
+	// Scopes lists every scope considered, "*" first.
+	Scopes []ScopeReport
+	// Written is the number of region shares written.
+	Written int
+}
+
+// ScopeReport is one scope's decision.
+type ScopeReport struct {
+	Inputs ScopeInputs
+	// Written says whether its shares were written; Skipped why not ("" when written).
+	// Inputs.Regions[i].Share is the computed share either way.
+	Written bool
+	Skipped string
+}
+
+// ScopeInputs is what the history row of every change in a scope holds: enough for
+// `ratectl shares history` to explain the change.
+type ScopeInputs struct {
+	Scope string `json:"scope"`
+	// Reason is why the shares changed (or not): interval, throttling, dark, returned,
+	// hysteresis, no_trigger, override.
+	Reason string `json:"reason"`
+	// Region names the region behind a fast-path reason.
+	Region          string        `json:"region,omitempty"`
+	Kind            string        `json:"kind"` // run or check
+	RefillPerSecond float64       `json:"refill_per_second"`
+	Capacity        int64         `json:"capacity"`
+	Regions         []RegionInput `json:"regions"`
+}
+
+// RegionInput is one region's inputs and result in one scope.
+type RegionInput struct {
+	Region string            `json:"region"`
+	Status rebalancer.Status `json:"status"`
+	// Offered rates (requests per second) over the long and short windows; allowed and
+	// throttled over the long window. Zero unless status is ok.
+	OfferedLong  float64 `json:"offered_long_rps"`
+	OfferedShort float64 `json:"offered_short_rps"`
+	Allowed      float64 `json:"allowed_rps"`
+	Throttled    float64 `json:"throttled_rps"`
+	// Demand is what the allocation used, Peak its decayed peak.
+	Demand   float64          `json:"demand_rps"`
+	Peak     float64          `json:"peak_rps"`
+	Previous float64          `json:"previous_share"`
+	Share    float64          `json:"share"`
+	Basis    rebalancer.Basis `json:"basis,omitempty"`
+}
+
+// Last returns the report of the last tick (zero before the first).
+func (j *Job) Last() Report {
+	j.lastMu.Lock()
+	defer j.lastMu.Unlock()
+	return j.last
+}
+
+type kind int
+
+const (
+	kindRun kind = iota
+	kindCheck
+)
+
+func (k kind) String() string {
+	if k == kindRun {
+		return "run"
+	}
+	return "check"
+}
+
+// RunOnce runs one full tick now, whoever leads (--once takes the lock itself).
+func (j *Job) RunOnce(ctx context.Context) (Report, error) { return j.tick(ctx, kindRun) }
+
+// Check runs one fast-path check now: it writes only the scopes whose trigger fires.
+func (j *Job) Check(ctx context.Context) (Report, error) { return j.tick(ctx, kindCheck) }
+
+// tick reads, allocates and writes; the error is the Report's Err.
+func (j *Job) tick(ctx context.Context, k kind) (Report, error) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	start := time.Now()
+	rep := j.tickLocked(ctx, k)
+	j.m.duration.WithLabelValues(k.String()).Observe(time.Since(start).Seconds())
+	j.m.count(k, rep.Result)
+	if rep.Result == ResultOK && k == kindRun {
+		j.m.lastSuccess.Set(float64(rep.At.UnixNano()) / 1e9)
+	}
+	level := slog.LevelInfo
+	if rep.Result != ResultOK {
+		level = slog.LevelWarn
+	}
+	if rep.Result != ResultOK || rep.Written > 0 || k == kindRun {
+		j.log.Log(ctx, level, "rebalancer tick", "kind", rep.Kind, "result", rep.Result,
+			"scopes", len(rep.Scopes), "shares_written", rep.Written, "dry_run", rep.DryRun, "err", rep.Err)
+	}
+	j.lastMu.Lock()
+	j.last = rep
+	j.lastMu.Unlock()
+	return rep, rep.Err
+}
+
+func (j *Job) tickLocked(ctx context.Context, k kind) Report {
+	now := j.cfg.Now()
+	rep := Report{At: now, Kind: k.String(), DryRun: j.cfg.DryRun}
+	fail := func(result string, err error) Report {
+		rep.Result, rep.Err = result, err
+		return rep
+	}
+	snap, err := j.store.LoadSnapshot(ctx, j.cfg.InstanceTTL)
+	if err != nil {
+		return fail(ResultSkippedDatabase, fmt.Errorf("rebalance: %w", err))
+	}
+	d, err := j.demand.Read(ctx, now)
+	if err != nil {
+		return fail(ResultSkippedPrometheus, fmt.Errorf("rebalance: %w", err))
+	}
+	for region, err := range d.Unreachable {
+		j.log.Warn("prometheus of region unreachable; its demand is unknown", "region", region, "err", err)
+	}
+
+	regs := snap.Regions()
+	var first, second []regions.ShareChange
+	if len(regs) >= 2 {
+		scopes := j.scopes(d)
+		live := make(map[regions.Scope]bool, len(scopes))
+		for _, sc := range scopes {
+			live[sc] = true
+			sr, f, s := j.decide(snap, d, regs, sc, k, now)
+			rep.Scopes = append(rep.Scopes, sr)
+			first, second = append(first, f...), append(second, s...)
+		}
+		if k == kindRun {
+			maps.DeleteFunc(j.states, func(sc regions.Scope, _ rebalancer.State) bool { return !live[sc] })
+		}
+	}
+
+	switch {
+	case j.cfg.DryRun:
+		for _, c := range append(first, second...) {
+			j.log.Info("dry run: would write share", "scope", c.Scope.String(), "region", c.Region,
+				"old", c.Old, "new", c.New, "reason", c.Reason)
+		}
+		for i := range rep.Scopes {
+			if rep.Scopes[i].Skipped == "" {
+				rep.Scopes[i].Skipped = SkipDryRun
+				j.m.writesSkipped.WithLabelValues(SkipDryRun).Inc()
+			}
+		}
+	case len(first)+len(second) > 0:
+		if err := j.write(ctx, first, second); err != nil {
+			return fail(ResultSkippedDatabase, err)
+		}
+		rep.Written = len(first) + len(second)
+		j.m.shareWrites.Add(float64(rep.Written))
+		for i := range rep.Scopes {
+			rep.Scopes[i].Written = rep.Scopes[i].Skipped == ""
+		}
+	}
+	if k == kindRun {
+		j.exportShares(rep.Scopes)
+	}
+	rep.Result = ResultOK
+	return rep
+}
+
+// scopes lists "*" and the busiest MaxScopes tenant/route pairs with demand.
+func (j *Job) scopes(d demand.Demand) []regions.Scope {
+	pairs := d.PairScopes()
+	if len(pairs) > j.cfg.MaxScopes {
+		offered := func(sc regions.Scope) float64 {
+			sum := 0.0
+			for _, s := range d.Scopes[sc] {
+				sum += s.Long.Offered()
+			}
+			return sum
+		}
+		slices.SortStableFunc(pairs, func(a, b regions.Scope) int { return cmp.Compare(offered(b), offered(a)) })
+		pairs = pairs[:j.cfg.MaxScopes]
+	}
+	return append([]regions.Scope{regions.GlobalScope}, pairs...)
+}
+
+// decide builds one scope's inputs and runs the allocation; it returns the scope's report
+// and its changes split into decreases (first) and increases (second).
+func (j *Job) decide(snap *regions.Snapshot, d demand.Demand, regs []string, sc regions.Scope, k kind, now time.Time) (ScopeReport, []regions.ShareChange, []regions.ShareChange) {
+	at := snap.LoadedAt() // override expiry is judged by the database's clock
+	rule := snap.Rule(sc.Tenant, sc.Route)
+	limit := regions.Limit{Capacity: rule.Capacity, RefillPerSecond: rule.RefillPerSecond}
+	sr := ScopeReport{Inputs: ScopeInputs{Scope: sc.String(), Kind: k.String(), RefillPerSecond: limit.RefillPerSecond, Capacity: limit.Capacity}}
+	skip := func(reason string) (ScopeReport, []regions.ShareChange, []regions.ShareChange) {
+		sr.Skipped = reason
+		if sr.Inputs.Reason == "" {
+			sr.Inputs.Reason = reason
+		}
+		j.m.writesSkipped.WithLabelValues(reason).Inc()
+		return sr, nil, nil
+	}
+
+	in := make([]rebalancer.RegionInput, 0, len(regs))
+	overridden := false
+	for _, r := range regs {
+		share, o := currentShare(snap, r, sc, at, len(regs))
+		overridden = overridden || o
+		smp, fresh := d.Sample(sc, r)
+		ri := rebalancer.RegionInput{Region: r, Share: share,
+			Status: rebalancer.RegionStatus(snap.LiveInstances(r) > 0, fresh)}
+		if ri.Status == rebalancer.StatusOK {
+			ri.Long = rebalancer.Rates{Allowed: smp.Long.Allowed, Throttled: smp.Long.Throttled + smp.Long.ShadowThrottled}
+			ri.Short = rebalancer.Rates{Allowed: smp.Short.Allowed, Throttled: smp.Short.Throttled + smp.Short.ShadowThrottled}
+		}
+		in = append(in, ri)
+	}
+	if overridden {
+		for _, ri := range in {
+			sr.Inputs.Regions = append(sr.Inputs.Regions, RegionInput{Region: ri.Region, Status: ri.Status,
+				OfferedLong: ri.Long.Offered(), OfferedShort: ri.Short.Offered(), Allowed: ri.Long.Allowed,
+				Throttled: ri.Long.Throttled, Previous: ri.Share, Share: ri.Share})
+		}
+		return skip(SkipOverride)
+	}
+
+	dec, err := rebalancer.Decide(j.cfg.Allocation(len(regs)), limit, now, in, j.states[sc], k == kindRun)
+	if err != nil {
+		j.log.Error("allocation refused its input; scope skipped", "scope", sc.String(), "err", err)
+		return skip(SkipError)
+	}
+	j.states[sc] = dec.Allocation.State
+	sr.Inputs.Reason, sr.Inputs.Region = dec.Reason, dec.Region
+	byRegion := make(map[string]rebalancer.RegionAllocation, len(dec.Allocation.Regions))
+	for _, ra := range dec.Allocation.Regions {
+		byRegion[ra.Region] = ra
+	}
+	for _, ri := range in {
+		ra := byRegion[ri.Region]
+		sr.Inputs.Regions = append(sr.Inputs.Regions, RegionInput{
+			Region: ri.Region, Status: ri.Status,
+			OfferedLong: ri.Long.Offered(), OfferedShort: ri.Short.Offered(),
+			Allowed: ri.Long.Allowed, Throttled: ri.Long.Throttled,
+			Demand: ra.Demand, Peak: ra.Peak, Previous: ri.Share, Share: ra.Share, Basis: ra.Basis,
+		})
+	}
+	if !dec.Write {
+		return skip(dec.Reason)
+	}
+	reason := dec.Reason
+	if dec.Region != "" {
+		reason += ": " + dec.Region
+	}
+	changes := func(m map[string]float64) []regions.ShareChange {
+		var out []regions.ShareChange
+		for _, ri := range in {
+			if v, ok := m[ri.Region]; ok {
+				out = append(out, regions.ShareChange{Scope: sc, Region: ri.Region, Old: ri.Share, New: v, Reason: reason, Inputs: sr.Inputs})
+			}
+		}
+		return out
+	}
+	return sr, changes(dec.First), changes(dec.Second)
+}
+
+// currentShare is region's share in force for scope, and whether an operator override
+// decides it (then the rebalancer leaves the scope alone). For "*" it is the scope's own
+// row, else the equal split; for a pair it is what the gateways enforce for it
+// (EffectiveShare), so an override at the tenant or "*" covers the pair too.
+func currentShare(snap *regions.Snapshot, region string, sc regions.Scope, at time.Time, n int) (float64, bool) {
+	if sc == regions.GlobalScope {
+		sh, ok := snap.ScopeShare(region, sc, at)
+		if !ok {
+			return 1 / float64(n), false
+		}
+		return sh.Share, sh.Source == regions.SourceOverride
+	}
+	share, src := snap.EffectiveShare(region, sc.Tenant, sc.Route, at)
+	return share, src == regions.SourceOverride
+}
+
+// write stores the decreases, waits one gateway reload period, then stores the
+// increases, so the shares gateways enforce never sum above 1.
+func (j *Job) write(ctx context.Context, first, second []regions.ShareChange) error {
+	if len(first) > 0 {
+		if err := j.store.WriteRebalancerShares(ctx, first, nil, j.cfg.Actor); err != nil {
+			return fmt.Errorf("rebalance: write decreases: %w", err)
+		}
+		if len(second) > 0 {
+			t := time.NewTimer(j.cfg.ReloadWait)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return fmt.Errorf("rebalance: increases not written (decreases were): %w", ctx.Err())
+			case <-t.C:
+			}
+		}
+	}
+	if len(second) > 0 {
+		if err := j.store.WriteRebalancerShares(ctx, second, nil, j.cfg.Actor); err != nil {
+			return fmt.Errorf("rebalance: write increases (decreases were written): %w", err)
+		}
+	}
+	return nil
+}
+
+// exportShares sets ratelimit_rebalancer_share_ratio from a full run: "*" and the
+// MaxShareSeries busiest pairs; series of scopes no longer exported are removed.
+func (j *Job) exportShares(scopes []ScopeReport) {
+	j.m.shareRatio.Reset()
+	var pairs []ScopeReport
+	for _, s := range scopes {
+		if s.Inputs.Scope == regions.Wildcard {
+			setShares(j.m.shareRatio, s)
+		} else {
+			pairs = append(pairs, s)
+		}
+	}
+	offered := func(s ScopeReport) float64 {
+		sum := 0.0
+		for _, r := range s.Inputs.Regions {
+			sum += r.OfferedLong
+		}
+		return sum
+	}
+	slices.SortStableFunc(pairs, func(a, b ScopeReport) int {
+		return cmp.Or(cmp.Compare(offered(b), offered(a)), strings.Compare(a.Inputs.Scope, b.Inputs.Scope))
+	})
+	for _, s := range pairs[:min(len(pairs), j.cfg.MaxShareSeries)] {
+		setShares(j.m.shareRatio, s)
+	}
+}
+
+// setShares exports the shares in force: the new ones when written, else the previous.
+func setShares(g *prometheus.GaugeVec, s ScopeReport) {
+	for _, r := range s.Inputs.Regions {
+		v := r.Previous
+		if s.Written {
+			v = r.Share
+		}
+		g.WithLabelValues(r.Region, s.Inputs.Scope).Set(v)
+	}
+}

@@ -1,0 +1,102 @@
+package job
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/go-co-op/gocron/v2"
+)
+
+// Run schedules the full run every Interval (the first at once) and the fast-path check
+// every CheckInterval, until ctx is done. Only the leader acts: before every tick the
+// Elector is asked, and a refusal is counted as result not_leader. Run returns after the
+// scheduler and any tick in progress have stopped.
+func (j *Job) Run(ctx context.Context) error {
+	return runSchedule(ctx, schedule{
+		interval: j.cfg.Interval,
+		check:    j.cfg.CheckInterval,
+		elector:  j.cfg.Elector,
+		tick: func(ctx context.Context, k kind) {
+			_, _ = j.tick(ctx, k) // counted and logged by tick
+		},
+		leader: func(k kind, ok bool) {
+			if ok {
+				j.m.leader.Set(1)
+				return
+			}
+			j.m.leader.Set(0)
+			j.m.count(k, ResultNotLeader)
+		},
+		stopTimeout: j.cfg.ReloadWait + 30*time.Second,
+	})
+}
+
+// schedule is the loop without the rebalancing, so it can be tested on its own.
+type schedule struct {
+	interval, check time.Duration
+	elector         gocron.Elector // nil: always act
+	tick            func(ctx context.Context, k kind)
+	// leader is told the elector's answer before each tick (nil elector: not called).
+	leader      func(k kind, ok bool)
+	stopTimeout time.Duration
+}
+
+type kindKey struct{}
+
+// countingElector asks the real elector and reports its answer per tick kind, which it
+// finds in the job's context.
+type countingElector struct {
+	inner  gocron.Elector
+	report func(k kind, ok bool)
+}
+
+func (e countingElector) IsLeader(ctx context.Context) error {
+	err := e.inner.IsLeader(ctx)
+	k, _ := ctx.Value(kindKey{}).(kind)
+	e.report(k, err == nil)
+	return err
+}
+
+func runSchedule(ctx context.Context, s schedule) error {
+	opts := []gocron.SchedulerOption{gocron.WithStopTimeout(s.stopTimeout)}
+	if s.elector != nil {
+		opts = append(opts, gocron.WithDistributedElector(countingElector{inner: s.elector, report: s.leader}))
+	}
+	sched, err := gocron.NewScheduler(opts...)
+	if err != nil {
+		return fmt.Errorf("rebalancer schedule: %w", err)
+	}
+	add := func(k kind, every time.Duration, extra ...gocron.JobOption) error {
+		_, err := sched.NewJob(gocron.DurationJob(every),
+			gocron.NewTask(func(ctx context.Context) { s.tick(ctx, k) }),
+			append([]gocron.JobOption{
+				gocron.WithName("rebalancer-" + k.String()),
+				gocron.WithContext(context.WithValue(ctx, kindKey{}, k)),
+				gocron.WithSingletonMode(gocron.LimitModeReschedule),
+				// The next tick is due an interval after this one completes: ticks never
+				// pile up, and the schedule never lands on the instant just run.
+				gocron.WithIntervalFromCompletion(),
+			}, extra...)...)
+		if err != nil {
+			return fmt.Errorf("rebalancer schedule %s every %s: %w", k, every, err)
+		}
+		return nil
+	}
+	if err := add(kindRun, s.interval, gocron.WithStartAt(gocron.WithStartImmediately())); err != nil {
+		_ = sched.Shutdown()
+		return err
+	}
+	if s.check > 0 && s.check < s.interval {
+		if err := add(kindCheck, s.check); err != nil {
+			_ = sched.Shutdown()
+			return err
+		}
+	}
+	sched.Start()
+	<-ctx.Done()
+	if err := sched.Shutdown(); err != nil {
+		return fmt.Errorf("rebalancer schedule: stop: %w", err)
+	}
+	return nil
+}
