@@ -43,11 +43,19 @@ type shareKey struct {
 
 // NewSnapshot validates data and builds a Snapshot. Any invalid row fails the whole
 // snapshot, so a reloader keeps its previous one.
-func NewSnapshot(d SnapshotData) (*Snapshot, error) {
+func NewSnapshot(d SnapshotData) (*Snapshot, error) { return newSnapshot(d, nil) }
+
+// newSnapshot is NewSnapshot for the store, which streams millions of keys straight into
+// validKeys (hash -> tenant of valid keys, tenants already validated) instead of through
+// d.Keys; d.Keys are added to it. validKeys becomes the snapshot's: do not reuse it.
+func newSnapshot(d SnapshotData, validKeys map[KeyHash]string) (*Snapshot, error) {
+	if validKeys == nil {
+		validKeys = make(map[KeyHash]string, len(d.Keys))
+	}
 	s := &Snapshot{
 		regions:  append([]string(nil), d.Regions...),
 		rules:    make(map[ruleKey]Rule, len(d.Rules)),
-		keys:     make(map[KeyHash]string, len(d.Keys)),
+		keys:     validKeys,
 		shares:   make(map[shareKey]Share, len(d.Shares)),
 		live:     make(map[string]int),
 		loadedAt: d.LoadedAt,

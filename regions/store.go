@@ -75,6 +75,10 @@ func (s *Store) Migrate(ctx context.Context) error {
 // by "xxxxx". Host, port, user and database stay.
 func RedactURL(url string) string {
 	if u, err := parseURL(url); err == nil {
+		if q := u.Query(); q.Has("password") {
+			q.Set("password", "xxxxx")
+			u.RawQuery = q.Encode()
+		}
 		return u.Redacted()
 	}
 	if strings.Contains(url, "://") {
