@@ -180,11 +180,12 @@ func TestRedisKilledFallsBackAndRecovers(t *testing.T) {
 	if !l.FallbackActive() || gauge("ratelimit_breaker_state") != 2 || gauge("ratelimit_fallback_active") != 1 {
 		t.Errorf("breaker state %v, fallback active %v: want open (2) and 1", gauge("ratelimit_breaker_state"), gauge("ratelimit_fallback_active"))
 	}
-	if failures := failed() - failedBefore; failures != DefaultBreakerFailures {
-		t.Errorf("%v failed calls before the breaker opened, want %d", failures, DefaultBreakerFailures)
-	}
-	if v := metricValue(t, reg, "ratelimit_redis_errors_total", map[string]string{"reason": "breaker_open"}); v != 20-DefaultBreakerFailures {
-		t.Errorf("breaker_open = %v, want %d", v, 20-DefaultBreakerFailures)
+	// The breaker opens after DefaultBreakerFailures failed calls; the rest never reach
+	// Redis (a slow run may also see a failed half-open probe).
+	failures := failed() - failedBefore
+	open := metricValue(t, reg, "ratelimit_redis_errors_total", map[string]string{"reason": "breaker_open"})
+	if failures < DefaultBreakerFailures || failures > DefaultBreakerFailures+2 || failures+open != 20 {
+		t.Errorf("%v failed calls and %v refused by the breaker, want %d (+ a probe or two) and the rest of 20", failures, open, DefaultBreakerFailures)
 	}
 
 	if err := p.Restart(context.Background()); err != nil {
@@ -226,8 +227,16 @@ func TestRedisLogsOnlyStateChanges(t *testing.T) {
 
 // TestRedisPausedAnswersWithinTimeout: a SIGSTOPped Redis accepts connections and
 // answers nothing; every decision still returns within the timeout plus scheduling noise.
+// Without the timeout a call would wait for go-redis's ReadTimeout (seconds).
 func TestRedisPausedAnswersWithinTimeout(t *testing.T) {
-	const bound = 50 * time.Millisecond // 5 ms timeout + generous noise on a loaded 2-core box
+	const (
+		bound = 50 * time.Millisecond // 5 ms timeout + generous noise on a loaded 2-core box
+		// A decision that calls Redis waits for a timer and a socket deadline; on a box
+		// with a load average of 10, under -race, one in a few runs is woken late. A few
+		// may pass bound, none may come near a second.
+		lateAllowed = 2
+		hardBound   = 250 * time.Millisecond
+	)
 	p := local.Redis(t)
 	reg := prometheus.NewRegistry()
 	l := newTestRedis(t, newClient(t, p), Options{Region: "test", BreakerOpenFor: 100 * time.Millisecond, Registerer: reg})
@@ -241,17 +250,23 @@ func TestRedisPausedAnswersWithinTimeout(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = p.Resume() })
 	end := time.Now().Add(500 * time.Millisecond) // long enough for half-open probes
-	n := 0
+	n, late, slowest := 0, 0, time.Duration(0)
 	for time.Now().Before(end) {
 		start := time.Now()
 		d := mustDecide(t, l, lots)
-		if took := time.Since(start); took > bound {
-			t.Errorf("decision %d with Redis paused took %v, want < %v", n, took, bound)
+		took := time.Since(start)
+		slowest = max(slowest, took)
+		if took > bound {
+			late++
 		}
 		if d.Source != SourceFallback || !d.Allowed {
 			t.Fatalf("decision %d with Redis paused: %+v, want allowed by the fallback", n, d)
 		}
 		n++
+	}
+	t.Logf("%d decisions with Redis paused: slowest %v, %d over %v", n, slowest, late, bound)
+	if late > lateAllowed || slowest > hardBound {
+		t.Errorf("%d decisions over %v (want <= %d), slowest %v (want < %v)", late, bound, lateAllowed, slowest, hardBound)
 	}
 	if v := metricValue(t, reg, "ratelimit_redis_errors_total", map[string]string{"reason": "timeout"}); v < DefaultBreakerFailures {
 		t.Errorf("timeouts counted: %v, want >= %d", v, DefaultBreakerFailures)
