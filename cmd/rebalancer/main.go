@@ -1,0 +1,192 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/quotaplane/quotaplane/rebalancer/demand"
+	"github.com/quotaplane/quotaplane/rebalancer/job"
+	"github.com/quotaplane/quotaplane/regions"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, os.Args[1:], os.Getenv); err != nil {
+		if !errors.Is(err, flag.ErrHelp) {
+			fmt.Fprintln(os.Stderr, "rebalancer:", err)
+		}
+		stop()
+		os.Exit(1)
+	}
+}
+
+// EnvDatabaseURL is the environment variable behind --database-url's default.
+const EnvDatabaseURL = "RATELIMIT_DATABASE_URL"
+
+// urlList is a repeatable string flag.
+type urlList []string
+
+func (l *urlList) String() string     { return strings.Join(*l, ",") }
+func (l *urlList) Set(v string) error { *l = append(*l, v); return nil }
+
+type options struct {
+	databaseURL   string
+	prometheus    urlList
+	interval      time.Duration
+	checkInterval time.Duration
+	shortWindow   time.Duration
+	reloadWait    time.Duration
+	instanceTTL   time.Duration
+	once, dryRun  bool
+	adminListen   string
+	logLevel      string
+}
+
+func parseFlags(args []string, getenv func(string) string) (options, error) {
+	var o options
+	fs := flag.NewFlagSet("rebalancer", flag.ContinueOnError)
+	fs.SetOutput(os.Stderr)
+	// The default is read after parsing, so --help never prints a password.
+	fs.StringVar(&o.databaseURL, "database-url", "", "PostgreSQL URL (default $"+EnvDatabaseURL+")")
+	fs.Var(&o.prometheus, "prometheus-url", "Prometheus base URL; or repeat as region=URL for one Prometheus per region")
+	fs.DurationVar(&o.interval, "interval", job.DefaultInterval, "full run period; also the long rate window")
+	fs.DurationVar(&o.checkInterval, "check-interval", job.DefaultCheckInterval, "fast-path check period")
+	fs.DurationVar(&o.shortWindow, "short-window", demand.DefaultShortWindow, "short rate window (fast path, peak reserve)")
+	fs.DurationVar(&o.reloadWait, "reload-wait", job.DefaultReloadWait, "pause between writing share decreases and increases (one gateway reload)")
+	fs.DurationVar(&o.instanceTTL, "instance-ttl", job.DefaultInstanceTTL, "a gateway unseen for longer is not live; a region with none is dark")
+	fs.BoolVar(&o.once, "once", false, "run once and exit (non-zero if the run was skipped)")
+	fs.BoolVar(&o.dryRun, "dry-run", false, "compute and log the shares, write nothing")
+	fs.StringVar(&o.adminListen, "admin-listen", "127.0.0.1:9102", "admin address for /metrics and /healthz; empty disables it")
+	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
+	if err := fs.Parse(args); err != nil {
+		return o, err
+	}
+	if fs.NArg() > 0 {
+		return o, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	if o.databaseURL == "" {
+		o.databaseURL = getenv(EnvDatabaseURL)
+	}
+	switch {
+	case o.databaseURL == "":
+		return o, fmt.Errorf("--database-url (or $%s) is required", EnvDatabaseURL)
+	case len(o.prometheus) == 0:
+		return o, errors.New("--prometheus-url is required")
+	case o.interval < time.Second:
+		return o, fmt.Errorf("--interval %s: must be at least 1s", o.interval)
+	case o.checkInterval <= 0:
+		return o, fmt.Errorf("--check-interval %s: must be > 0", o.checkInterval)
+	case o.reloadWait <= 0 || o.instanceTTL <= 0 || o.shortWindow < time.Second:
+		return o, errors.New("--reload-wait and --instance-ttl must be > 0, --short-window at least 1s")
+	}
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(o.logLevel)); err != nil {
+		return o, fmt.Errorf("--log-level %q: want debug, info, warn or error", o.logLevel)
+	}
+	return o, nil
+}
+
+// run parses the flags and runs the rebalancer until ctx ends (or once, with --once).
+func run(ctx context.Context, args []string, getenv func(string) string) error {
+	o, err := parseFlags(args, getenv)
+	if err != nil {
+		return err
+	}
+	var level slog.Level
+	_ = level.UnmarshalText([]byte(o.logLevel))
+	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+
+	sources, err := demand.ParseSources(o.prometheus)
+	if err != nil {
+		return err
+	}
+	reader, err := demand.New(demand.Config{Sources: sources, LongWindow: o.interval, ShortWindow: o.shortWindow})
+	if err != nil {
+		return err
+	}
+	store, err := regions.Open(ctx, o.databaseURL)
+	if err != nil {
+		return err
+	}
+	defer store.Close()
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	cfg := job.Config{
+		Interval: o.interval, CheckInterval: o.checkInterval, ReloadWait: o.reloadWait,
+		InstanceTTL: o.instanceTTL, DryRun: o.dryRun, Logger: log, Registerer: reg,
+	}
+	var elector *job.Elector
+	if !o.dryRun { // a dry run writes nothing, so it needs no lock and takes none
+		if elector, err = job.NewElector(job.ElectorConfig{DatabaseURL: o.databaseURL, Logger: log}); err != nil {
+			return err
+		}
+		defer elector.Close()
+		cfg.Elector = elector
+	}
+	j, err := job.New(cfg, store, reader)
+	if err != nil {
+		return err
+	}
+
+	if o.once {
+		if elector != nil {
+			if err := elector.IsLeader(ctx); err != nil {
+				return fmt.Errorf("--once: %w", err)
+			}
+		}
+		_, err := j.RunOnce(ctx)
+		return err
+	}
+
+	var srv *http.Server
+	srvDone := make(chan error, 1)
+	if o.adminListen != "" {
+		ln, err := net.Listen("tcp", o.adminListen)
+		if err != nil {
+			return fmt.Errorf("--admin-listen %s: %w", o.adminListen, err)
+		}
+		srv = &http.Server{Handler: adminMux(reg), ReadHeaderTimeout: 5 * time.Second}
+		go func() { srvDone <- srv.Serve(ln) }()
+		log.Info("admin listening", "addr", ln.Addr().String())
+	}
+	log.Info("rebalancer started", "interval", o.interval.String(), "check_interval", o.checkInterval.String(),
+		"prometheus", o.prometheus.String(), "database", regions.RedactURL(o.databaseURL), "dry_run", o.dryRun)
+	runErr := j.Run(ctx)
+	if srv != nil {
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		_ = srv.Shutdown(sctx)
+		cancel()
+		if err := <-srvDone; err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error("admin server failed", "err", err)
+		}
+	}
+	log.Info("rebalancer stopped")
+	return runErr
+}
+
+// adminMux serves /metrics and /healthz; the status page (issue 7) mounts at "/".
+func adminMux(g prometheus.Gatherer) *http.ServeMux {
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(g, promhttp.HandlerOpts{}))
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		_, _ = w.Write([]byte("ok\n"))
+	})
+	return mux
+}

@@ -1,0 +1,232 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/api"
+	v1 "github.com/prometheus/client_golang/api/prometheus/v1"
+	"github.com/prometheus/common/model"
+
+	"github.com/quotaplane/quotaplane/deploy/local"
+	"github.com/quotaplane/quotaplane/rebalancer/demand"
+	"github.com/quotaplane/quotaplane/rebalancer/demand/demandtest"
+	"github.com/quotaplane/quotaplane/regions"
+)
+
+func TestMain(m *testing.M) { os.Exit(local.RunTests(m)) }
+
+func noEnv(string) string { return "" }
+
+func TestParseFlags(t *testing.T) {
+	t.Parallel()
+	base := []string{"--database-url", "postgres://x@127.0.0.1/db", "--prometheus-url", "http://127.0.0.1:9090"}
+	for _, tc := range []struct {
+		name    string
+		args    []string
+		env     map[string]string
+		wantErr string
+	}{
+		{name: "ok", args: base},
+		{name: "database url from env", args: []string{"--prometheus-url", "http://p"}, env: map[string]string{EnvDatabaseURL: "postgres://e/db"}},
+		{name: "no database url", args: []string{"--prometheus-url", "http://p"}, wantErr: "--database-url"},
+		{name: "no prometheus", args: []string{"--database-url", "postgres://x/db"}, wantErr: "--prometheus-url is required"},
+		{name: "interval too short", args: append(base, "--interval", "10ms"), wantErr: "--interval"},
+		{name: "zero check interval", args: append(base, "--check-interval", "0s"), wantErr: "--check-interval"},
+		{name: "bad log level", args: append(base, "--log-level", "loud"), wantErr: "--log-level"},
+		{name: "stray argument", args: append(base, "extra"), wantErr: "unexpected arguments"},
+		{name: "unknown flag", args: append(base, "--nope"), wantErr: "not defined"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			o, err := parseFlags(tc.args, func(k string) string { return tc.env[k] })
+			if tc.wantErr == "" {
+				if err != nil {
+					t.Fatal(err)
+				}
+				if o.databaseURL == "" || len(o.prometheus) != 1 {
+					t.Errorf("options = %+v", o)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+				t.Fatalf("err = %v, want one mentioning %q", err, tc.wantErr)
+			}
+		})
+	}
+}
+
+func TestRunRejectsBadPrometheusURL(t *testing.T) {
+	t.Parallel()
+	err := run(t.Context(), []string{"--database-url", "postgres://x@127.0.0.1:1/db", "--prometheus-url", "127.0.0.1:9090"}, noEnv)
+	if !errors.Is(err, regions.ErrInvalid) {
+		t.Fatalf("err = %v, want ErrInvalid naming the URL", err)
+	}
+}
+
+// world is a database with two live regions and a Prometheus scraping an exporter that
+// offers 70/30 demand above the default rule.
+type world struct {
+	dbURL string
+	store *regions.Store
+	exp   *demandtest.Exporter
+	prom  *local.Prometheus
+}
+
+func newWorld(t *testing.T) *world {
+	t.Helper()
+	w := &world{dbURL: local.PostgresDB(t)}
+	store, err := regions.Open(t.Context(), w.dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(store.Close)
+	w.store = store
+	if err := store.Migrate(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range []string{"us-east", "eu-west"} {
+		if err := store.AddRegion(t.Context(), r); err != nil {
+			t.Fatal(err)
+		}
+		if err := store.Heartbeat(t.Context(), "gw-"+r, r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	w.exp = demandtest.New()
+	t.Cleanup(w.exp.Close)
+	w.exp.SetRegion("us-east", 5, 65, 0)
+	w.exp.SetRegion("eu-west", 5, 25, 0)
+	w.prom = local.Prom(t, local.PrometheusOptions{Jobs: []local.ScrapeJob{{Name: "gateway", Targets: []string{w.exp.Addr()}}}})
+	waitSamples(t, w.prom.URL(), 6)
+	return w
+}
+
+func (w *world) args(extra ...string) []string {
+	return append([]string{"--database-url", w.dbURL, "--prometheus-url", w.prom.URL(), "--interval", "4s",
+		"--short-window", "2s", "--reload-wait", "200ms", "--instance-ttl", "1h", "--log-level", "warn"}, extra...)
+}
+
+func (w *world) globalShares(t *testing.T) map[string]float64 {
+	t.Helper()
+	all, err := w.store.Shares(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]float64{}
+	for _, s := range all {
+		if s.Scope == regions.GlobalScope && s.Source == regions.SourceRebalancer {
+			out[s.Region] = s.Share
+		}
+	}
+	return out
+}
+
+// waitSamples waits until every request series holds n samples.
+func waitSamples(t *testing.T, promURL string, n int) {
+	t.Helper()
+	c, err := api.NewClient(api.Config{Address: promURL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := fmt.Sprintf("min(count_over_time(%s[1m]))", demand.RequestsMetric)
+	deadline := time.Now().Add(40 * time.Second)
+	for time.Now().Before(deadline) {
+		v, _, _, err := v1.NewAPI(c).Query(context.Background(), q, time.Now())
+		if vec, ok := v.(model.Vector); err == nil && ok && len(vec) == 1 && int(vec[0].Value) >= n {
+			return
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+	t.Fatalf("prometheus %s: fewer than %d samples per series after 40s", promURL, n)
+}
+
+func TestRunOnce(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+
+	if err := run(t.Context(), w.args("--once", "--dry-run"), noEnv); err != nil {
+		t.Fatal(err)
+	}
+	if got := w.globalShares(t); len(got) != 0 {
+		t.Fatalf("--dry-run wrote %v", got)
+	}
+
+	if err := run(t.Context(), w.args("--once"), noEnv); err != nil {
+		t.Fatal(err)
+	}
+	got := w.globalShares(t)
+	if d := got["us-east"] - 0.7; d > 0.02 || d < -0.02 || len(got) != 2 {
+		t.Fatalf("shares after --once = %v, want us-east ~0.7", got)
+	}
+
+	// Prometheus down: the run is skipped, reported as an error, shares stay.
+	if err := w.prom.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	err := run(t.Context(), w.args("--once"), noEnv)
+	if !errors.Is(err, demand.ErrUnavailable) {
+		t.Fatalf("--once with Prometheus down: %v, want ErrUnavailable", err)
+	}
+	if after := w.globalShares(t); after["us-east"] != got["us-east"] {
+		t.Errorf("shares changed on a skipped run: %v -> %v", got, after)
+	}
+}
+
+func TestRunServesAdmin(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	port, err := local.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := fmt.Sprintf("127.0.0.1:%d", port)
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- run(ctx, w.args("--admin-listen", addr), noEnv) }()
+
+	get := func(path string) (int, string) {
+		resp, err := http.Get("http://" + addr + path)
+		if err != nil {
+			return 0, err.Error()
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		code, body := get("/metrics")
+		if code == http.StatusOK && strings.Contains(body, `ratelimit_rebalancer_runs_total{result="ok"} 1`) {
+			if !strings.Contains(body, `ratelimit_rebalancer_leader 1`) {
+				t.Errorf("metrics: leader gauge not 1")
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no successful run reported on /metrics within 15 s: %d", code)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if code, body := get("/healthz"); code != http.StatusOK || body != "ok\n" {
+		t.Errorf("/healthz = %d %q", code, body)
+	}
+	if got := w.globalShares(t); len(got) != 2 {
+		t.Errorf("shares after the first scheduled run: %v", got)
+	}
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("run did not return within 20 s of cancel")
+	}
+}
