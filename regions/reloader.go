@@ -146,7 +146,15 @@ func (r *Reloader) Run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel() // runs before wg.Wait
 	if r.opts.ListenURL != "" {
-		wg.Go(func() { r.listen(ctx) })
+		// Listen before the first load, so no change falls between the two; a LISTEN that
+		// fails does not hold the first load back beyond one connection attempt.
+		first := make(chan struct{})
+		wg.Go(func() { r.listen(ctx, first) })
+		select {
+		case <-first:
+		case <-ctx.Done():
+			return nil
+		}
 	}
 
 	ticker := time.NewTicker(r.opts.Interval)
@@ -195,13 +203,22 @@ func (r *Reloader) notify() {
 	}
 }
 
-// listen keeps a LISTEN connection open until ctx ends, reconnecting with backoff.
-func (r *Reloader) listen(ctx context.Context) {
+// listen keeps a LISTEN connection open until ctx ends, reconnecting with backoff. It
+// closes first when the first attempt has succeeded or failed.
+func (r *Reloader) listen(ctx context.Context, first chan<- struct{}) {
 	delay := listenBackoff
 	lost := false
+	firstDone := func() {
+		if first != nil {
+			close(first)
+			first = nil
+		}
+	}
+	defer firstDone()
 	for {
 		up := false
 		err := r.listenOnce(ctx, func() {
+			firstDone()
 			up = true
 			delay = listenBackoff
 			if lost {
@@ -210,6 +227,7 @@ func (r *Reloader) listen(ctx context.Context) {
 				r.notify() // changes may have happened while we were away
 			}
 		})
+		firstDone()
 		if ctx.Err() != nil {
 			return
 		}
