@@ -59,7 +59,8 @@ type LocalOptions struct {
 //
 // Memory stays bounded without a background goroutine. A bucket idle until it has
 // refilled to capacity is indistinguishable from a missing bucket (a missing bucket is
-// full), so evicting it changes no decision. Every insert inspects a few buckets of its
+// full), so evicting it changes no decision (while the rule stays the same; a rule that
+// grows meanwhile starts full at its new capacity, as a new rule does). Every insert inspects a few buckets of its
 // shard (Go's randomised map iteration makes them a random sample) and deletes the full
 // ones, as Redis does for expiring keys: with k inspected per insert, at most about 1/k
 // of a shard is dead weight, so a shard holds about the buckets used within their
@@ -81,7 +82,7 @@ type shard struct {
 	m    map[uint64]entry
 	peak int
 	hits uint32
-	_    [40]byte // keep hot shard locks on separate cache lines
+	_    [32]byte // 32 + 32 bytes: each shard on its own 64-byte cache line
 }
 
 type entry struct {
