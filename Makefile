@@ -12,9 +12,9 @@ deps:
 test: deps lint
 	$(GO) test -race -count=1 -timeout $(TIMEOUT) ./...
 
-## unit: the fast packages only (no servers).
+## unit: the pure packages only (no servers): allocation and simulator.
 unit:
-	$(GO) test -race -count=1 ./regions/... ./gateway/limiter/...
+	$(GO) test -race -count=1 ./rebalancer ./rebalancer/sim
 
 ## lint: gofmt, go vet.
 lint:
