@@ -25,6 +25,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		getenv: getenv,
 		now:    time.Now,
 		actor:  osActor(getenv),
+		stdin:  os.Stdin,
 		stderr: stderr,
 		build:  readBuildInfo,
 	}
@@ -39,6 +40,9 @@ func (a *app) execute(ctx context.Context, args []string, stdout, stderr io.Writ
 		args = []string{} // cobra would read os.Args
 	}
 	root.SetArgs(args)
+	if a.stdin != nil {
+		root.SetIn(a.stdin)
+	}
 	root.SetOut(stdout)
 	root.SetErr(stderr)
 	err := root.ExecuteContext(ctx)

@@ -30,6 +30,7 @@ type cli struct {
 	t     testing.TB
 	env   map[string]string
 	clock func() time.Time
+	stdin string
 }
 
 func newCLI(t testing.TB, env map[string]string) *cli {
@@ -46,6 +47,7 @@ func (c *cli) run(args ...string) result {
 		getenv: func(k string) string { return c.env[k] },
 		now:    now,
 		actor:  func() (string, error) { return "alice", nil },
+		stdin:  strings.NewReader(c.stdin),
 		build: func() buildInfo {
 			return buildInfo{Version: "v0.0.0-test", Commit: "0123456789abcdef", GoVersion: "go1.26", Platform: "linux/amd64"}
 		},

@@ -58,9 +58,23 @@ func jsonTime(t time.Time) *time.Time {
 // shareCell formats a share as a fraction with up to 4 decimals.
 func shareCell(v float64) string { return strconv.FormatFloat(v, 'f', 4, 64) }
 
-// rateCell formats a rate (tokens or requests per second) with at most 3 decimals.
+// rateCell formats a rate (tokens or requests per second) with at most 3 decimals, or 3
+// significant digits below 0.001.
 func rateCell(v float64) string {
+	if v != 0 && math.Abs(v) < 0.001 {
+		return strconv.FormatFloat(v, 'g', 3, 64)
+	}
 	return strconv.FormatFloat(math.Round(v*1000)/1000, 'f', -1, 64)
+}
+
+// sig rounds v to 12 significant digits, so JSON shows 0.00003 rather than the
+// 0.000030000000000000004 a product of shares and rates can make.
+func sig(v float64) float64 {
+	r, err := strconv.ParseFloat(strconv.FormatFloat(v, 'g', 12, 64), 64)
+	if err != nil {
+		return v
+	}
+	return r
 }
 
 // boolCell is "yes" or "no".

@@ -21,6 +21,7 @@ type app struct {
 	getenv func(string) string
 	now    func() time.Time
 	actor  func() (string, error)
+	stdin  io.Reader // nil: none
 	stderr io.Writer
 	build  func() buildInfo
 

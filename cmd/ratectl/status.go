@@ -15,6 +15,8 @@ import (
 	promv1 "github.com/prometheus/client_golang/api/prometheus/v1"
 	"github.com/prometheus/common/model"
 	"github.com/spf13/cobra"
+
+	"github.com/quotaplane/quotaplane/regions"
 )
 
 // statusReport is the JSON of `ratectl status`.
@@ -63,7 +65,8 @@ func newStatusCmd(a *app) *cobra.Command {
 allowed and throttled requests per second over --window, the throttled percentage,
 whether any gateway is on its local fallback (Redis unreachable), the live gateways,
 the age of the oldest successful rule reload, and the effective share of the default
-scope. With --tenant, the request figures are that tenant's (ratelimit_tenant_requests_total).`,
+scope. With --tenant, the request figures are that tenant's (ratelimit_tenant_requests_total).
+With a database URL, regions that have no series at all are listed as no-data.`,
 		Args: noArgs,
 		RunE: runE(func(cmd *cobra.Command, _ []string) error { return a.status(cmd, o) }),
 	}
@@ -111,7 +114,18 @@ func (a *app) status(cmd *cobra.Command, o statusOptions) error {
 		}
 		return fmt.Errorf("query prometheus: %w", err)
 	}
-	rep := buildStatus(res, o, at)
+	var known []string
+	if a.databaseURL != "" {
+		// Regions in the database with no series at all show as no-data (a dark region).
+		err := a.withStore(cmd, func(ctx context.Context, st *regions.Store) error {
+			known, err = st.Regions(ctx)
+			return err
+		})
+		if err != nil {
+			a.warnf("regions without metrics are not shown: %s", oneLine(err, a.secrets()))
+		}
+	}
+	rep := buildStatus(res, known, o, at)
 	if o.tenant != "" && rep.Total.AllowedPerSecond == nil && rep.Total.ThrottledPerSecond == nil {
 		a.warnf("tenant %s has no series of its own in the window (gateways export only the busiest tenants; the rest count as _other)", o.tenant)
 	}
@@ -180,8 +194,11 @@ func queryStatus(ctx context.Context, p promv1.API, o statusOptions, at time.Tim
 	return out, nil
 }
 
-func buildStatus(res map[string]map[string]float64, o statusOptions, at time.Time) statusReport {
+func buildStatus(res map[string]map[string]float64, known []string, o statusOptions, at time.Time) statusReport {
 	names := map[string]bool{}
+	for _, r := range known {
+		names[r] = true
+	}
 	for _, m := range res {
 		for r := range m {
 			names[r] = true

@@ -153,6 +153,16 @@ func TestStatusAgainstPrometheus(t *testing.T) {
 		})
 	}
 
+	t.Run("dark region from the database", func(t *testing.T) {
+		d, _ := newDB(t)
+		for _, r := range []string{"us-east", "eu-west", "ap-south"} {
+			d.ok("regions", "add", r)
+		}
+		d.env[envPrometheusURL] = prom.URL()
+		d.clock = c.clock
+		r := d.ok("status", "--window", "5s")
+		golden(t, "status_with_db.table", normTimes(r.stdout))
+	})
 	t.Run("unknown tenant warns", func(t *testing.T) {
 		r := c.ok("status", "--window", "5s", "--tenant", "nobody")
 		if !strings.Contains(r.stderr, "warning: tenant nobody has no series") {

@@ -161,7 +161,7 @@ func (v *view) limits() []limitRow {
 				Tenant: v.tenant, Route: route, RuleTenant: rule.Tenant, RuleRoute: rule.Route,
 				Capacity: rule.Capacity, RefillPerSecond: rule.RefillPerSecond,
 				Region: region, Share: e.share, Source: string(e.source), Scope: e.scope,
-				RegionalCapacity: lim.Capacity, RegionalRefillPerSec: roundTo(lim.RefillPerSecond, 6),
+				RegionalCapacity: lim.Capacity, RegionalRefillPerSec: sig(lim.RefillPerSecond),
 			})
 		}
 	}

@@ -1,0 +1,326 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"strconv"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/spf13/cobra"
+
+	"github.com/quotaplane/quotaplane/lua"
+	"github.com/quotaplane/quotaplane/regions"
+)
+
+const envRedisURL = "RATECTL_REDIS_URL"
+
+// bucketReport is the JSON of `bucket inspect`.
+type bucketReport struct {
+	Tenant string `json:"tenant"`
+	Route  string `json:"route"`
+	// RedisTime is the Redis server's clock when the buckets were read (the buckets'
+	// clock).
+	RedisTime time.Time `json:"redis_time"`
+	// Limit is the regional bucket's size, null when neither --region nor --capacity and
+	// --refill were given.
+	Limit   *bucketLimit  `json:"limit"`
+	Buckets []bucketState `json:"buckets"`
+}
+
+// bucketLimit is the size of the bucket being inspected.
+type bucketLimit struct {
+	Capacity        int64   `json:"capacity"`
+	RefillPerSecond float64 `json:"refill_per_second"`
+	// Source says where it came from: "flags", or "database" (the rule scaled by the
+	// region's effective share).
+	Source string  `json:"source"`
+	Region string  `json:"region,omitempty"`
+	Share  float64 `json:"share,omitempty"`
+	Shards int     `json:"shards"`
+}
+
+// bucketState is one Redis key: the bucket, or one shard of it.
+type bucketState struct {
+	Key    string `json:"key"`
+	Exists bool   `json:"exists"`
+	// Tokens is the stored count at LastRefill; null when the key does not exist (a
+	// missing bucket is a full one).
+	Tokens     *float64   `json:"tokens"`
+	LastRefill *time.Time `json:"last_refill"`
+	// TTLMillis is the key's remaining time to live; null when it does not exist.
+	TTLMillis *int64 `json:"ttl_ms"`
+	// TokensNow is the count after refilling up to RedisTime (null without a limit);
+	// FullInMillis is how long until the bucket is full if nothing is taken.
+	TokensNow    *float64 `json:"tokens_now"`
+	FullInMillis *int64   `json:"full_in_ms"`
+}
+
+type bucketOptions struct {
+	redisURL, tenant, route, region, prefix string
+	capacity                                int64
+	refill                                  float64
+	shards                                  int
+}
+
+func newBucketCmd(a *app) *cobra.Command {
+	var o bucketOptions
+	inspect := &cobra.Command{
+		Use:   "inspect --redis-url URL --tenant T --route R [--region R | --capacity N --refill X]",
+		Short: "Show a tenant's bucket in a region's Redis: tokens now, last refill, TTL",
+		Long: `Show a tenant's bucket for one route in one region's Redis: the stored tokens and the
+time of the last refill (Redis TIME), the key's TTL, and, given the bucket's size, the
+tokens available now and how long until it is full.
+
+The size is the regional limit: with --region, the tenant's rule scaled by the region's
+effective share, read from the database (sharded rules: every shard is shown); or give
+--capacity and --refill (and --shards) yourself. Nothing is written.`,
+		Args: noArgs,
+		RunE: runE(func(cmd *cobra.Command, _ []string) error { return a.bucketInspect(cmd, o) }),
+	}
+	f := inspect.Flags()
+	f.StringVar(&o.redisURL, "redis-url", "", "the region's Redis, redis://HOST:PORT/DB (env "+envRedisURL+")")
+	f.StringVar(&o.tenant, "tenant", "", "tenant id (required)")
+	f.StringVar(&o.route, "route", "", "route id (required)")
+	f.StringVar(&o.region, "region", "", "read the bucket's size from the database: the rule scaled by this region's share")
+	f.Int64Var(&o.capacity, "capacity", 0, "the regional bucket's capacity (instead of --region)")
+	f.Float64Var(&o.refill, "refill", 0, "the regional bucket's refill per second (instead of --region)")
+	f.IntVar(&o.shards, "shards", 1, "with --capacity: the rule's shards")
+	f.StringVar(&o.prefix, "key-prefix", lua.DefaultPrefix, "the gateways' bucket key prefix")
+	_ = inspect.MarkFlagRequired("tenant")
+	_ = inspect.MarkFlagRequired("route")
+	return groupCmd("bucket", "Inspect rate-limit buckets in Redis", inspect)
+}
+
+func (a *app) bucketInspect(cmd *cobra.Command, o bucketOptions) error {
+	if o.redisURL == "" {
+		o.redisURL = a.getenv(envRedisURL)
+	}
+	a.redisURL = o.redisURL
+	if o.redisURL == "" {
+		return usagef("no Redis: set --redis-url or %s", envRedisURL)
+	}
+	if err := checkID("tenant", o.tenant); err != nil {
+		return err
+	}
+	if err := checkID("route", o.route); err != nil {
+		return err
+	}
+	f := cmd.Flags()
+	byFlags := f.Changed("capacity") || f.Changed("refill")
+	switch {
+	case o.region != "" && byFlags:
+		return usagef("give either --region or --capacity and --refill, not both")
+	case byFlags && !(f.Changed("capacity") && f.Changed("refill")):
+		return usagef("--capacity and --refill go together")
+	}
+	if byFlags {
+		if err := checkPositiveInt("capacity", o.capacity); err != nil {
+			return err
+		}
+		if err := checkPositiveFloat("refill", o.refill); err != nil {
+			return err
+		}
+	}
+	if o.shards < 1 || o.shards > 1024 {
+		return usagef("--shards %d: must be between 1 and 1024", o.shards)
+	}
+	if o.region != "" {
+		if err := checkID("region", o.region); err != nil {
+			return err
+		}
+	}
+	opts, err := redis.ParseURL(o.redisURL)
+	if err != nil {
+		return usagef("--redis-url: %v", oneLine(err, secretsOf(o.redisURL)))
+	}
+
+	var limit *bucketLimit
+	switch {
+	case byFlags:
+		limit = &bucketLimit{Capacity: o.capacity, RefillPerSecond: o.refill, Source: "flags", Shards: o.shards}
+	case o.region != "":
+		err := a.withStore(cmd, func(ctx context.Context, st *regions.Store) error {
+			v, err := a.loadView(ctx, st, o.tenant)
+			if err != nil {
+				return err
+			}
+			known := false
+			for _, r := range v.regions {
+				known = known || r == o.region
+			}
+			if !known {
+				return usagef("unknown region %q (see ratectl regions list)", o.region)
+			}
+			rule, lim, share := v.snap.Regional(o.region, o.tenant, o.route, v.now)
+			limit = &bucketLimit{Capacity: lim.Capacity, RefillPerSecond: sig(lim.RefillPerSecond), Source: "database",
+				Region: o.region, Share: share, Shards: max(1, rule.Shards)}
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+	}
+
+	keys := lua.Keys{Prefix: o.prefix}
+	names := []string{keys.Bucket(o.tenant, o.route)}
+	shardLimit := limit
+	if limit != nil && limit.Shards > 1 {
+		names = names[:0]
+		for i := range limit.Shards {
+			names = append(names, keys.Shard(o.tenant, o.route, i))
+		}
+		l := regions.Scale(limit.Capacity, limit.RefillPerSecond, 1/float64(limit.Shards))
+		shardLimit = &bucketLimit{Capacity: l.Capacity, RefillPerSecond: l.RefillPerSecond}
+	} else if limit == nil && o.shards > 1 {
+		names = names[:0]
+		for i := range o.shards {
+			names = append(names, keys.Shard(o.tenant, o.route, i))
+		}
+	}
+
+	ctx, cancel := a.withTimeout(cmd.Context())
+	defer cancel()
+	opts.MaxRetries = -1   // a read-only look: fail fast, say so
+	opts.DialerRetries = 1 // (<= 0 would mean the default, 5)
+	redis.SetLogger(quietRedisLogger{})
+	rdb := redis.NewClient(opts)
+	defer rdb.Close()
+	rep, err := readBuckets(ctx, rdb, names, shardLimit)
+	if err != nil {
+		if isConnectError(err) || errors.Is(err, context.DeadlineExceeded) {
+			return unreachableError{"redis", opts.Addr, rootCause(err)}
+		}
+		return fmt.Errorf("read bucket %s/%s: %w", o.tenant, o.route, err)
+	}
+	rep.Tenant, rep.Route, rep.Limit = o.tenant, o.route, limit
+	if err := a.render(cmd, rep, func(w io.Writer) { bucketTable(w, rep, shardLimit) }); err != nil {
+		return err
+	}
+	if limit == nil {
+		a.warnf("tokens now needs the bucket's size: give --region (reads the rule and share from the database) or --capacity and --refill")
+	}
+	return nil
+}
+
+// quietRedisLogger silences go-redis's own logging: ratectl reports errors once, as one
+// line, and go-redis would print dial failures to stderr as well.
+type quietRedisLogger struct{}
+
+func (quietRedisLogger) Printf(context.Context, string, ...any) {}
+
+// readBuckets reads every key and Redis TIME in one MULTI/EXEC, so all figures are of one
+// instant on the buckets' own clock. Nothing is written.
+func readBuckets(ctx context.Context, rdb *redis.Client, names []string, limit *bucketLimit) (bucketReport, error) {
+	var (
+		timeCmd *redis.TimeCmd
+		hashes  = make([]*redis.MapStringStringCmd, len(names))
+		ttls    = make([]*redis.DurationCmd, len(names))
+	)
+	_, err := rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		timeCmd = p.Time(ctx)
+		for i, k := range names {
+			hashes[i] = p.HGetAll(ctx, k)
+			ttls[i] = p.PTTL(ctx, k)
+		}
+		return nil
+	})
+	if err != nil {
+		return bucketReport{}, err
+	}
+	now := timeCmd.Val()
+	rep := bucketReport{RedisTime: now.UTC(), Buckets: []bucketState{}}
+	nowUS := now.UnixMicro()
+	for i, k := range names {
+		b := bucketState{Key: k}
+		h := hashes[i].Val()
+		tokS, okT := h["tokens"]
+		tsS, okTS := h["ts"]
+		if okT && okTS {
+			tokens, err1 := strconv.ParseFloat(tokS, 64)
+			ts, err2 := strconv.ParseInt(tsS, 10, 64)
+			if err1 != nil || err2 != nil {
+				return bucketReport{}, fmt.Errorf("key %s holds tokens=%q ts=%q: not a bucket", k, tokS, tsS)
+			}
+			b.Exists = true
+			t := roundTo(tokens, 3)
+			b.Tokens = &t
+			lr := time.UnixMicro(ts).UTC()
+			b.LastRefill = &lr
+			if d := ttls[i].Val(); d >= 0 {
+				ms := d.Milliseconds()
+				b.TTLMillis = &ms
+			}
+			if limit != nil {
+				now := tokens
+				if nowUS > ts {
+					now += float64(nowUS-ts) * limit.RefillPerSecond / 1e6
+				}
+				now = math.Max(0, math.Min(now, float64(limit.Capacity)))
+				full := int64(math.Ceil((float64(limit.Capacity) - now) / limit.RefillPerSecond * 1000))
+				now = roundTo(now, 3)
+				b.TokensNow, b.FullInMillis = &now, &full
+			}
+		} else if len(h) > 0 {
+			return bucketReport{}, fmt.Errorf("key %s is not a bucket (fields %v)", k, sortedKeys(h))
+		} else if limit != nil {
+			full := float64(limit.Capacity)
+			var zero int64
+			b.TokensNow, b.FullInMillis = &full, &zero
+		}
+		rep.Buckets = append(rep.Buckets, b)
+	}
+	return rep, nil
+}
+
+func bucketTable(w io.Writer, rep bucketReport, shard *bucketLimit) {
+	l := rep.Limit
+	switch {
+	case l == nil:
+		fmt.Fprintf(w, "# bucket of %s/%s; size unknown (give --region or --capacity and --refill)\n", rep.Tenant, rep.Route)
+	case l.Source == "database":
+		fmt.Fprintf(w, "# bucket of %s/%s in %s: capacity %d, refill %s/s (share %s of the rule)\n",
+			rep.Tenant, rep.Route, l.Region, l.Capacity, rateCell(l.RefillPerSecond), shareCell(l.Share))
+	default:
+		fmt.Fprintf(w, "# bucket of %s/%s: capacity %d, refill %s/s\n", rep.Tenant, rep.Route, l.Capacity, rateCell(l.RefillPerSecond))
+	}
+	if l != nil && l.Shards > 1 {
+		fmt.Fprintf(w, "# %d shards, each capacity %d, refill %s/s\n", l.Shards, shard.Capacity, rateCell(shard.RefillPerSecond))
+	}
+	fmt.Fprintf(w, "# redis time %s\n", rep.RedisTime.Format(time.RFC3339Nano))
+	for i, b := range rep.Buckets {
+		if i > 0 {
+			fmt.Fprintln(w)
+		}
+		row(w, "KEY", b.Key)
+		if !b.Exists {
+			row(w, "EXISTS", "no (a missing bucket is full)")
+		} else {
+			row(w, "EXISTS", "yes")
+			row(w, "TOKENS", tokenCell(b.Tokens)+" at last refill")
+			row(w, "LAST REFILL", b.LastRefill.Format(time.RFC3339Nano)+" ("+rep.RedisTime.Sub(*b.LastRefill).Round(time.Millisecond).String()+" ago)")
+			row(w, "TTL", msCell(b.TTLMillis))
+		}
+		if b.TokensNow != nil {
+			row(w, "TOKENS NOW", tokenCell(b.TokensNow))
+			row(w, "FULL IN", msCell(b.FullInMillis))
+		}
+	}
+}
+
+func tokenCell(v *float64) string {
+	if v == nil {
+		return "-"
+	}
+	return strconv.FormatFloat(*v, 'f', 2, 64)
+}
+
+func msCell(v *int64) string {
+	if v == nil {
+		return "-"
+	}
+	return (time.Duration(*v) * time.Millisecond).String()
+}

@@ -1,0 +1,125 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/quotaplane/quotaplane/deploy/local"
+	"github.com/quotaplane/quotaplane/lua"
+)
+
+// normBucket blanks what depends on when the test ran: times, TTLs and times to full.
+func normBucket(s string) string {
+	s = normTimes(s)
+	for _, re := range []*regexp.Regexp{
+		regexp.MustCompile(`(?m)^(TTL\s+|FULL IN\s+)\S+$`),
+		regexp.MustCompile(`\(\S+ ago\)`),
+		regexp.MustCompile(`("ttl_ms": |"full_in_ms": )\d+`),
+	} {
+		s = re.ReplaceAllString(s, "${1}X")
+	}
+	return s
+}
+
+func TestBucketInspect(t *testing.T) {
+	t.Parallel()
+	c, _ := newDB(t)
+	rp := local.Redis(t)
+	c.env[envRedisURL] = local.RedisURL(rp)
+	c.ok("regions", "add", "us-east")
+	c.ok("regions", "add", "eu-west")
+	// Regional limit in us-east: capacity 100 x 0.75 = 75, refill 0.00004 x 0.75 = 0.00003/s:
+	// slow enough that the figures do not move while the test runs.
+	c.ok("rules", "set", "--tenant", "shop-a", "--route", "create-order", "--capacity", "100", "--refill", "0.00004")
+	c.ok("rules", "set", "--tenant", "shop-a", "--route", "hot", "--capacity", "90", "--refill", "0.00004", "--shards", "3")
+	c.ok("shares", "set", "--tenant", "shop-a", "us-east=0.75", "eu-west=0.25", "--reason", "test", "--apply")
+
+	ctx := context.Background()
+	rdb := redis.NewClient(&redis.Options{Addr: rp.Addr()})
+	defer rdb.Close()
+	tb := lua.NewTokenBucket(rdb)
+	keys := lua.Keys{}
+	// The gateway takes 20 tokens of the regional bucket, and 5 of shard 1 of the hot rule.
+	if _, err := tb.Take(ctx, keys.Bucket("shop-a", "create-order"), 75, 0.00003, 20); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tb.Take(ctx, keys.Shard("shop-a", "hot", 1), 23, 0.00001, 5); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		args []string
+	}{
+		{"bucket_region", []string{"bucket", "inspect", "--tenant", "shop-a", "--route", "create-order", "--region", "us-east"}},
+		{"bucket_shards", []string{"bucket", "inspect", "--tenant", "shop-a", "--route", "hot", "--region", "us-east"}},
+		{"bucket_missing", []string{"bucket", "inspect", "--tenant", "shop-b", "--route", "create-order", "--capacity", "10", "--refill", "1"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			for _, format := range []string{"table", "json"} {
+				r := c.ok(append(tc.args, "-o", format)...)
+				golden(t, tc.name+"."+format, normBucket(r.stdout))
+			}
+		})
+	}
+
+	// Tokens now = stored + elapsed x refill, on Redis's clock: a bucket at 2.5 tokens
+	// refilled 1 s ago, refilling 2/s, holds 4.5 now (plus the test's own delay).
+	tm, err := rdb.Time(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := keys.Bucket("shop-c", "r")
+	rdb.HSet(ctx, key, "tokens", "2.5", "ts", tm.Add(-time.Second).UnixMicro())
+	rdb.PExpire(ctx, key, time.Minute)
+	r := c.ok("bucket", "inspect", "--tenant", "shop-c", "--route", "r", "--capacity", "10", "--refill", "2", "-o", "json")
+	var rep bucketReport
+	if err := json.Unmarshal([]byte(r.stdout), &rep); err != nil {
+		t.Fatal(err)
+	}
+	b := rep.Buckets[0]
+	if !b.Exists || *b.Tokens != 2.5 || *b.TokensNow < 4.5 || *b.TokensNow > 5 || *b.TTLMillis > 60000 || *b.TTLMillis < 50000 {
+		t.Errorf("bucket = %+v (tokens now %v, ttl %v)", b, *b.TokensNow, *b.TTLMillis)
+	}
+	// Without a size, the stored state only, and a warning.
+	r = c.ok("bucket", "inspect", "--tenant", "shop-c", "--route", "r")
+	if !strings.Contains(r.stderr, "warning: tokens now needs the bucket's size") || strings.Contains(r.stdout, "TOKENS NOW") {
+		t.Errorf("no size: stdout %q stderr %q", r.stdout, r.stderr)
+	}
+	// Not a bucket.
+	rdb.Set(ctx, keys.Bucket("shop-d", "r"), "x", 0)
+	checkError(t, c.run("bucket", "inspect", "--tenant", "shop-d", "--route", "r"), exitFailure, "WRONGTYPE", "")
+
+	redisURL := local.RedisURL(rp)
+	rp.Kill()
+	for _, tc := range []struct {
+		name     string
+		args     []string
+		code     int
+		contains string
+	}{
+		{"redis down", []string{"bucket", "inspect", "--tenant", "shop-a", "--route", "r", "--redis-url", strings.Replace(redisURL, "redis://", "redis://:Sekr1t-pass@", 1)},
+			exitUnreachable, "redis at " + rp.Addr() + " unreachable"},
+		{"no redis", []string{"bucket", "inspect", "--tenant", "a", "--route", "r", "--redis-url", ""}, exitUsage, "no Redis: set --redis-url or RATECTL_REDIS_URL"},
+		{"bad tenant", []string{"bucket", "inspect", "--tenant", "a:b", "--route", "r"}, exitUsage, `invalid tenant id "a:b"`},
+		{"missing route", []string{"bucket", "inspect", "--tenant", "a"}, exitUsage, `required flag(s) "route" not set`},
+		{"both sizes", []string{"bucket", "inspect", "--tenant", "a", "--route", "r", "--region", "us-east", "--capacity", "1", "--refill", "1"}, exitUsage, "either --region or --capacity and --refill"},
+		{"capacity alone", []string{"bucket", "inspect", "--tenant", "a", "--route", "r", "--capacity", "1"}, exitUsage, "--capacity and --refill go together"},
+		{"zero refill", []string{"bucket", "inspect", "--tenant", "a", "--route", "r", "--capacity", "1", "--refill", "0"}, exitUsage, "--refill 0: must be a number > 0"},
+		{"unknown region", []string{"bucket", "inspect", "--tenant", "a", "--route", "r", "--region", "mars"}, exitUsage, `unknown region "mars"`},
+		{"bad url", []string{"bucket", "inspect", "--tenant", "a", "--route", "r", "--redis-url", "http://x:Sekr1t-pass@h"}, exitUsage, "--redis-url"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.name == "no redis" {
+				delete(c.env, envRedisURL)
+				defer func() { c.env[envRedisURL] = redisURL }()
+			}
+			checkError(t, c.run(tc.args...), tc.code, tc.contains, "Sekr1t-pass")
+		})
+	}
+}
