@@ -69,7 +69,7 @@ func parseFlags(args []string, getenv func(string) string) (options, error) {
 	fs.DurationVar(&o.shortWindow, "short-window", demand.DefaultShortWindow, "short rate window (fast path, peak reserve)")
 	fs.DurationVar(&o.reloadWait, "reload-wait", job.DefaultReloadWait, "pause between writing share decreases and increases (one gateway reload)")
 	fs.DurationVar(&o.instanceTTL, "instance-ttl", job.DefaultInstanceTTL, "a gateway unseen for longer is not live; a region with none is dark")
-	fs.BoolVar(&o.once, "once", false, "run once and exit (non-zero if the run was skipped)")
+	fs.BoolVar(&o.once, "once", false, "run once and exit: takes the leader lock (fails while another rebalancer holds it); non-zero if the run was skipped")
 	fs.BoolVar(&o.dryRun, "dry-run", false, "compute and log the shares, write nothing")
 	fs.StringVar(&o.adminListen, "admin-listen", "127.0.0.1:9102", "admin address for /metrics and /healthz; empty disables it")
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
