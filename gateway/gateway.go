@@ -65,8 +65,9 @@ type Gateway struct {
 	fallback func() bool // reports the Redis breaker not closed; nil without Redis
 	rdb      *redis.Client
 
-	handler http.Handler
-	admin   http.Handler
+	handler   http.Handler
+	admin     http.Handler
+	transport *http.Transport // to the upstreams
 
 	storeMu sync.Mutex
 	store   *regions.Store
@@ -321,6 +322,7 @@ func (g *Gateway) closeStore() {
 // returns after every goroutine it started has exited. A database or Redis that is down
 // is not an error: the gateway reports not ready (no snapshot yet) or falls back.
 func (g *Gateway) Run(ctx context.Context) error {
+	defer g.closeClients()
 	ln, err := net.Listen("tcp", g.cfg.Listen)
 	if err != nil {
 		return fmt.Errorf("gateway %s: listen: %w", g.cfg.Region, err)
@@ -394,10 +396,6 @@ func (g *Gateway) Run(ctx context.Context) error {
 	if !g.cfg.Standalone() {
 		g.removeInstance(ctx)
 	}
-	g.closeStore()
-	if g.rdb != nil {
-		_ = g.rdb.Close()
-	}
 	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
 	_ = adm.Shutdown(actx)
 	cancel()
@@ -420,6 +418,15 @@ func (g *Gateway) warmRedis(ctx context.Context) {
 	if err := lua.NewTokenBucket(g.rdb).Load(wctx); err != nil {
 		g.log.Warn("redis not reachable at start; the local fallback decides until it is",
 			"region", g.cfg.Region, "err", err)
+	}
+}
+
+// closeClients closes the database pool, the upstream connections and the Redis client.
+func (g *Gateway) closeClients() {
+	g.closeStore()
+	g.transport.CloseIdleConnections()
+	if g.rdb != nil {
+		_ = g.rdb.Close()
 	}
 }
 

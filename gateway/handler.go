@@ -23,6 +23,7 @@ func (g *Gateway) newHandler() error {
 	transport.MaxIdleConns = 1024
 	transport.MaxIdleConnsPerHost = 256
 	transport.ResponseHeaderTimeout = 0 // the upstream's business; the client may cancel
+	g.transport = transport
 
 	mux := http.NewServeMux()
 	for _, rc := range g.cfg.Routes {

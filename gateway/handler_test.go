@@ -44,13 +44,13 @@ func checkProblem(t *testing.T, resp *http.Response, body []byte, status int) {
 
 // checkArticle runs the article's scenario against url: shop-a has capacity 2 on
 // POST /orders, so 200, 200, 429.
-func checkArticle(t *testing.T, url string) {
+func checkArticle(t *testing.T, url, key string) {
 	t.Helper()
 	for i, want := range []struct {
 		status    int
 		remaining string
 	}{{200, "1"}, {200, "0"}, {429, "0"}} {
-		resp, body := call(t, "POST", url+"/orders", "key-shop-a")
+		resp, body := call(t, "POST", url+"/orders", key)
 		if resp.StatusCode != want.status {
 			t.Fatalf("request %d: status %d, want %d; body %s", i+1, resp.StatusCode, want.status, body)
 		}
@@ -104,7 +104,7 @@ func TestArticleScenarioInProcess(t *testing.T) {
 			cfg := articleConfig("us-east", up.URL, redisURL)
 			cfg.Redis.Timeout = 500 * time.Millisecond // a loaded test machine must not fall back
 			gw := newInProcess(t, cfg)
-			checkArticle(t, gw.srv.URL)
+			checkArticle(t, gw.srv.URL, "key-shop-a")
 			s := scrapeURL(t, gw.admin.URL)
 			for dec, want := range map[string]float64{"allowed": 2, "throttled": 1} {
 				if got := s.sum("ratelimit_requests_total", "region", "us-east", "route", "create-order", "decision", dec, "source", tc.source); got != want {

@@ -1,0 +1,117 @@
+package gateway
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/goleak"
+
+	"github.com/quotaplane/quotaplane/deploy/local"
+	"github.com/quotaplane/quotaplane/regions"
+)
+
+// TestRunStopsCleanly runs a database-mode gateway in process, serves a request, cancels
+// and checks that Run returns and leaves no goroutine behind.
+func TestRunStopsCleanly(t *testing.T) {
+	up := newUpstream(t, 0)
+	db := newDatabase(t, local.PostgresDB(t), "us-east")
+	db.setRule(t, regions.Rule{Tenant: "shop-a", Route: "create-order", Capacity: 2, RefillPerSecond: 0.5})
+	key, _ := db.createKey(t, "shop-a")
+	rp := local.Redis(t)
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+
+	lp, _ := local.FreePort()
+	ap, _ := local.FreePort()
+	cfg := articleConfig("us-east", up.URL, local.RedisURL(rp))
+	cfg.Tenants = nil
+	cfg.DatabaseURL = db.url
+	cfg.Listen = fmt.Sprintf("127.0.0.1:%d", lp)
+	cfg.AdminListen = fmt.Sprintf("127.0.0.1:%d", ap)
+	cfg.HeartbeatInterval = 100 * time.Millisecond
+	cfg.Metrics.TenantInterval = 50 * time.Millisecond
+	g, err := New(cfg, Options{Registerer: prometheus.NewRegistry()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	runErr := make(chan error, 1)
+	go func() { runErr <- g.Run(ctx) }()
+	waitFor(t, 10*time.Second, "ready", g.Ready)
+	checkArticle(t, "http://"+cfg.Listen, key)
+	waitFor(t, 5*time.Second, "heartbeat row", func() bool {
+		list, err := db.store.Instances(context.Background())
+		return err == nil && len(list) == 1 && list[0].ID == g.InstanceID()
+	})
+	cancel()
+	select {
+	case err := <-runErr:
+		if err != nil {
+			t.Fatalf("Run: %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("Run did not return after cancel")
+	}
+	if g.Ready() {
+		t.Error("still ready after Run returned")
+	}
+	list, err := db.store.Instances(context.Background())
+	if err != nil || len(list) != 0 {
+		t.Errorf("heartbeat rows after stop: %v (%v), want none", list, err)
+	}
+}
+
+// TestRunFailsOnBusyPort: a listen address in use is Run's error, not a hang.
+func TestRunFailsOnBusyPort(t *testing.T) {
+	up := newUpstream(t, 0)
+	srv := newInProcess(t, articleConfig("us-east", up.URL, ""))
+	cfg := articleConfig("us-east", up.URL, "")
+	cfg.Listen = srv.srv.Listener.Addr().String()
+	g, err := New(cfg, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := g.Run(context.Background()); err == nil {
+		t.Fatal("Run on a busy port returned nil")
+	}
+}
+
+// TestRotateTenantsLoop: the rotation loop runs every tenant_interval and stops with ctx.
+func TestRotateTenantsLoop(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		cfg := articleConfig("us-east", "http://127.0.0.1:1", "")
+		cfg.Metrics.MaxTenants = 1
+		cfg.Metrics.TenantInterval = time.Minute
+		g, err := New(cfg, Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		g.tenants.count("quiet", "create-order", decAllowed)
+		g.tenants.count("busy", "create-order", decAllowed)
+		g.tenants.count("busy", "create-order", decAllowed)
+		ctx, cancel := context.WithCancel(t.Context())
+		done := make(chan struct{})
+		go func() { g.rotateTenants(ctx); close(done) }()
+		time.Sleep(59 * time.Second)
+		synctest.Wait()
+		g.tenants.mu.RLock()
+		_, quiet := g.tenants.tracked[pairKey{"quiet", "create-order"}]
+		g.tenants.mu.RUnlock()
+		if !quiet {
+			t.Fatal("rotated before tenant_interval")
+		}
+		time.Sleep(2 * time.Second)
+		synctest.Wait()
+		g.tenants.mu.RLock()
+		_, busy := g.tenants.tracked[pairKey{"busy", "create-order"}]
+		g.tenants.mu.RUnlock()
+		if !busy {
+			t.Fatal("busy pair not tracked after one tenant_interval")
+		}
+		cancel()
+		<-done
+	})
+}
