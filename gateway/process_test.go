@@ -459,7 +459,9 @@ func TestProcessHeartbeats(t *testing.T) {
 	cfg := strings.Replace(databaseYAML("us-east", up.URL), "reload_interval: 1s", "reload_interval: 300ms", 1)
 	a := startProc(t, cfg, "RATELIMIT_DATABASE_URL="+db.url)
 	b := startProc(t, cfg, "RATELIMIT_DATABASE_URL="+db.url)
-	instances := func(p *proc) float64 { return scrapeURL(t, p.admin).sum("ratelimit_gateway_instances", "region", "us-east") }
+	instances := func(p *proc) float64 {
+		return scrapeURL(t, p.admin).sum("ratelimit_gateway_instances", "region", "us-east")
+	}
 	waitFor(t, 10*time.Second, "two live instances", func() bool { return instances(a) == 2 && instances(b) == 2 })
 	if err := b.stop(t); err != nil {
 		t.Fatalf("gateway b exited with %v", err)
