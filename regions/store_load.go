@@ -93,6 +93,7 @@ func loadRules(ctx context.Context, tx pgx.Tx) ([]Rule, error) {
 	}
 	defer rows.Close()
 	raw := rawOK(rows.FieldDescriptions())
+	var scanned Rule // outside the loop: Scan's pointers would move a per-row variable to the heap
 	for rows.Next() {
 		var r Rule
 		v := rows.RawValues()
@@ -106,8 +107,11 @@ func loadRules(ctx context.Context, tx pgx.Tx) ([]Rule, error) {
 				Shards:          int(int32(binary.BigEndian.Uint32(v[5]))),
 				UpdatedAt:       pgEpoch.Add(time.Duration(int64(binary.BigEndian.Uint64(v[6]))) * time.Microsecond).Local(),
 			}
-		} else if err := rows.Scan(&r.Tenant, &r.Route, &r.Capacity, &r.RefillPerSecond, &r.Shadow, &r.Shards, &r.UpdatedAt); err != nil {
-			return nil, fmt.Errorf("read rules: %w", err)
+		} else {
+			if err := rows.Scan(&scanned.Tenant, &scanned.Route, &scanned.Capacity, &scanned.RefillPerSecond, &scanned.Shadow, &scanned.Shards, &scanned.UpdatedAt); err != nil {
+				return nil, fmt.Errorf("read rules: %w", err)
+			}
+			r = scanned
 		}
 		out = append(out, r)
 	}
@@ -155,6 +159,10 @@ func loadKeys(ctx context.Context, tx pgx.Tx) (map[KeyHash]string, error) {
 	}
 	defer rows.Close()
 	raw := rawOK(rows.FieldDescriptions())
+	var ( // outside the loop: Scan's pointers would move per-row variables to the heap
+		scannedHash   []byte
+		scannedTenant string
+	)
 	for rows.Next() {
 		v := rows.RawValues()
 		var (
@@ -163,11 +171,10 @@ func loadKeys(ctx context.Context, tx pgx.Tx) (map[KeyHash]string, error) {
 			name = v[1]
 		)
 		if !raw {
-			var t string
-			if err := rows.Scan(&hash, &t); err != nil {
+			if err := rows.Scan(&scannedHash, &scannedTenant); err != nil {
 				return nil, fmt.Errorf("read keys: %w", err)
 			}
-			name = []byte(t)
+			hash, name = scannedHash, []byte(scannedTenant)
 		}
 		if len(hash) != len(h) {
 			return nil, fmt.Errorf("read keys: %w: hash of %d bytes", ErrInvalid, len(hash))
