@@ -148,3 +148,22 @@ func get(ctx context.Context, url string) (string, error) {
 	b, err := io.ReadAll(resp.Body)
 	return string(b), err
 }
+
+func TestPostgresStopsFastWithClientsConnected(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pg := PostgresServer(t)
+	c, err := pgx.Connect(ctx, pg.URL("postgres"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close(ctx)
+	start := time.Now()
+	if err := pg.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	// A smart shutdown would wait for c to disconnect, then be killed after the 10 s grace.
+	if d := time.Since(start); d > 8*time.Second {
+		t.Fatalf("Stop with a connected client took %v: not a fast shutdown", d)
+	}
+}

@@ -69,7 +69,7 @@ func StartPostgres(ctx context.Context, opts PostgresOptions) (*Postgres, error)
 			return nil, err
 		}
 	}
-	p := &Postgres{Process: &Process{Name: "postgres", Host: "127.0.0.1", Port: opts.Port, Dir: dir, bin: bin, cred: cred}}
+	p := &Postgres{Process: &Process{Name: "postgres", Host: "127.0.0.1", Port: opts.Port, Dir: dir, bin: bin, cred: cred, stopSig: syscall.SIGINT}}
 	p.args = []string{
 		"-D", data, "-p", strconv.Itoa(opts.Port),
 		"-c", "listen_addresses=127.0.0.1", "-c", "unix_socket_directories=" + dir,

@@ -25,10 +25,13 @@ type Process struct {
 	// Dir is the server's throwaway data directory.
 	Dir string
 
-	bin   string
-	args  []string
-	cred  *syscall.Credential
-	ready func(ctx context.Context) error
+	bin  string
+	args []string
+	// stopSig is the graceful-stop signal; SIGTERM when zero. PostgreSQL takes SIGINT
+	// (fast shutdown): its SIGTERM waits for every client to disconnect.
+	stopSig syscall.Signal
+	cred    *syscall.Credential
+	ready   func(ctx context.Context) error
 
 	mu      sync.Mutex
 	cmd     *exec.Cmd
@@ -97,9 +100,15 @@ func (p *Process) start(ctx context.Context) error {
 	}
 }
 
-// Stop ends the server gracefully (SIGTERM, then SIGKILL after 10 s) and waits for it.
+// Stop ends the server gracefully (SIGTERM, SIGINT for PostgreSQL; SIGKILL after 10 s) and waits for it.
 // Stopping a stopped server does nothing.
-func (p *Process) Stop() error { return p.signalAndWait(syscall.SIGTERM, 10*time.Second) }
+func (p *Process) Stop() error {
+	sig := p.stopSig
+	if sig == 0 {
+		sig = syscall.SIGTERM
+	}
+	return p.signalAndWait(sig, 10*time.Second)
+}
 
 // Kill ends the server at once with SIGKILL and waits for it.
 func (p *Process) Kill() error { return p.signalAndWait(syscall.SIGKILL, 0) }
