@@ -208,8 +208,14 @@ func LoadConfig(path string, ov Overrides) (Config, error) {
 
 // ParseConfig decodes YAML strictly without defaults or validation; name is used in
 // errors. Most callers want LoadConfig.
-func ParseConfig(name string, data []byte) (Config, error) {
-	var c Config
+func ParseConfig(name string, data []byte) (c Config, err error) {
+	// goccy/go-yaml v1.19.2 panics on some malformed documents (found by FuzzParseConfig,
+	// testdata/fuzz); a bad file must be an error, never a crash.
+	defer func() {
+		if p := recover(); p != nil {
+			c, err = Config{}, &ConfigError{File: name, Reason: "not valid YAML"}
+		}
+	}()
 	dec := yaml.NewDecoder(bytes.NewReader(data),
 		yaml.DisallowUnknownField(),
 		yaml.CustomUnmarshaler(unmarshalDuration),
