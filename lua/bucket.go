@@ -82,20 +82,7 @@ func (b *TokenBucket) Take(ctx context.Context, key string, capacity int64, refi
 	if cost < 1 || cost > capacity {
 		return Result{}, fmt.Errorf("token bucket take %s: %w: cost %d must be between 1 and capacity %d", key, ErrInvalidArgument, cost, capacity)
 	}
-	v, err := takeScript.Run(ctx, b.rdb, []string{key}, capacity, refill, cost).Slice()
-	if err != nil {
-		return Result{}, scriptError("take", key, err)
-	}
-	r, err := parse4(v)
-	if err != nil {
-		return Result{}, fmt.Errorf("token bucket take %s: %w", key, err)
-	}
-	return Result{
-		Allowed:    r[0] == 1,
-		Remaining:  r[1],
-		RetryAfter: time.Duration(r[2]) * time.Millisecond,
-		ResetAfter: time.Duration(r[3]) * time.Millisecond,
-	}, nil
+	return TakeReply(takeScript.Run(ctx, b.rdb, []string{key}, capacity, refill, cost))
 }
 
 // Lease takes up to want tokens at once from the bucket at key and returns how many
@@ -109,20 +96,7 @@ func (b *TokenBucket) Lease(ctx context.Context, key string, capacity int64, ref
 	if want < 1 {
 		return 0, Result{}, fmt.Errorf("token bucket lease %s: %w: want %d must be >= 1", key, ErrInvalidArgument, want)
 	}
-	v, err := leaseScript.Run(ctx, b.rdb, []string{key}, capacity, refill, want).Slice()
-	if err != nil {
-		return 0, Result{}, scriptError("lease", key, err)
-	}
-	r, err := parse4(v)
-	if err != nil {
-		return 0, Result{}, fmt.Errorf("token bucket lease %s: %w", key, err)
-	}
-	return r[0], Result{
-		Allowed:    r[0] > 0,
-		Remaining:  r[1],
-		RetryAfter: time.Duration(r[2]) * time.Millisecond,
-		ResetAfter: time.Duration(r[3]) * time.Millisecond,
-	}, nil
+	return LeaseReply(leaseScript.Run(ctx, b.rdb, []string{key}, capacity, refill, want))
 }
 
 // Return gives n unused tokens back to the bucket at key; the bucket never exceeds

@@ -5,7 +5,9 @@
 // A bucket is a Redis hash {tokens, ts} refilled by Redis TIME inside the script, so the
 // decision is one atomic round trip and gateway clocks never matter. Scripts run through
 // go-redis Script (EVALSHA, EVAL after NOSCRIPT), on any redis.Scripter: a client, a
-// cluster client or a pipeline.
+// cluster client or a pipeline. A caller that batches calls itself builds the commands
+// with Script.EvalShaCmd, queues them on a pipeline, reads them with TakeReply or
+// LeaseReply, and retries a NOSCRIPT failure with Script.EvalCmd.
 //
 // Over the limit is a Result, not an error; an error means the script did not run or
 // the arguments were invalid (ErrInvalidArgument, never a silent allow).
