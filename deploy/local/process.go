@@ -27,6 +27,7 @@ type Process struct {
 
 	bin  string
 	args []string
+	env  []string // added to the process's environment
 	// stopSig is the graceful-stop signal; SIGTERM when zero. PostgreSQL takes SIGINT
 	// (fast shutdown): its SIGTERM waits for every client to disconnect.
 	stopSig syscall.Signal
@@ -65,6 +66,9 @@ func (p *Process) start(ctx context.Context) error {
 	}
 	cmd := exec.Command(p.bin, p.args...)
 	cmd.Dir = p.Dir
+	if len(p.env) > 0 {
+		cmd.Env = append(os.Environ(), p.env...)
+	}
 	cmd.Stdout = logf
 	cmd.Stderr = logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: p.cred, Pdeathsig: syscall.SIGKILL, Setpgid: true}

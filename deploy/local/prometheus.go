@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"sort"
 	"strconv"
 	"sync"
 	"time"
@@ -23,7 +24,16 @@ type Prometheus struct {
 type ScrapeJob struct {
 	Name    string
 	Targets []string          // host:port
-	Labels  map[string]string // added to every series of the job
+	Labels  map[string]string // added to every series of Targets
+	// Groups are more target groups of the same job, each with labels of its own (for
+	// example one group per region).
+	Groups []TargetGroup
+}
+
+// TargetGroup is a static_configs entry.
+type TargetGroup struct {
+	Targets []string
+	Labels  map[string]string
 }
 
 // PrometheusOptions configures StartPrometheus.
@@ -106,18 +116,30 @@ func (p *Prometheus) writeConfig() error {
 	}
 	b.WriteString("scrape_configs:\n")
 	for _, j := range p.opts.Jobs {
-		fmt.Fprintf(&b, "  - job_name: %s\n    static_configs:\n      - targets: [", strconv.Quote(j.Name))
-		for i, t := range j.Targets {
-			if i > 0 {
-				b.WriteString(", ")
-			}
-			b.WriteString(strconv.Quote(t))
+		fmt.Fprintf(&b, "  - job_name: %s\n    static_configs:\n", strconv.Quote(j.Name))
+		groups := j.Groups
+		if len(j.Targets) > 0 || len(groups) == 0 {
+			groups = append([]TargetGroup{{Targets: j.Targets, Labels: j.Labels}}, groups...)
 		}
-		b.WriteString("]\n")
-		if len(j.Labels) > 0 {
-			b.WriteString("        labels:\n")
-			for k, v := range j.Labels {
-				fmt.Fprintf(&b, "          %s: %s\n", k, strconv.Quote(v))
+		for _, g := range groups {
+			b.WriteString("      - targets: [")
+			for i, t := range g.Targets {
+				if i > 0 {
+					b.WriteString(", ")
+				}
+				b.WriteString(strconv.Quote(t))
+			}
+			b.WriteString("]\n")
+			if len(g.Labels) > 0 {
+				b.WriteString("        labels:\n")
+				keys := make([]string, 0, len(g.Labels))
+				for k := range g.Labels {
+					keys = append(keys, k)
+				}
+				sort.Strings(keys)
+				for _, k := range keys {
+					fmt.Fprintf(&b, "          %s: %s\n", k, strconv.Quote(g.Labels[k]))
+				}
 			}
 		}
 	}
