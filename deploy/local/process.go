@@ -57,6 +57,9 @@ func (p *Process) start(ctx context.Context) error {
 			return fmt.Errorf("start %s: already running", p.Name)
 		}
 	}
+	if err := os.MkdirAll(p.Dir, 0o755); err != nil {
+		return fmt.Errorf("start %s: %w", p.Name, err)
+	}
 	logf, err := os.OpenFile(p.LogPath(), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return fmt.Errorf("start %s: %w", p.Name, err)
