@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"regexp"
 	"sort"
 	"strconv"
 	"strings"
@@ -42,8 +43,9 @@ type regionStatus struct {
 	// RuleReloadAgeSeconds is the age of the oldest last successful rule reload among the
 	// region's gateways.
 	RuleReloadAgeSeconds *float64 `json:"rule_reload_age_seconds"`
-	// Share is the region's effective share of the default scope "*" (with --tenant: of the
-	// tenant's scope when the gateways export one, else of "*").
+	// Share is the region's effective share of the default scope "*" (with --tenant: the
+	// mean over the tenant's scopes, TENANT and TENANT/ROUTE, that the gateways export,
+	// else of "*").
 	Share *float64 `json:"share"`
 	// State is "ok", or a comma-separated list of: "no-data", "fallback", "stale-rules".
 	State string `json:"state"`
@@ -110,7 +112,7 @@ func (a *app) status(cmd *cobra.Command, o statusOptions) error {
 	res, err := queryStatus(ctx, promv1.NewAPI(client), o, at)
 	if err != nil {
 		if isConnectError(err) {
-			return unreachableError{"prometheus", urlHostPort(a.prometheusURL, "9090"), err}
+			return unreachableError{"prometheus", urlHostPort(a.prometheusURL, "9090"), rootCause(err)}
 		}
 		return fmt.Errorf("query prometheus: %w", err)
 	}
@@ -139,7 +141,9 @@ func statusQueries(o statusOptions) map[string]string {
 	share := `avg by (region) (ratelimit_region_share_ratio{scope="*"})`
 	if o.tenant != "" {
 		req = `sum by (region) (rate(ratelimit_tenant_requests_total{tenant="` + o.tenant + `",decision="%s"}[` + win + `]))`
-		share = `avg by (region) (ratelimit_region_share_ratio{scope="` + o.tenant + `"}) or ` + share
+		// The tenant's own scopes (TENANT, TENANT/ROUTE) when the gateways export them.
+		t := strings.ReplaceAll(regexp.QuoteMeta(o.tenant), `\`, `\\`) // "." is the only metacharacter an id may hold
+		share = `avg by (region) (ratelimit_region_share_ratio{scope=~"` + t + `|` + t + `/.*"}) or ` + share
 	}
 	return map[string]string{
 		"allowed":   fmt.Sprintf(req, "allowed"),
@@ -204,7 +208,7 @@ func buildStatus(res map[string]map[string]float64, known []string, o statusOpti
 			names[r] = true
 		}
 	}
-	rep := statusReport{At: at.UTC(), WindowSeconds: o.window.Seconds(), Tenant: o.tenant, Regions: []regionStatus{}}
+	rep := statusReport{At: at.UTC().Truncate(time.Millisecond), WindowSeconds: o.window.Seconds(), Tenant: o.tenant, Regions: []regionStatus{}}
 	var totAllowed, totThrottled *float64
 	add := func(dst **float64, v *float64) {
 		if v == nil {

@@ -237,3 +237,10 @@ func checkError(t *testing.T, r result, code int, contains, absent string) {
 		t.Errorf("output contains %q:\n%s%s", absent, r.stdout, r.stderr)
 	}
 }
+
+func TestStatusQueriesEscapeTenant(t *testing.T) {
+	q := statusQueries(statusOptions{tenant: "shop.a", window: time.Minute})["share"]
+	if want := `scope=~"shop\\.a|shop\\.a/.*"`; !strings.Contains(q, want) {
+		t.Errorf("share query %s lacks %s", q, want)
+	}
+}
