@@ -72,6 +72,17 @@ func TestRegions(t *testing.T) {
 	}
 	c.ok("regions", "add", "eu-west", "--reason", "new region")
 	c.ok("regions", "add", "ap-south")
+	// Two live gateways in us-east, one in eu-west (heartbeats as the gateways write them).
+	st, err := regions.Open(context.Background(), url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for id, region := range map[string]string{"gw-1": "us-east", "gw-2": "us-east", "gw-3": "eu-west"} {
+		if err := st.Heartbeat(context.Background(), id, region); err != nil {
+			t.Fatal(err)
+		}
+	}
+	st.Close()
 	goldenBoth(t, c, "regions_list", "regions", "list")
 	if n := sqlInt(t, url, `SELECT count(*) FROM audit_log WHERE object LIKE 'region%' AND actor = 'alice' AND reason = 'new region'`); n != 1 {
 		t.Errorf("audit rows for eu-west: %d", n)
