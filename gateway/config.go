@@ -34,6 +34,9 @@ const (
 	DefaultListen            = "127.0.0.1:8080"
 	DefaultAdminListen       = "127.0.0.1:9100"
 	DefaultRedisTimeout      = 5 * time.Millisecond
+	DefaultKeyPrefix         = "rl"
+	DefaultBreakerFailures   = 5
+	DefaultBreakerOpenFor    = time.Second
 	DefaultReloadInterval    = 30 * time.Second
 	DefaultHeartbeatInterval = 5 * time.Second
 	DefaultExpectedInstances = 20
@@ -100,6 +103,18 @@ type RedisConfig struct {
 	URL string `yaml:"url"`
 	// Timeout bounds one decision's Redis call; past it the local fallback decides.
 	Timeout time.Duration `yaml:"timeout"`
+	// KeyPrefix starts every bucket key ("rl" gives rl:{tenant}:route).
+	KeyPrefix string `yaml:"key_prefix"`
+	// Breaker opens after consecutive Redis failures and probes again later.
+	Breaker BreakerConfig `yaml:"breaker"`
+}
+
+// BreakerConfig is the Redis circuit breaker.
+type BreakerConfig struct {
+	// Failures is how many consecutive failures (errors or timeouts) open it.
+	Failures uint32 `yaml:"failures"`
+	// OpenFor is how long it stays open before a probe may close it.
+	OpenFor time.Duration `yaml:"open_for"`
 }
 
 // RuleConfig is a token bucket.
@@ -266,6 +281,15 @@ func (c *Config) normalize() error {
 	if c.Redis.Timeout == 0 {
 		c.Redis.Timeout = DefaultRedisTimeout
 	}
+	if c.Redis.KeyPrefix == "" {
+		c.Redis.KeyPrefix = DefaultKeyPrefix
+	}
+	if c.Redis.Breaker.Failures == 0 {
+		c.Redis.Breaker.Failures = DefaultBreakerFailures
+	}
+	if c.Redis.Breaker.OpenFor == 0 {
+		c.Redis.Breaker.OpenFor = DefaultBreakerOpenFor
+	}
 	if c.ReloadInterval == 0 {
 		c.ReloadInterval = DefaultReloadInterval
 	}
@@ -322,6 +346,7 @@ func (c *Config) normalize() error {
 		v   time.Duration
 	}{
 		{"redis.timeout", c.Redis.Timeout},
+		{"redis.breaker.open_for", c.Redis.Breaker.OpenFor},
 		{"reload_interval", c.ReloadInterval},
 		{"heartbeat_interval", c.HeartbeatInterval},
 		{"drain_timeout", c.DrainTimeout},
@@ -333,6 +358,15 @@ func (c *Config) normalize() error {
 	}
 	if c.Redis.Timeout > time.Second {
 		return bad("redis.timeout", "%s is longer than 1s: a slow Redis would become a slow gateway", c.Redis.Timeout)
+	}
+	if c.Redis.Breaker.OpenFor < 10*time.Millisecond || c.Redis.Breaker.OpenFor > time.Minute {
+		return bad("redis.breaker.open_for", "must be between 10ms and 1m, got %s", c.Redis.Breaker.OpenFor)
+	}
+	if c.Redis.Breaker.Failures > 1000 {
+		return bad("redis.breaker.failures", "must be between 1 and 1000, got %d", c.Redis.Breaker.Failures)
+	}
+	if err := checkKeyPrefix(c.Redis.KeyPrefix); err != nil {
+		return bad("redis.key_prefix", "%v", err)
 	}
 	if c.ReloadInterval < 100*time.Millisecond {
 		return bad("reload_interval", "%s is shorter than 100ms", c.ReloadInterval)
@@ -444,6 +478,20 @@ func (c *Config) normalize() error {
 			if err := checkBucket(r.Capacity, r.RefillPerSecond, r.Shards); err != nil {
 				return bad(rk+"."+err.key, "%s", err.reason)
 			}
+		}
+	}
+	return nil
+}
+
+// checkKeyPrefix allows [A-Za-z0-9._:-]{1,32}: no spaces, braces (hash tags) or globs.
+func checkKeyPrefix(p string) error {
+	if len(p) > 32 {
+		return fmt.Errorf("%q is longer than 32 characters", p)
+	}
+	for i := 0; i < len(p); i++ {
+		c := p[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-' || c == ':') {
+			return fmt.Errorf("%q: only letters, digits, '.', '_', '-' and ':' are allowed", p)
 		}
 	}
 	return nil

@@ -31,7 +31,8 @@ func TestLoadConfigDefaults(t *testing.T) {
 	}
 	want := Config{
 		Region: "eu-west", Listen: DefaultListen, AdminListen: DefaultAdminListen,
-		Redis:             RedisConfig{Timeout: DefaultRedisTimeout},
+		Redis: RedisConfig{Timeout: DefaultRedisTimeout, KeyPrefix: DefaultKeyPrefix,
+			Breaker: BreakerConfig{Failures: DefaultBreakerFailures, OpenFor: DefaultBreakerOpenFor}},
 		ReloadInterval:    DefaultReloadInterval,
 		HeartbeatInterval: DefaultHeartbeatInterval,
 		ExpectedInstances: DefaultExpectedInstances,
@@ -84,6 +85,8 @@ func TestBadConfigs(t *testing.T) {
 		"bad-duration":               `redis.timeout: "banana" is not a duration (write e.g. 5ms, 30s, 1m)`,
 		"bad-listen":                 `listen: want host:port, got "localhost"`,
 		"bad-log-level":              `log_level: want debug, info, warn or error, got "loud"`,
+		"bad-key-prefix":             `redis.key_prefix: "rl {x}": only letters, digits, '.', '_', '-' and ':' are allowed`,
+		"breaker-open-for-too-short": `redis.breaker.open_for: must be between 10ms and 1m, got 1ms`,
 		"bad-pattern":                `routes[0].match: parsing "POST orders": at offset 5: host/path missing /`,
 		"bad-redis-url":              `redis.url: scheme "http" not supported (want redis, rediss, unix)`,
 		"bad-region-id":              `region: region id "us east": only letters, digits, '.', '_' and '-' are allowed`,

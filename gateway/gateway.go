@@ -180,6 +180,9 @@ func (g *Gateway) newLimiter() error {
 	l, err := limiter.NewRedis(g.rdb, limiter.Options{
 		Region:            g.cfg.Region,
 		Timeout:           g.cfg.Redis.Timeout,
+		KeyPrefix:         g.cfg.Redis.KeyPrefix,
+		BreakerFailures:   g.cfg.Redis.Breaker.Failures,
+		BreakerOpenFor:    g.cfg.Redis.Breaker.OpenFor,
 		Instances:         g.liveInstances,
 		ExpectedInstances: g.cfg.ExpectedInstances,
 		Registerer:        g.registerer,

@@ -135,7 +135,7 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, rt *route) {
 	}
 	rule, lim, _ := snap.Regional(g.cfg.Region, tenant, rt.id, g.now())
 	start := time.Now()
-	d, err := g.lim.Decide(r.Context(), limiter.Request{Tenant: tenant, Route: rt.id, Limit: lim, Cost: 1})
+	d, err := g.lim.Decide(r.Context(), limiter.Request{Tenant: tenant, Route: rt.id, Limit: lim, Cost: 1, Shards: rule.Shards})
 	elapsed := time.Since(start)
 	if err != nil {
 		if r.Context().Err() != nil {
