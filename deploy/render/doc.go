@@ -1,0 +1,12 @@
+// Package render builds the kustomize overlays of deploy/regions exactly as
+// `kustomize build` does (sigs.k8s.io/kustomize/api, in process), and its test checks what
+// they render: region names, secret references instead of inlined URLs, probes, the
+// PodDisruptionBudget, the ServiceMonitors, the rebalancer in the home region only, and
+// that each region's prometheus.yml finds the Services the overlay renders.
+//
+// It is its own Go module (deploy/render/go.mod) so that kustomize and its dependencies
+// stay out of the module graph of the binaries; the main module's `go list ./...` does not
+// see it. Run its tests with `cd deploy/render && go test ./...`.
+//
+// It must not import the main module: it reads the deploy/ files from disk only.
+package render
