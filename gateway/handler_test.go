@@ -354,3 +354,35 @@ type discardWriter struct {
 func (w *discardWriter) Header() http.Header         { return w.h }
 func (w *discardWriter) Write(b []byte) (int, error) { return len(b), nil }
 func (w *discardWriter) WriteHeader(s int)           { w.status = s }
+
+// TestShardedRuleReachesTheLimiter: a rule's shards reach the limiter, which then keeps
+// the bucket in per-shard keys.
+func TestShardedRuleReachesTheLimiter(t *testing.T) {
+	up := newUpstream(t, 0)
+	rp := local.Redis(t)
+	cfg := articleConfig("us-east", up.URL, local.RedisURL(rp))
+	cfg.Redis.Timeout = 500 * time.Millisecond
+	cfg.Tenants = append(cfg.Tenants, TenantConfig{ID: "*", Rules: []TenantRuleConfig{
+		{Route: "get-order", Capacity: 100, RefillPerSecond: 10, Shards: 4},
+	}})
+	gw := newInProcess(t, cfg)
+	for range 20 {
+		if resp, body := call(t, "GET", gw.srv.URL+"/orders/1", "key-shop-a"); resp.StatusCode != 200 {
+			t.Fatalf("status %d: %s", resp.StatusCode, body)
+		}
+	}
+	rdb := redis.NewClient(&redis.Options{Addr: rp.Addr()})
+	defer rdb.Close()
+	keys, err := rdb.Keys(context.Background(), "rl:*get-order*").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range keys {
+		if strings.Contains(k, "{") {
+			t.Errorf("sharded bucket key %q has a hash tag", k)
+		}
+	}
+	if len(keys) < 2 {
+		t.Errorf("bucket keys %v: want per-shard keys", keys)
+	}
+}
