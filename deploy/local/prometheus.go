@@ -60,6 +60,9 @@ func StartPrometheus(ctx context.Context, opts PrometheusOptions) (*Prometheus, 
 			return nil, fmt.Errorf("start prometheus: %w", err)
 		}
 	}
+	if err := os.MkdirAll(opts.Dir, 0o755); err != nil {
+		return nil, fmt.Errorf("start prometheus: %w", err)
+	}
 	if opts.Port == 0 {
 		if opts.Port, err = FreePort(); err != nil {
 			return nil, err
