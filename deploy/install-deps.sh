@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs the real servers that the tests and the demo start: redis-server, PostgreSQL
-# and Prometheus (with promtool), from Debian's packages. Installs only what is missing.
+# and Prometheus (with promtool), and the headless Chromium that drives the status page's
+# browser test, from Debian's packages. Installs only what is missing.
 set -euo pipefail
 
 need=()
@@ -11,6 +12,7 @@ if ! command -v initdb >/dev/null 2>&1 && ! ls /usr/lib/postgresql/*/bin/initdb 
 fi
 command -v prometheus >/dev/null 2>&1 || need+=(prometheus)
 command -v promtool >/dev/null 2>&1 || need+=(prometheus)
+command -v chromium >/dev/null 2>&1 || need+=(chromium)
 
 if [ ${#need[@]} -eq 0 ]; then
   exit 0
@@ -18,7 +20,7 @@ fi
 # Unique names, in order.
 mapfile -t need < <(printf '%s\n' "${need[@]}" | awk '!seen[$0]++')
 if [ "$(id -u)" -ne 0 ]; then
-  echo "missing servers; run: sudo apt-get install -y ${need[*]}" >&2
+  echo "missing packages; run: sudo apt-get install -y ${need[*]}" >&2
   exit 1
 fi
 echo "installing: ${need[*]}" >&2
