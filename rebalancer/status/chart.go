@@ -13,11 +13,11 @@ import (
 // no script to show them.
 
 const (
-	chartW, chartH                         = 560, 200
-	padLeft, padRight, padTop, padBottom   = 52, 12, 10, 24
-	plotW, plotH                           = chartW - padLeft - padRight, chartH - padTop - padBottom
-	shareTicks, rateTicks, timeTicks       = 4, 4, 4
-	gapFactor                        int64 = 2 // a gap of more than 2 steps breaks a line
+	chartW, chartH                             = 560, 200
+	padLeft, padRight, padTop, padBottom       = 52, 12, 10, 24
+	plotW, plotH                               = chartW - padLeft - padRight, chartH - padTop - padBottom
+	shareTicks, rateTicks, timeTicks           = 4, 4, 4
+	gapFactor                            int64 = 2 // a gap of more than 2 steps breaks a line
 )
 
 // palette colours the regions in order; it repeats after eight.

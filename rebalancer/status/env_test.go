@@ -229,4 +229,3 @@ func decodeStatus(t *testing.T, body string) status.Status {
 	}
 	return st
 }
-

@@ -125,7 +125,9 @@ func (h *Handler) queryPrometheus(ctx context.Context, now time.Time) promData {
 
 // owns reports whether the server's answer for region counts: a per-region server only
 // speaks for its own region.
-func (s Source) owns(region string) bool { return region != "" && (s.Region == "" || s.Region == region) }
+func (s Source) owns(region string) bool {
+	return region != "" && (s.Region == "" || s.Region == region)
+}
 
 func queryRange(ctx context.Context, src Source, q string, r promv1.Range) (map[string][]Point, error) {
 	v, _, _, err := src.API.QueryRange(ctx, q, r)
