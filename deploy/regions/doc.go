@@ -8,5 +8,6 @@
 // overlays is tested by the separate module deploy/render (it needs kustomize, which the
 // binaries must not depend on).
 //
-// It must not import anything but the gateway package (for its configuration loader).
+// It must not import any package of this module but gateway (for its configuration
+// loader).
 package regions
