@@ -11,6 +11,7 @@ deps:
 ## test: everything — lint, then all tests with -race against real servers.
 test: deps lint
 	$(GO) test -race -count=1 -timeout $(TIMEOUT) ./...
+	cd deploy/render && $(GO) test -count=1 ./...
 
 ## unit: the pure packages only (no servers): allocation and simulator.
 unit:
@@ -21,6 +22,7 @@ lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 	  if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
+	cd deploy/render && $(GO) vet ./...
 
 ## bench: benchmarks against real servers; results go to docs/BENCHMARKS.md by hand.
 bench: deps
