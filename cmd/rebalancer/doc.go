@@ -1,7 +1,8 @@
 // Command rebalancer is the control-plane job: every --interval it reads offered demand
 // per region from Prometheus and rewrites the regions' shares of every global limit in
 // PostgreSQL (rebalancer/job). Only the replica holding a PostgreSQL advisory lock acts,
-// so several may run. Its admin port serves /metrics and /healthz.
+// so several may run. Its admin port serves /metrics, /healthz and the status page
+// (rebalancer/status: "/" and "/status.json").
 //
 // It is wiring only: flags, logging, the admin server and the exit code.
 package main

@@ -14,12 +14,15 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/prometheus/client_golang/api"
+	promv1 "github.com/prometheus/client_golang/api/prometheus/v1"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/quotaplane/quotaplane/rebalancer/demand"
 	"github.com/quotaplane/quotaplane/rebalancer/job"
+	"github.com/quotaplane/quotaplane/rebalancer/status"
 	"github.com/quotaplane/quotaplane/regions"
 )
 
@@ -71,7 +74,7 @@ func parseFlags(args []string, getenv func(string) string) (options, error) {
 	fs.DurationVar(&o.instanceTTL, "instance-ttl", job.DefaultInstanceTTL, "a gateway unseen for longer is not live; a region with none is dark")
 	fs.BoolVar(&o.once, "once", false, "run once and exit: takes the leader lock (fails while another rebalancer holds it); non-zero if the run was skipped")
 	fs.BoolVar(&o.dryRun, "dry-run", false, "compute and log the shares, write nothing")
-	fs.StringVar(&o.adminListen, "admin-listen", "127.0.0.1:9102", "admin address for /metrics and /healthz; empty disables it")
+	fs.StringVar(&o.adminListen, "admin-listen", "127.0.0.1:9102", "admin address for /metrics, /healthz and the status page (/ and /status.json); empty disables it")
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
 	if err := fs.Parse(args); err != nil {
 		return o, err
@@ -161,7 +164,12 @@ func run(ctx context.Context, args []string, getenv func(string) string) error {
 		if err != nil {
 			return fmt.Errorf("--admin-listen %s: %w", o.adminListen, err)
 		}
-		srv = &http.Server{Handler: adminMux(reg), ReadHeaderTimeout: 5 * time.Second}
+		page, err := statusPage(sources, o, store, j, log)
+		if err != nil {
+			ln.Close()
+			return err
+		}
+		srv = &http.Server{Handler: adminMux(reg, page), ReadHeaderTimeout: 5 * time.Second}
 		go func() { srvDone <- srv.Serve(ln) }()
 		log.Info("admin listening", "addr", ln.Addr().String())
 	}
@@ -180,9 +188,25 @@ func run(ctx context.Context, args []string, getenv func(string) string) error {
 	return runErr
 }
 
-// adminMux serves /metrics and /healthz; the status page (issue 7) mounts at "/".
-func adminMux(g prometheus.Gatherer) *http.ServeMux {
+// statusPage is the status page over the store and the same Prometheus servers the
+// demand is read from.
+func statusPage(sources []demand.Source, o options, store *regions.Store, j *job.Job, log *slog.Logger) (http.Handler, error) {
+	var proms []status.Source
+	for _, s := range sources {
+		c, err := api.NewClient(api.Config{Address: s.URL})
+		if err != nil {
+			return nil, fmt.Errorf("status page: prometheus %s: %w", s.URL, err)
+		}
+		proms = append(proms, status.Source{Region: s.Region, API: promv1.NewAPI(c)})
+	}
+	return status.New(status.Config{Prometheus: proms, InstanceTTL: o.instanceTTL, LastRun: j.Last, Logger: log}, store)
+}
+
+// adminMux serves /metrics, /healthz and, at "/", the status page (its /status.json and
+// /assets/ included).
+func adminMux(g prometheus.Gatherer, page http.Handler) *http.ServeMux {
 	mux := http.NewServeMux()
+	mux.Handle("GET /", page)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(g, promhttp.HandlerOpts{}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")

@@ -220,6 +220,17 @@ func TestRunServesAdmin(t *testing.T) {
 	if got := w.globalShares(t); len(got) != 2 {
 		t.Errorf("shares after the first scheduled run: %v", got)
 	}
+	// The status page: both regions, the run's share changes, the job's last run.
+	if code, body := get("/"); code != http.StatusOK || !strings.Contains(body, "us-east") || !strings.Contains(body, "eu-west") ||
+		!strings.Contains(body, "50.0% → 70.0%") || !strings.Contains(body, `class="badge result-ok"`) {
+		t.Errorf("GET / = %d, want the status page with both regions, the changes and the last run:\n%s", code, body)
+	}
+	if code, body := get("/status.json"); code != http.StatusOK || !strings.Contains(body, `"reachable": true`) || !strings.Contains(body, `"name": "us-east"`) {
+		t.Errorf("GET /status.json = %d %s", code, body)
+	}
+	if code, _ := get("/assets/style.css"); code != http.StatusOK {
+		t.Errorf("GET /assets/style.css = %d", code)
+	}
 	cancel()
 	select {
 	case err := <-done:

@@ -16,7 +16,7 @@ const (
 	chartW, chartH                             = 560, 200
 	padLeft, padRight, padTop, padBottom       = 52, 12, 10, 24
 	plotW, plotH                               = chartW - padLeft - padRight, chartH - padTop - padBottom
-	shareTicks, rateTicks, timeTicks           = 4, 4, 4
+	shareTicks, timeTicks                      = 4, 4
 	gapFactor                            int64 = 2 // a gap of more than 2 steps breaks a line
 )
 
@@ -66,7 +66,6 @@ func newChart(id, title string, series []Series, start, end time.Time, step time
 		CX: padLeft + plotW/2, CY: padTop + plotH/2}
 	ticks := shareTicks
 	if yMax <= 0 {
-		ticks = rateTicks
 		top := 0.0
 		for _, s := range series {
 			for _, p := range s.Points {
@@ -74,6 +73,7 @@ func newChart(id, title string, series []Series, start, end time.Time, step time
 			}
 		}
 		yMax = niceCeil(top)
+		ticks = rateTickCount(yMax)
 	}
 	span := end.Sub(start).Seconds()
 	x := func(t time.Time) float64 {
@@ -141,6 +141,16 @@ func segments(pts []Point, step time.Duration) [][]Point {
 		}
 	}
 	return out
+}
+
+// rateTickCount divides a niceCeil maximum into round steps: 2 into 4 steps of 0.5,
+// 1, 2.5 and 5 into 5 steps of 0.2, 0.5 and 1 (times a power of ten).
+func rateTickCount(yMax float64) int {
+	m := yMax / math.Pow(10, math.Floor(math.Log10(yMax)))
+	if math.Abs(m-2) < 1e-9 {
+		return 4
+	}
+	return 5
 }
 
 // niceCeil is the smallest of 1, 2, 2.5, 5 x 10^k at or above v (1 for v <= 0), so the

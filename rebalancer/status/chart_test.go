@@ -17,6 +17,18 @@ func TestNiceCeil(t *testing.T) {
 	}
 }
 
+func TestRateTickCount(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		max  float64
+		want int
+	}{{1, 5}, {2, 4}, {2.5, 5}, {5, 5}, {10, 5}, {20, 4}, {25, 5}, {0.5, 5}, {200, 4}} {
+		if got := rateTickCount(tc.max); got != tc.want {
+			t.Errorf("rateTickCount(%v) = %d, want %d", tc.max, got, tc.want)
+		}
+	}
+}
+
 func TestShortDuration(t *testing.T) {
 	t.Parallel()
 	for d, want := range map[time.Duration]string{
@@ -78,7 +90,7 @@ func TestNewChart(t *testing.T) {
 		{Region: "c", Points: []Point{}},
 	}
 	c := newChart("x", "Throttled", series, start, end, step, 0, formatRate)
-	if len(c.YTicks) != rateTicks+1 || c.YTicks[rateTicks].Label != "20" || c.YTicks[0].Pos != padTop+plotH || c.YTicks[rateTicks].Pos != padTop {
+	if len(c.YTicks) != 5 || c.YTicks[4].Label != "20" || c.YTicks[1].Label != "5" || c.YTicks[0].Pos != padTop+plotH || c.YTicks[4].Pos != padTop {
 		t.Errorf("y ticks %+v, want 0..20 with 20 at the top", c.YTicks)
 	}
 	if c.XTicks[0].Label != "-1h" || c.XTicks[0].Pos != padLeft || c.XTicks[timeTicks].Label != "now" || c.XTicks[timeTicks].Pos != padLeft+plotW {
