@@ -22,7 +22,8 @@ const (
 	SourceFallback Source = "fallback"
 	// SourceLocal: a standalone limiter (no Redis at all) decided with the whole rule.
 	SourceLocal Source = "local"
-	// SourceLease: tokens leased earlier from Redis and spent locally decided.
+	// SourceLease: tokens leased earlier from Redis and spent locally decided; also a
+	// rejection made locally while a hot key's shared bucket is known to be empty.
 	SourceLease Source = "lease"
 )
 
@@ -53,6 +54,13 @@ type Request struct {
 	Limit regions.Limit
 	// Cost is the number of tokens the request takes; 0 means 1.
 	Cost int64
+	// Shards is the rule's shard count (regions.Rule.Shards). 0 and 1 mean one bucket
+	// "rl:{tenant}:route". K >= 2 splits the rule into K sub-buckets "rl:tenant:route:i"
+	// (no hash tag, so they spread over a Redis Cluster), each holding ShardLimit of it;
+	// a decision takes from a random shard and, when that one rejects, from one other.
+	// A sharded request's cost must fit in one shard (at most Capacity/K). The Local
+	// limiter and the fallback ignore it.
+	Shards int
 }
 
 // ErrInvalidRequest is wrapped by the error of a request no bucket can answer: a

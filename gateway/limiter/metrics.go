@@ -74,6 +74,19 @@ type redisMetrics struct {
 	active      prometheus.Gauge
 	state       prometheus.Gauge
 	minCapacity prometheus.Counter
+
+	pipelines    prometheus.Counter
+	pipelined    prometheus.Counter
+	noscript     prometheus.Counter
+	shardRetries prometheus.Counter
+
+	leaseOps      *prometheus.CounterVec
+	leaseCalls    prometheus.Counter
+	returnCalls   prometheus.Counter
+	leaseTokens   *prometheus.CounterVec
+	leaseGranted  prometheus.Counter
+	leaseReturned prometheus.Counter
+	leaseRejected prometheus.Counter
 }
 
 func newRedisMetrics() *redisMetrics {
@@ -99,11 +112,76 @@ func newRedisMetrics() *redisMetrics {
 	m.failed = m.errors.WithLabelValues(reasonError)
 	m.breakerOpen = m.errors.WithLabelValues(reasonBreakerOpen)
 	m.invalid = m.errors.WithLabelValues(reasonInvalid)
+
+	m.pipelines = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "ratelimit_redis_pipelines_total",
+		Help: "Pipelines of queued script calls sent to Redis (calls that found a free slot go alone and are not counted).",
+	})
+	m.pipelined = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "ratelimit_redis_pipelined_calls_total",
+		Help: "Script calls sent in pipelines; divided by ratelimit_redis_pipelines_total, the mean batch size.",
+	})
+	m.noscript = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "ratelimit_redis_noscript_reloads_total",
+		Help: "Pipelines retried with EVAL because Redis had lost the scripts (NOSCRIPT: a restart or SCRIPT FLUSH).",
+	})
+	m.shardRetries = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "ratelimit_shard_retries_total",
+		Help: "Decisions on a sharded rule whose first shard rejected, so a second one was tried.",
+	})
+	m.leaseOps = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "ratelimit_lease_calls_total",
+		Help: "Redis calls made for token leases on hot keys, by op: lease (take a batch) or return (give unspent tokens back).",
+	}, []string{"op"})
+	m.leaseCalls = m.leaseOps.WithLabelValues("lease")
+	m.returnCalls = m.leaseOps.WithLabelValues("return")
+	m.leaseTokens = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "ratelimit_lease_tokens_total",
+		Help: "Tokens moved by leases, by direction: granted (taken from Redis) or returned (given back unspent).",
+	}, []string{"direction"})
+	m.leaseGranted = m.leaseTokens.WithLabelValues("granted")
+	m.leaseReturned = m.leaseTokens.WithLabelValues("returned")
+	m.leaseRejected = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "ratelimit_lease_local_rejections_total",
+		Help: "Requests on a leased key rejected locally, without a Redis call, while its shared bucket is known to be empty.",
+	})
 	return m
 }
 
-func (m *redisMetrics) collectors() []prometheus.Collector {
-	return []prometheus.Collector{m.errors, m.active, m.state, m.minCapacity}
+// collectors are what a Redis limiter registers; leases adds the per-key bound series
+// (nil when leases are off).
+func (m *redisMetrics) collectors(leases *leaseTable) []prometheus.Collector {
+	cs := []prometheus.Collector{m.errors, m.active, m.state, m.minCapacity,
+		m.pipelines, m.pipelined, m.noscript, m.shardRetries, m.leaseOps, m.leaseTokens, m.leaseRejected}
+	if leases != nil {
+		cs = append(cs, &leaseCollector{t: leases})
+	}
+	return cs
+}
+
+var (
+	leaseBoundDesc = prometheus.NewDesc("ratelimit_lease_overadmission_bound_tokens",
+		"Worst-case over-admission of the region on a leased hot key (instances x batch, tokens), for the keys with the largest bounds (at most MaxLeaseSeries series).",
+		[]string{"tenant", "route"}, nil)
+	leaseKeysDesc = prometheus.NewDesc("ratelimit_lease_keys",
+		"Hot keys this instance leases tokens for.", nil, nil)
+)
+
+// leaseCollector exports the current bound of the leased keys at scrape time, capped
+// at the table's maxSeries keys (largest bounds), so the tenant label stays bounded.
+type leaseCollector struct{ t *leaseTable }
+
+func (c *leaseCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- leaseBoundDesc
+	ch <- leaseKeysDesc
+}
+
+func (c *leaseCollector) Collect(ch chan<- prometheus.Metric) {
+	all := c.t.list(0)
+	ch <- prometheus.MustNewConstMetric(leaseKeysDesc, prometheus.GaugeValue, float64(len(all)))
+	for _, li := range all[:min(len(all), c.t.maxSeries)] {
+		ch <- prometheus.MustNewConstMetric(leaseBoundDesc, prometheus.GaugeValue, float64(li.Bound), li.Tenant, li.Route)
+	}
 }
 
 // register registers every collector with the constant label region (every limiter

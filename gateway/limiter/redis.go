@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -57,15 +58,49 @@ type Options struct {
 	Registerer prometheus.Registerer
 	// Logger receives breaker state changes (never per-request lines); nil discards.
 	Logger *slog.Logger
+
+	// NoPipelining sends every call as its own EVALSHA. By default concurrent calls to
+	// the same Redis share pipelines (see PipelineBatch); with one caller at a time the
+	// two are the same.
+	NoPipelining bool
+	// PipelineBatch is the most calls sent in one pipeline (default 64).
+	PipelineBatch int
+	// PipelineInFlight is the most calls or pipelines out at once (default 4): a call
+	// that finds them all out waits in a queue, and the next one to come back sends
+	// everything queued.
+	PipelineInFlight int
+
+	// LeaseThreshold turns token leases on: a key this instance is asked for at this
+	// many tokens per second or more takes batches of tokens from Redis and spends them
+	// locally (Source "lease"). 0 means leases off. A few hundred is a sensible value:
+	// below it a key costs few Redis calls anyway.
+	LeaseThreshold float64
+	// LeaseFraction bounds the region's worst-case over-admission on a leased key,
+	// instances x batch, as a fraction of one second's regional refill (default 0.02).
+	LeaseFraction float64
+	// LeaseTTL is how long leased tokens may be spent (default 250 ms); later they go
+	// back to Redis.
+	LeaseTTL time.Duration
+	// MaxLeaseKeys bounds the keys tracked for leases (default 4096).
+	MaxLeaseKeys int
+	// MaxLeaseSeries bounds the keys exported with their over-admission bound
+	// (ratelimit_lease_overadmission_bound_tokens), largest first (default 16).
+	MaxLeaseSeries int
 }
 
 // Redis decides with the region's shared token bucket in Redis (one EVALSHA per
-// decision), behind a per-call timeout and a circuit breaker. When a call fails or the
-// breaker is open, a local bucket holding Limit/N decides instead (Source "fallback"),
-// N being the live instances of the region, so the region as a whole still admits about
-// its limit. It is safe for concurrent use and starts no goroutines.
+// decision, concurrent ones pipelined together), behind a per-call timeout and a circuit
+// breaker. When a call fails or the breaker is open, a local bucket holding Limit/N
+// decides instead (Source "fallback"), N being the live instances of the region, so the
+// region as a whole still admits about its limit. Sharded rules (Request.Shards) spread
+// over sub-buckets; hot keys may be leased (Options.LeaseThreshold).
+//
+// It is safe for concurrent use. It has no goroutine of its own: the pipelining starts
+// short-lived ones that send queued calls and exit when the queue is empty.
 type Redis struct {
 	tb        *lua.TokenBucket
+	batch     *batcher    // nil with NoPipelining
+	leases    *leaseTable // nil with leases off
 	keys      lua.Keys
 	timeout   time.Duration
 	cb        *gobreaker.TwoStepCircuitBreaker[struct{}]
@@ -99,6 +134,14 @@ func NewRedis(rdb redis.Scripter, opts Options) (*Redis, error) {
 		return nil, fmt.Errorf("new redis limiter: negative Timeout %v, BreakerOpenFor %v or ExpectedInstances %d",
 			opts.Timeout, opts.BreakerOpenFor, opts.ExpectedInstances)
 	}
+	if opts.PipelineBatch < 0 || opts.PipelineInFlight < 0 || opts.LeaseTTL < 0 || opts.MaxLeaseKeys < 0 || opts.MaxLeaseSeries < 0 {
+		return nil, fmt.Errorf("new redis limiter: negative PipelineBatch %d, PipelineInFlight %d, LeaseTTL %v, MaxLeaseKeys %d or MaxLeaseSeries %d",
+			opts.PipelineBatch, opts.PipelineInFlight, opts.LeaseTTL, opts.MaxLeaseKeys, opts.MaxLeaseSeries)
+	}
+	if !(opts.LeaseThreshold >= 0) || math.IsInf(opts.LeaseThreshold, 0) || !(opts.LeaseFraction >= 0 && opts.LeaseFraction <= 1) {
+		return nil, fmt.Errorf("new redis limiter: LeaseThreshold %v must be a finite number >= 0 and LeaseFraction %v within [0, 1]",
+			opts.LeaseThreshold, opts.LeaseFraction)
+	}
 	if opts.Timeout == 0 {
 		opts.Timeout = DefaultTimeout
 	}
@@ -120,6 +163,27 @@ func NewRedis(rdb redis.Scripter, opts Options) (*Redis, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	if opts.PipelineBatch == 0 {
+		opts.PipelineBatch = DefaultPipelineBatch
+	}
+	if opts.PipelineInFlight == 0 {
+		opts.PipelineInFlight = DefaultPipelineInFlight
+	}
+	if opts.LeaseFraction == 0 {
+		opts.LeaseFraction = DefaultLeaseFraction
+	}
+	if opts.LeaseTTL == 0 {
+		opts.LeaseTTL = DefaultLeaseTTL
+	}
+	if opts.MaxLeaseKeys == 0 {
+		opts.MaxLeaseKeys = DefaultMaxLeaseKeys
+	}
+	if opts.MaxLeaseSeries == 0 {
+		opts.MaxLeaseSeries = DefaultMaxLeaseSeries
+	}
 	l := &Redis{
 		tb:        lua.NewTokenBucket(rdb),
 		keys:      lua.Keys{Prefix: opts.KeyPrefix},
@@ -140,7 +204,13 @@ func NewRedis(rdb redis.Scripter, opts Options) (*Redis, error) {
 		// Called under the breaker's lock, only on a change: cheap, and the only log.
 		OnStateChange: func(_ string, from, to gobreaker.State) { l.stateChanged(from, to) },
 	})
-	cs := append(l.m.collectors(), l.fallback.m.collectors(l.fallback.Len)...)
+	if p, ok := rdb.(pipeliner); ok && !opts.NoPipelining {
+		l.batch = newBatcher(p, l.tb, l.timeout, opts.PipelineBatch, opts.PipelineInFlight, l.m)
+	}
+	if opts.LeaseThreshold > 0 {
+		l.leases = newLeaseTable(opts.LeaseThreshold, opts.LeaseFraction, opts.LeaseTTL, opts.MaxLeaseKeys, opts.MaxLeaseSeries, opts.Now)
+	}
+	cs := append(l.m.collectors(l.leases), l.fallback.m.collectors(l.fallback.Len)...)
 	if err := register(opts.Registerer, opts.Region, cs...); err != nil {
 		return nil, fmt.Errorf("new redis limiter: %w", err)
 	}
@@ -165,7 +235,9 @@ func checkContextTimeouts(rdb redis.Scripter) error {
 }
 
 // Decide takes r.Cost tokens (0 means 1) from the shared bucket of (r.Tenant, r.Route)
-// in Redis. If Redis does not answer within the timeout, fails, or the breaker is open,
+// in Redis: from one random shard of it, then one other if that one rejects, when
+// r.Shards >= 2; or from this instance's lease on the key when it is hot (Source
+// "lease"). If Redis does not answer within the timeout, fails, or the breaker is open,
 // the fallback decides (Source "fallback") and the error is nil: a Redis outage is not
 // the caller's error. The error is non-nil only for an invalid request
 // (ErrInvalidRequest) or when ctx ended before a decision.
@@ -174,42 +246,93 @@ func (l *Redis) Decide(ctx context.Context, r Request) (Decision, error) {
 	if err != nil {
 		return Decision{}, err
 	}
+	shards, err := r.shards(cost)
+	if err != nil {
+		return Decision{}, err
+	}
+	if l.leases != nil {
+		if d, ok := l.decideLease(ctx, r, cost, shards); ok {
+			return d, nil
+		}
+	}
+	if shards <= 1 {
+		return l.take(ctx, r, cost, l.keys.Bucket(r.Tenant, r.Route), r.Limit)
+	}
+	i, j := twoShards(shards)
+	d, err := l.take(ctx, r, cost, l.keys.Shard(r.Tenant, r.Route, i), ShardLimit(r.Limit, shards, i))
+	if err != nil || d.Allowed || d.Source != SourceRedis {
+		return d, err
+	}
+	l.m.shardRetries.Inc()
+	d2, err := l.take(ctx, r, cost, l.keys.Shard(r.Tenant, r.Route, j), ShardLimit(r.Limit, shards, j))
+	if err == nil && !d2.Allowed && d2.Source == SourceRedis {
+		d2.RetryAfter = min(d.RetryAfter, d2.RetryAfter) // whichever shard refills first
+	}
+	return d2, err
+}
+
+// take decides r with cost tokens from the bucket at key holding lim, or with the
+// fallback when Redis does not answer. A shard's answer is scaled back to the whole
+// rule: Limit is the rule's capacity and Remaining the shard's times the shards.
+func (l *Redis) take(ctx context.Context, r Request, cost int64, key string, lim regions.Limit) (Decision, error) {
+	a, ok, err := l.call(ctx, lua.ScriptTake, key, lim, cost)
+	if err != nil {
+		return Decision{}, fmt.Errorf("decide %s/%s: %w", r.Tenant, r.Route, err)
+	}
+	if !ok {
+		return l.decideFallback(r, cost), nil
+	}
+	remaining := a.res.Remaining
+	if lim.Capacity != r.Limit.Capacity && lim.Capacity > 0 {
+		remaining = min(r.Limit.Capacity, remaining*(r.Limit.Capacity/lim.Capacity))
+	}
+	return Decision{
+		Allowed:    a.res.Allowed,
+		Limit:      r.Limit.Capacity,
+		Remaining:  remaining,
+		RetryAfter: a.res.RetryAfter,
+		ResetAfter: a.res.ResetAfter,
+		Source:     SourceRedis,
+	}, nil
+}
+
+// call runs one script call on Redis behind the breaker and the timeout, pipelined
+// with concurrent calls unless pipelining is off. ok reports that Redis answered; when
+// it did not, the failure is counted (and fed to the breaker) and the caller uses the
+// fallback. err is non-nil only when the arguments were invalid (ErrInvalidRequest) or
+// ctx ended: then Redis is not to blame.
+func (l *Redis) call(ctx context.Context, op lua.Script, key string, lim regions.Limit, n int64) (answer, bool, error) {
 	done, err := l.cb.Allow()
 	if err != nil { // open, or half-open with its probes already out
 		l.m.breakerOpen.Inc()
-		return l.decideFallback(r, cost), nil
+		return answer{}, false, nil
 	}
-	cctx, cancel := context.WithTimeout(ctx, l.timeout)
-	res, err := l.tb.Take(cctx, l.keys.Bucket(r.Tenant, r.Route), r.Limit.Capacity, r.Limit.RefillPerSecond, cost)
-	timedOut := cctx.Err() != nil
-	cancel()
+	var a answer
+	if l.batch != nil && op != lua.ScriptReturn {
+		a, err = l.batch.do(ctx, op, key, lim, n)
+	} else {
+		a, err = direct(ctx, l.tb, l.timeout, op, key, lim, n)
+	}
 	switch {
 	case err == nil:
 		done(nil)
-		return Decision{
-			Allowed:    res.Allowed,
-			Limit:      r.Limit.Capacity,
-			Remaining:  res.Remaining,
-			RetryAfter: res.RetryAfter,
-			ResetAfter: res.ResetAfter,
-			Source:     SourceRedis,
-		}, nil
+		return a, true, nil
 	case errors.Is(err, lua.ErrInvalidArgument):
 		done(nil) // Redis answered, so it is healthy; the request is what is wrong
 		l.m.invalid.Inc()
-		return Decision{}, fmt.Errorf("decide %s/%s: %w: %w", r.Tenant, r.Route, ErrInvalidRequest, err)
+		return answer{}, false, fmt.Errorf("%w: %w", ErrInvalidRequest, err)
 	case ctx.Err() != nil:
 		done(errCallerGone)
-		return Decision{}, fmt.Errorf("decide %s/%s: %w", r.Tenant, r.Route, ctx.Err())
-	case timedOut:
+		return answer{}, false, ctx.Err()
+	case a.timedOut:
 		done(err)
 		l.m.timeout.Inc()
 	default:
 		done(err)
 		l.m.failed.Inc()
 	}
-	l.log.Debug("redis decision failed; using fallback", "tenant", r.Tenant, "route", r.Route, "err", err)
-	return l.decideFallback(r, cost), nil
+	l.log.Debug("redis call failed; using fallback", "key", key, "err", err)
+	return answer{}, false, nil
 }
 
 // Load loads the bucket scripts into Redis, which also opens a connection, under the
@@ -222,14 +345,19 @@ func (l *Redis) Load(ctx context.Context) error { return l.tb.Load(ctx) }
 // are (or may be) coming from the fallback. For readiness and status pages.
 func (l *Redis) FallbackActive() bool { return l.cb.State() != gobreaker.StateClosed }
 
+// instanceCount is N: the live instances of the region, else ExpectedInstances.
+func (l *Redis) instanceCount() int {
+	if n := l.instances(); n > 0 {
+		return n
+	}
+	return l.expected
+}
+
 // decideFallback decides with this instance's 1/N of the rule. A rule too small to split
 // keeps one token per instance (regions.Scale), which is counted; a cost above the
 // scaled capacity is clipped to it, so a request the regional rule admits can still pass.
 func (l *Redis) decideFallback(r Request, cost int64) Decision {
-	n := l.instances()
-	if n <= 0 {
-		n = l.expected
-	}
+	n := l.instanceCount()
 	lim := r.Limit
 	if n > 1 {
 		lim = regions.Scale(r.Limit.Capacity, r.Limit.RefillPerSecond, 1/float64(n))

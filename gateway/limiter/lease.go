@@ -1,0 +1,456 @@
+package limiter
+
+import (
+	"cmp"
+	"context"
+	"hash/maphash"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/quotaplane/quotaplane/lua"
+	"github.com/quotaplane/quotaplane/regions"
+)
+
+// Defaults of the lease options.
+const (
+	DefaultLeaseFraction  = 0.02
+	DefaultLeaseTTL       = 250 * time.Millisecond
+	DefaultMaxLeaseKeys   = 4096
+	DefaultMaxLeaseSeries = 16
+)
+
+const (
+	leaseShards = 64
+	// rateWindow is the window of a key's rate estimate.
+	rateWindow = int64(100 * time.Millisecond)
+	// admitEvery: an untracked key starts being tracked on 1 in admitEvery of its
+	// decisions, so a stream of cold keys churns the table 1/admitEvery as much while a
+	// hot key enters within a few dozen decisions.
+	admitEvery = 8
+	// evictSample: how many tracked keys a full table shard inspects to make room.
+	evictSample = 8
+)
+
+// LeaseInfo describes one hot key this instance leases tokens for.
+type LeaseInfo struct {
+	Tenant string `json:"tenant"`
+	Route  string `json:"route"`
+	// Batch is how many tokens this instance holds at most for the key: it tops its
+	// lease up to Batch from the shared bucket in one call.
+	Batch int64 `json:"batch"`
+	// Instances is the N the batch was sized for (Options.Instances at the last lease).
+	Instances int `json:"instances"`
+	// Bound is Instances x Batch, the worst-case over-admission of the region for the
+	// key: over any interval, the region admits at most what the shared bucket allows
+	// plus the tokens leased before the interval and spent in it. It stays within
+	// LeaseFraction of one second's regional refill.
+	Bound int64 `json:"overadmission_bound"`
+	// Held is how many leased tokens this instance holds unspent now.
+	Held int64 `json:"held"`
+	// Rate is the tokens per second this instance is asked for on the key.
+	Rate float64 `json:"rate"`
+	// ExpiresIn is how long the held tokens may still be spent; 0 once expired.
+	ExpiresIn time.Duration `json:"expires_in"`
+}
+
+// leaseTable is an instance's view of its hot keys: a rate estimate per tracked key and,
+// for the hot ones, the tokens leased from the shared bucket.
+//
+// A key this instance is asked for at Threshold tokens per second or more is leased:
+// one Lease call takes up to a batch of tokens from the shared bucket, and decisions
+// spend them locally (Source "lease") until they run out or the lease expires (TTL).
+// When fewer than half are left, the decision that notices tops the lease up to the
+// batch after deciding, so other requests rarely wait for Redis. An instance never
+// holds more than a batch: batch <= Fraction x regional refill / instances, so the
+// region's worst-case over-admission, instances x batch, stays within Fraction of one
+// second's refill. The batch is also at most what the key uses in a TTL, and at most a
+// shard's capacity. Below 2 tokens, leasing would save nothing and the key is decided
+// by Redis as usual.
+//
+// When a lease call finds the shared bucket (nearly) empty, the instance stops asking
+// for a while: its fair share of the refill (refill / instances) needs batch x
+// instances / refill seconds to make a batch, and until then its requests are rejected
+// locally (Source "lease", Allowed false) once its tokens are spent. So a hot key at
+// 20x its limit costs about one Redis call per batch of admitted requests, instead of
+// one per request, admitted or not.
+//
+// Expiry is lazy: held tokens are never spent after their TTL; the next decision on the
+// key renews the lease (keeping and topping them up) while the key is hot, or gives
+// them back (Return) when it has cooled, and from then on the key is decided by Redis.
+// A key that stops being asked for entirely keeps at most a batch out of the shared
+// bucket until its table entry is evicted: that is under-admission, never more
+// admission, and the bucket refills a batch in at most Fraction / instances seconds.
+//
+// The table is bounded (MaxLeaseKeys), sharded by a seeded hash of (tenant, route) like
+// Local, and evicts the coldest sampled keys to make room.
+type leaseTable struct {
+	threshold float64
+	fraction  float64
+	ttl       int64 // ns
+	perShard  int
+	maxSeries int
+	now       func() time.Time
+	seed      maphash.Seed
+	shards    [leaseShards]leaseShard
+}
+
+type leaseShard struct {
+	mu sync.Mutex
+	m  map[uint64]*hotKey
+	_  [48]byte // one 64-byte cache line per shard
+}
+
+// hotKey is one tracked key; its fields are guarded by its shard's mutex.
+type hotKey struct {
+	tenant, route string
+
+	// Demand: tokens asked for in the current window, and the last window's rate.
+	winStart  int64
+	winTokens int64
+	prevRate  float64
+
+	// The lease.
+	held         int64 // tokens leased and not yet spent
+	expires      int64 // held tokens may be spent before this time (Unix ns)
+	batch        int64 // the batch of the last lease; 0 when not leasing
+	instances    int
+	key          string        // the bucket (or shard) the held tokens came from
+	lim          regions.Limit // that bucket's limit, for Return
+	refilling    bool          // a lease call is out; wait is closed when it returns
+	wait         chan struct{}
+	blockedUntil int64 // the shared bucket was empty: no lease call before this
+	remaining    int64 // the shared bucket's remaining tokens at the last lease call
+	resetAt      int64 // when the shared bucket is full, per the last lease call
+}
+
+func newLeaseTable(threshold, fraction float64, ttl time.Duration, maxKeys, maxSeries int, now func() time.Time) *leaseTable {
+	t := &leaseTable{
+		threshold: threshold, fraction: fraction, ttl: int64(ttl),
+		perShard: max(1, maxKeys/leaseShards), maxSeries: maxSeries,
+		now: now, seed: maphash.MakeSeed(),
+	}
+	for i := range t.shards {
+		t.shards[i].m = make(map[uint64]*hotKey)
+	}
+	return t
+}
+
+func (t *leaseTable) key(tenant, route string) (uint64, *leaseShard) {
+	var h maphash.Hash
+	h.SetSeed(t.seed)
+	h.WriteString(tenant)
+	h.WriteByte(0)
+	h.WriteString(route)
+	k := h.Sum64()
+	return k, &t.shards[k>>58]
+}
+
+// observe counts cost tokens asked for at now.
+func (k *hotKey) observe(now, cost int64) {
+	if el := now - k.winStart; el >= rateWindow {
+		k.prevRate = float64(k.winTokens) * 1e9 / float64(el)
+		k.winStart, k.winTokens = now, 0
+	}
+	k.winTokens += cost
+}
+
+// rate is the tokens per second asked for: over the window that would end now if it is
+// due, else the larger of the last window's and the current one's so far (counted over
+// at least a quarter window, so a short burst does not read as a huge rate).
+func (k *hotKey) rate(now int64) float64 {
+	el := now - k.winStart
+	if el >= rateWindow {
+		return float64(k.winTokens) * 1e9 / float64(el)
+	}
+	return max(k.prevRate, float64(k.winTokens)*1e9/float64(max(el, rateWindow/4)))
+}
+
+// batchFor is the batch to lease for k now, or 0 when it should not be leased.
+func (t *leaseTable) batchFor(k *hotKey, lim regions.Limit, cost int64, instances, shards int, now int64) int64 {
+	rate := k.rate(now)
+	if rate < t.threshold {
+		return 0
+	}
+	b := int64(t.fraction * lim.RefillPerSecond / float64(instances))
+	b = min(b, int64(math.Ceil(rate*float64(t.ttl)/1e9)), lim.Capacity/int64(shards))
+	if b < 2 || b < cost {
+		return 0
+	}
+	return b
+}
+
+// insertLocked starts tracking a key, evicting a cold one if the shard is full. It
+// returns nil when there is no room (every sampled key is busy).
+func (t *leaseTable) insertLocked(s *leaseShard, h uint64, tenant, route string, now int64) *hotKey {
+	if len(s.m) >= t.perShard {
+		var (
+			victim  uint64
+			coldest = math.Inf(1)
+			found   bool
+			seen    int
+		)
+		for kh, k := range s.m {
+			if !k.refilling && (k.held == 0 || now >= k.expires) {
+				if r := k.rate(now); r < coldest {
+					victim, coldest, found = kh, r, true
+				}
+			}
+			if seen++; seen >= evictSample {
+				break
+			}
+		}
+		if !found {
+			return nil
+		}
+		delete(s.m, victim)
+	}
+	k := &hotKey{tenant: tenant, route: route, winStart: now}
+	s.m[h] = k
+	return k
+}
+
+// decision is a decision made from k's lease at now.
+func (k *hotKey) decision(lim regions.Limit, now int64, allowed bool) Decision {
+	d := Decision{Allowed: allowed, Limit: lim.Capacity, Source: SourceLease}
+	d.Remaining = max(0, min(lim.Capacity, k.remaining+k.held))
+	if k.resetAt > now {
+		d.ResetAfter = time.Duration(k.resetAt - now)
+	}
+	if !allowed {
+		d.RetryAfter = max(time.Duration(k.blockedUntil-now), time.Millisecond)
+	}
+	return d
+}
+
+// decideLease answers r from this instance's lease on its key, taking or topping up
+// the lease when the key is hot. ok is false when the key is not leased (cold, untracked,
+// or a rule too small to lease): the caller decides with Redis.
+func (l *Redis) decideLease(ctx context.Context, r Request, cost int64, shards int) (d Decision, ok bool) {
+	t := l.leases
+	now := t.now().UnixNano()
+	h, s := t.key(r.Tenant, r.Route)
+	s.mu.Lock()
+	k := s.m[h]
+	if k == nil {
+		if rand.Uint32N(admitEvery) != 0 {
+			s.mu.Unlock()
+			return Decision{}, false
+		}
+		if k = t.insertLocked(s, h, r.Tenant, r.Route, now); k == nil {
+			s.mu.Unlock()
+			return Decision{}, false
+		}
+	}
+	k.observe(now, cost)
+	for range 3 {
+		if k.held >= cost && now < k.expires {
+			k.held -= cost
+			d := k.decision(r.Limit, now, true)
+			s.mu.Unlock()
+			return d, true
+		}
+		if now < k.blockedUntil && k.batch > 0 {
+			d := k.decision(r.Limit, now, false)
+			s.mu.Unlock()
+			l.m.leaseRejected.Inc()
+			return d, true
+		}
+		b := t.batchFor(k, r.Limit, cost, l.instanceCount(), shards, now)
+		if b == 0 {
+			// Cold, or too small to lease: unspent tokens go back, Redis decides.
+			held, key, lim := k.held, k.key, k.lim
+			k.held, k.batch, k.expires, k.blockedUntil = 0, 0, 0, 0
+			s.mu.Unlock()
+			if held > 0 {
+				l.giveBack(ctx, key, lim, held)
+			}
+			return Decision{}, false
+		}
+		if k.refilling {
+			w := k.wait
+			s.mu.Unlock()
+			if !l.waitRefill(ctx, w) {
+				return Decision{}, false
+			}
+			s.mu.Lock()
+			now = t.now().UnixNano()
+			continue
+		}
+		if !l.refillLocked(ctx, s, k, r.Limit, shards, b) {
+			s.mu.Unlock()
+			return l.decideFallback(r, cost), true
+		}
+		now = t.now().UnixNano()
+	}
+	s.mu.Unlock()
+	return Decision{}, false
+}
+
+// waitRefill waits for another request's lease call on the same key, at most the
+// limiter's timeout. It reports whether the call returned.
+func (l *Redis) waitRefill(ctx context.Context, w <-chan struct{}) bool {
+	select {
+	case <-w:
+		return true
+	default:
+	}
+	tm := time.NewTimer(l.timeout)
+	defer tm.Stop()
+	select {
+	case <-w:
+		return true
+	case <-tm.C:
+		return false
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// refillLocked tops k's lease up to batch b with one Lease call (two for a sharded rule
+// whose first shard could not give half of it), with the shard's mutex held on entry and on
+// return but not during the call. It reports whether Redis answered; if it did not, the
+// failure is counted and the caller decides with the fallback.
+func (l *Redis) refillLocked(ctx context.Context, s *leaseShard, k *hotKey, lim regions.Limit, shards int, b int64) bool {
+	t := l.leases
+	ctx = context.WithoutCancel(ctx) // a client hanging up must not waste a batch
+	if k.held >= b {
+		// The batch shrank (fewer requests, more instances): give the excess back.
+		excess, key, klim := k.held-b, k.key, k.lim
+		k.held = b
+		k.expires = t.now().UnixNano() + t.ttl
+		if excess > 0 {
+			s.mu.Unlock()
+			l.giveBack(ctx, key, klim, excess)
+			s.mu.Lock()
+		}
+		return true
+	}
+	want := b - k.held
+	n := l.instanceCount()
+	k.refilling, k.wait = true, make(chan struct{})
+	s.mu.Unlock()
+
+	key, slim := l.keys.Bucket(k.tenant, k.route), lim
+	var second int
+	if shards > 1 {
+		var first int
+		first, second = twoShards(shards)
+		key, slim = l.keys.Shard(k.tenant, k.route, first), ShardLimit(lim, shards, first)
+	}
+	l.m.leaseCalls.Inc()
+	a, answered, _ := l.call(ctx, lua.ScriptLease, key, slim, want)
+	granted, calls := a.granted, 1
+	if answered && 2*granted < want && shards > 1 {
+		// Less than half a batch: the next shard may have more. (At half or more, a
+		// second call would cost more than the tokens it adds are worth.)
+		calls++
+		key2, lim2 := l.keys.Shard(k.tenant, k.route, second), ShardLimit(lim, shards, second)
+		l.m.leaseCalls.Inc()
+		if a2, ok2, _ := l.call(ctx, lua.ScriptLease, key2, lim2, want-granted); ok2 {
+			if granted == 0 || a2.granted > 0 {
+				key, slim = key2, lim2 // give back to a shard that had tokens
+			}
+			granted += a2.granted
+			a.res.Remaining += a2.res.Remaining
+			a.res.RetryAfter = min(a.res.RetryAfter, a2.res.RetryAfter)
+		}
+	}
+
+	s.mu.Lock()
+	k.refilling = false
+	close(k.wait)
+	if !answered {
+		return false
+	}
+	now := t.now().UnixNano()
+	l.m.leaseGranted.Add(float64(granted))
+	// Held tokens from two shards go back to the last one; Return clips at its
+	// capacity, which can only lose tokens, never add any.
+	k.held += granted
+	k.key, k.lim = key, slim
+	k.batch, k.instances = b, n
+	k.expires = now + t.ttl
+	k.remaining, k.resetAt = a.res.Remaining, now+int64(a.res.ResetAfter)
+	if wait := backoff(granted, want, a.res, shards, calls, n, b, lim.RefillPerSecond); wait > 0 {
+		k.blockedUntil = now + int64(wait)
+	}
+	return true
+}
+
+// backoff is how long an instance should not ask for a lease again after a lease call
+// that wanted want tokens and got granted, with res the shared bucket's answer (the sum
+// over the shards asked, when calls is 2). When the bucket still holds a batch for every
+// instance, there is no wait. Otherwise the instance waits until the refill can have
+// made one: (instances x batch - what the bucket holds) / refill. With the bucket empty
+// that is this instance's fair share of the refill making a batch, so n instances
+// together ask about once per batch refilled, and a backlog in the bucket shortens the
+// wait, so tokens do not pile up unspent. For a sharded rule, what the bucket holds is
+// estimated from the shards asked.
+func backoff(granted, want int64, res lua.Result, shards, calls, instances int, batch int64, refill float64) time.Duration {
+	held := float64(res.Remaining)
+	if shards > 1 {
+		held = held / float64(calls) * float64(shards)
+	}
+	missing := float64(batch)*float64(instances) - held
+	if granted == want && missing <= 0 {
+		return 0
+	}
+	wait := time.Duration(max(missing, 1) / refill * 1e9)
+	if granted == 0 {
+		wait = max(wait, res.RetryAfter)
+	}
+	return wait
+}
+
+// giveBack returns n unspent tokens to the bucket at key. A failure loses them (the
+// bucket refills them), which can only under-admit; it is counted with the others.
+func (l *Redis) giveBack(ctx context.Context, key string, lim regions.Limit, n int64) {
+	l.m.returnCalls.Inc()
+	if _, ok, _ := l.call(context.WithoutCancel(ctx), lua.ScriptReturn, key, lim, n); ok {
+		l.m.leaseReturned.Add(float64(n))
+	}
+}
+
+// Leases lists the keys this instance leases tokens for now, largest bound first: at
+// most MaxLeaseKeys, each with its batch and over-admission bound. For an admin page.
+// It returns nil when leases are off.
+func (l *Redis) Leases() []LeaseInfo {
+	if l.leases == nil {
+		return nil
+	}
+	return l.leases.list(0)
+}
+
+// list returns the leasing keys, largest bound first; limit > 0 keeps that many.
+func (t *leaseTable) list(limit int) []LeaseInfo {
+	now := t.now().UnixNano()
+	var out []LeaseInfo
+	for i := range t.shards {
+		s := &t.shards[i]
+		s.mu.Lock()
+		for _, k := range s.m {
+			if k.batch == 0 {
+				continue
+			}
+			li := LeaseInfo{
+				Tenant: k.tenant, Route: k.route, Batch: k.batch, Instances: k.instances,
+				Bound: k.batch * int64(k.instances), Held: k.held, Rate: k.rate(now),
+			}
+			if k.expires > now {
+				li.ExpiresIn = time.Duration(k.expires - now)
+			}
+			out = append(out, li)
+		}
+		s.mu.Unlock()
+	}
+	slices.SortFunc(out, func(a, b LeaseInfo) int {
+		return cmp.Or(cmp.Compare(b.Bound, a.Bound), cmp.Compare(a.Tenant, b.Tenant), cmp.Compare(a.Route, b.Route))
+	})
+	if limit > 0 && len(out) > limit {
+		out = out[:limit]
+	}
+	return out
+}
