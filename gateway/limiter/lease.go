@@ -158,14 +158,16 @@ func (k *hotKey) observe(now, cost int64) {
 }
 
 // rate is the tokens per second asked for: over the window that would end now if it is
-// due, else the larger of the last window's and the current one's so far (counted over
-// at least a quarter window, so a short burst does not read as a huge rate).
+// due; else the larger of the last window's rate and a lower bound of the current one's
+// (the tokens so far over the whole window), so a key is hot as soon as it has been
+// asked for threshold x window tokens within a window, and one request after a silence
+// never reads as a high rate.
 func (k *hotKey) rate(now int64) float64 {
 	el := now - k.winStart
 	if el >= rateWindow {
 		return float64(k.winTokens) * 1e9 / float64(el)
 	}
-	return max(k.prevRate, float64(k.winTokens)*1e9/float64(max(el, rateWindow/4)))
+	return max(k.prevRate, float64(k.winTokens)*1e9/float64(rateWindow))
 }
 
 // batchFor is the batch to lease for k now, or 0 when it should not be leased.

@@ -1,0 +1,221 @@
+package limiter
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/quotaplane/quotaplane/deploy/local"
+	"github.com/quotaplane/quotaplane/lua"
+	"github.com/quotaplane/quotaplane/regions"
+)
+
+// decideConcurrently runs callers goroutines of n decisions each and returns the
+// decisions by source and how many were allowed.
+func decideConcurrently(t *testing.T, l *Redis, callers, n int, r func(i int) Request) (map[Source]int, int) {
+	t.Helper()
+	var (
+		wg      sync.WaitGroup
+		mu      sync.Mutex
+		sources = map[Source]int{}
+		allowed int
+		failed  atomic.Pointer[error]
+	)
+	for c := range callers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range n {
+				d, err := l.Decide(context.Background(), r(c*n+i))
+				if err != nil {
+					failed.Store(&err)
+					return
+				}
+				mu.Lock()
+				sources[d.Source]++
+				if d.Allowed {
+					allowed++
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	if err := failed.Load(); err != nil {
+		t.Fatalf("Decide: %v", *err)
+	}
+	return sources, allowed
+}
+
+// TestPipelinedDecisionsExact: 256 concurrent callers on one 1,000-token bucket admit
+// exactly 1,000, through pipelines of several calls each.
+func TestPipelinedDecisionsExact(t *testing.T) {
+	p := local.Redis(t)
+	reg := prometheus.NewRegistry()
+	l := newTestRedis(t, newClient(t, p), Options{Region: "test", Registerer: reg, Timeout: 2 * time.Second})
+	if err := l.Load(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	r := Request{Tenant: "t", Route: "r", Limit: regions.Limit{Capacity: 1000, RefillPerSecond: 0.001}}
+	sources, allowed := decideConcurrently(t, l, 256, 8, func(int) Request { return r })
+	if allowed != 1000 || sources[SourceRedis] != 2048 {
+		t.Errorf("256 x 8 decisions: %d allowed (want 1000), sources %v (want all redis)", allowed, sources)
+	}
+	pipes := metricValue(t, reg, "ratelimit_redis_pipelines_total", nil)
+	calls := metricValue(t, reg, "ratelimit_redis_pipelined_calls_total", nil)
+	t.Logf("%v pipelines of %v calls (mean %.1f); %v calls went alone", pipes, calls, calls/pipes, 2048-calls)
+	if pipes == 0 || calls/pipes < 2 || calls > 2048 {
+		t.Errorf("%v pipelines, %v calls: want pipelines of 2 or more calls on average", pipes, calls)
+	}
+}
+
+// TestPipelineReloadsScripts: calls queued in a pipeline after Redis lost its scripts
+// (a restart, SCRIPT FLUSH) fail with NOSCRIPT, are retried as EVAL in one more round
+// trip, and answer normally; the EVAL reloads the script for the next ones.
+func TestPipelineReloadsScripts(t *testing.T) {
+	p := local.Redis(t)
+	rdb := newClient(t, p)
+	reg := prometheus.NewRegistry()
+	l := newTestRedis(t, rdb, Options{Region: "test", Registerer: reg, Timeout: 2 * time.Second})
+	ctx := context.Background()
+	if err := l.Load(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := rdb.ScriptFlush(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	lim := regions.Limit{Capacity: 5, RefillPerSecond: 0.001}
+	batch := []*call{
+		{op: lua.ScriptTake, key: "a", lim: lim, n: 2, done: make(chan struct{}, 1)},
+		{op: lua.ScriptLease, key: "b", lim: lim, n: 9, done: make(chan struct{}, 1)},
+		{op: lua.ScriptTake, key: "c", lim: lim, n: 1, done: make(chan struct{}, 1)},
+	}
+	batch[2].state.Store(callAbandoned) // its caller gave up while it was queued
+	l.batch.exec(batch, nil)
+	if c := batch[0]; c.err != nil || !c.res.Allowed || c.res.Remaining != 3 || c.granted != 2 || len(c.done) != 1 {
+		t.Errorf("take after SCRIPT FLUSH: %+v, want allowed with 3 remaining, answered", c)
+	}
+	if c := batch[1]; c.err != nil || c.granted != 5 || c.res.Remaining != 0 || len(c.done) != 1 {
+		t.Errorf("lease after SCRIPT FLUSH: %+v, want 5 granted, answered", c)
+	}
+	if c := batch[2]; len(c.done) != 0 || rdb.Exists(ctx, "c").Val() != 0 {
+		t.Errorf("an abandoned call was sent or answered")
+	}
+	if v := metricValue(t, reg, "ratelimit_redis_noscript_reloads_total", nil); v != 1 {
+		t.Errorf("ratelimit_redis_noscript_reloads_total = %v, want 1", v)
+	}
+	if ok, err := rdb.ScriptExists(ctx, lua.ScriptTake.Sha(), lua.ScriptLease.Sha()).Result(); err != nil || !ok[0] || !ok[1] {
+		t.Errorf("scripts not reloaded by the retry: %v, %v", ok, err)
+	}
+}
+
+// TestPipelinedTimeoutPerDecision: with Redis frozen, each of many concurrent
+// decisions still returns within its own timeout, from the fallback, and the breaker
+// opens; after Redis resumes, decisions come from Redis again.
+func TestPipelinedTimeoutPerDecision(t *testing.T) {
+	const (
+		timeout = 20 * time.Millisecond
+		bound   = 250 * time.Millisecond // timeout + scheduling noise on a loaded box under -race
+	)
+	p := local.Redis(t)
+	reg := prometheus.NewRegistry()
+	l := newTestRedis(t, newClient(t, p), Options{
+		Region: "test", Registerer: reg, Timeout: timeout, BreakerOpenFor: 100 * time.Millisecond, PipelineInFlight: 2,
+	})
+	if err := l.Load(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	lots := func(i int) Request {
+		return Request{Tenant: "t", Route: "r", Limit: regions.Limit{Capacity: 1_000_000, RefillPerSecond: 1000}}
+	}
+	if err := p.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Resume() })
+	var slowest atomic.Int64
+	var wg sync.WaitGroup
+	for range 64 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			start := time.Now()
+			d, err := l.Decide(context.Background(), lots(0))
+			took := time.Since(start)
+			for {
+				old := slowest.Load()
+				if int64(took) <= old || slowest.CompareAndSwap(old, int64(took)) {
+					break
+				}
+			}
+			if err != nil || d.Source != SourceFallback || !d.Allowed {
+				t.Errorf("Redis frozen: %+v, %v; want allowed by the fallback", d, err)
+			}
+		}()
+	}
+	wg.Wait()
+	t.Logf("64 concurrent decisions with Redis frozen: slowest %v", time.Duration(slowest.Load()))
+	if time.Duration(slowest.Load()) > bound {
+		t.Errorf("slowest decision %v, want within %v", time.Duration(slowest.Load()), bound)
+	}
+	if !l.FallbackActive() {
+		t.Errorf("breaker not open after 64 timeouts")
+	}
+	timeouts := metricValue(t, reg, "ratelimit_redis_errors_total", map[string]string{"reason": "timeout"})
+	open := metricValue(t, reg, "ratelimit_redis_errors_total", map[string]string{"reason": "breaker_open"})
+	if timeouts < DefaultBreakerFailures || timeouts+open != 64 {
+		t.Errorf("%v timeouts and %v refused by the breaker, want >= %d and 64 in all", timeouts, open, DefaultBreakerFailures)
+	}
+	if err := p.Resume(); err != nil {
+		t.Fatal(err)
+	}
+	pollUntil(t, 10*time.Second, "decisions from redis after resume", func() bool {
+		return mustDecide(t, l, lots(0)).Source == SourceRedis
+	})
+}
+
+// TestPipelinedCallerGone: a caller whose context ends while its call is queued gets
+// its context's error at once, and that is not a Redis failure.
+func TestPipelinedCallerGone(t *testing.T) {
+	p := local.Redis(t)
+	l := newTestRedis(t, newClient(t, p), Options{Timeout: 5 * time.Second, PipelineInFlight: 1, BreakerFailures: 1})
+	if err := l.Load(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Resume() })
+	r := Request{Tenant: "t", Route: "r", Limit: regions.Limit{Capacity: 100, RefillPerSecond: 1}}
+	// The one slot is taken by a call Redis will not answer while paused.
+	first := make(chan error, 1)
+	go func() {
+		_, err := l.Decide(context.Background(), r)
+		first <- err
+	}()
+	pollUntil(t, 5*time.Second, "the first call out", func() bool {
+		l.batch.mu.Lock()
+		defer l.batch.mu.Unlock()
+		return l.batch.inflight == 1
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	_, err := l.Decide(ctx, r)
+	if !errors.Is(err, context.DeadlineExceeded) || time.Since(start) > time.Second {
+		t.Errorf("queued caller whose context ended: %v after %v, want its context's error within a second", err, time.Since(start))
+	}
+	if l.FallbackActive() {
+		t.Errorf("a caller's context opened the breaker (BreakerFailures 1)")
+	}
+	if err := p.Resume(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-first; err != nil {
+		t.Errorf("first call: %v", err)
+	}
+}
