@@ -170,6 +170,9 @@ func (h *Handler) Collect(ctx context.Context) (*Status, error) {
 	if err != nil {
 		cancel()
 		<-promDone
+		if ctx.Err() != nil { // the client went away: nothing to say about PostgreSQL
+			return nil, fmt.Errorf("status: %w", ctx.Err())
+		}
 		if h.storeFailing.CompareAndSwap(false, true) {
 			h.log.Warn("status page cannot read postgresql", "err", err)
 		}
