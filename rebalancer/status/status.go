@@ -240,6 +240,9 @@ func (h *Handler) unavailable(w http.ResponseWriter, err error, answer func(code
 				"The gateways keep enforcing their last loaded shares and the rebalancer skips its runs until the database is back.")
 		return
 	}
+	if errors.Is(err, context.Canceled) {
+		return // the client went away
+	}
 	h.log.Error("status page failed", "err", err)
 	answer(http.StatusInternalServerError, "The status could not be assembled; see the rebalancer's log.")
 }
