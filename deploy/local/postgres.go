@@ -24,6 +24,8 @@ type Postgres struct {
 type PostgresOptions struct {
 	// Port to listen on; 0 picks a free one.
 	Port int
+	// Args are extra server arguments, for example "-c", "ssl=on" (see StartPostgresTLS).
+	Args []string
 }
 
 // StartPostgres runs initdb in a new temporary directory and starts postgres on it, tuned
@@ -76,6 +78,7 @@ func StartPostgres(ctx context.Context, opts PostgresOptions) (*Postgres, error)
 		"-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off",
 		"-c", "max_connections=300", "-c", "shared_buffers=64MB",
 	}
+	p.args = append(p.args, opts.Args...)
 	p.ready = func(ctx context.Context) error {
 		conn, err := pgx.Connect(ctx, p.URL("postgres"))
 		if err != nil {
