@@ -9,8 +9,8 @@ import (
 	"go.uber.org/goleak"
 )
 
-// The package starts no goroutines; goleak proves it, and that the tests close their
-// Redis clients. deploy/local keeps one goroutine for the life of the process on
+// The package has no long-lived goroutines (the batcher's senders exit when its queue
+// is empty); goleak proves it, and that the tests close their Redis clients. deploy/local keeps one goroutine for the life of the process on
 // purpose (it forks every server from one locked thread).
 func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("github.com/quotaplane/quotaplane/deploy/local.spawn.func1.1"))

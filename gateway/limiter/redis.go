@@ -50,7 +50,8 @@ type Options struct {
 	Instances func() int
 	// ExpectedInstances is N while Instances does not know (default 1).
 	ExpectedInstances int
-	// Now is the clock of the fallback buckets; nil means time.Now.
+	// Now is the clock of the fallback buckets and of leases (rates, expiry); nil means
+	// time.Now. The shared bucket itself runs on Redis TIME.
 	Now func() time.Time
 	// MaxFallbackBuckets caps the fallback's buckets (LocalOptions.MaxBuckets).
 	MaxFallbackBuckets int
