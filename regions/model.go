@@ -100,10 +100,20 @@ type Limit struct {
 	RefillPerSecond float64
 }
 
+// MinScaleShare is the smallest share Scale applies. A share of 0 (allowed in the data:
+// a region added under an operator override gets 0 until the override is set again) is
+// served as this, so the scaled limit stays a valid, tiny bucket — never a refill of 0,
+// which the limiter would refuse, and never "unlimited".
+const MinScaleShare = 1e-4
+
 // Scale returns the part of a bucket that a share (0..1] of it gets:
-// capacity max(1, round(capacity*share)), refill refill*share. A capacity too small to
-// split keeps one token, so a limit never becomes "reject everything".
+// capacity max(1, round(capacity*share)), refill refill*share, with share at least
+// MinScaleShare. A capacity too small to split keeps one token, so a limit never becomes
+// "reject everything".
 func Scale(capacity int64, refill float64, share float64) Limit {
+	if !(share >= MinScaleShare) { // also catches NaN
+		share = MinScaleShare
+	}
 	c := int64(math.Round(float64(capacity) * share))
 	if c < 1 {
 		c = 1

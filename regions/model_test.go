@@ -102,7 +102,9 @@ func TestScale(t *testing.T) {
 		{"rounds up", 10, 1, 0.37, Limit{4, 0.37}},              // 3.7 -> 4
 		{"exact half of odd", 3, 1, 0.5, Limit{2, 0.5}},         // 1.5 -> 2
 		{"min one token", 7, 1, 0.05, Limit{1, 0.05}},           // 0.35 -> 1
-		{"zero share keeps one token", 100, 10, 0, Limit{1, 0}},
+		{"zero share keeps one token and a tiny refill", 100, 10, 0, Limit{1, 10 * MinScaleShare}},
+		{"NaN share is the minimum", 100, 10, math.NaN(), Limit{1, 10 * MinScaleShare}},
+		{"negative share is the minimum", 100, 10, -1, Limit{1, 10 * MinScaleShare}},
 		{"capacity one", 1, 0.3, 0.3, Limit{1, 0.09}},
 		{"fractional refill", 2, 0.3, 0.5, Limit{1, 0.15}},
 	}

@@ -23,8 +23,11 @@ func (s *Store) Regions(ctx context.Context) ([]string, error) {
 	return names, nil
 }
 
-// AddRegion adds a region (ErrExists if it exists). Until shares name it, it gets an equal
-// split of every limit.
+// AddRegion adds a region (ErrExists if it exists). Every scope that already has shares
+// (an operator override or rebalancer values) gets a share of 0 for the new region in the
+// same transaction, so each scope's shares keep summing to 1: the new region admits
+// (almost) nothing under them until the rebalancer, which sees it dark and then live, or an
+// operator gives it a share. Scopes without shares split equally, new region included.
 func (s *Store) AddRegion(ctx context.Context, name string) error {
 	if err := ValidateID("region", name); err != nil {
 		return fmt.Errorf("add region: %w", err)
@@ -37,7 +40,12 @@ func (s *Store) AddRegion(ctx context.Context, name string) error {
 		if tag.RowsAffected() == 0 {
 			return ErrExists
 		}
-		return nil
+		// One zero row per (scope, source) that has rows; an override keeps its expiry.
+		_, err = tx.Exec(ctx, `
+			INSERT INTO region_share (scope, region, share, source, expires_at, reason)
+			SELECT scope, $1, 0, source, max(expires_at), 'region added'
+			FROM region_share GROUP BY scope, source`, name)
+		return dbErr(err)
 	})
 	if err != nil {
 		return fmt.Errorf("add region %s: %w", name, err)
@@ -46,8 +54,10 @@ func (s *Store) AddRegion(ctx context.Context, name string) error {
 }
 
 // RemoveRegion removes a region. While any share (of any scope or source) names it, it
-// refuses with ErrRegionInUse, unless force: then those shares are deleted first, in the
-// same transaction, each leaving a history row. ErrNotFound if there is no such region.
+// refuses with ErrRegionInUse, unless force: then those shares are deleted first and the
+// remaining regions' shares of each such scope are scaled up to sum to 1 again (equally,
+// if they summed to 0), all in the same transaction, each change leaving a history row.
+// ErrNotFound if there is no such region.
 func (s *Store) RemoveRegion(ctx context.Context, name string, force bool) error {
 	if err := ValidateID("region", name); err != nil {
 		return fmt.Errorf("remove region: %w", err)
@@ -68,7 +78,31 @@ func (s *Store) RemoveRegion(ctx context.Context, name string, force bool) error
 		if shares > 0 && !force {
 			return fmt.Errorf("%w: %d share rows name it (clear them, or force)", ErrRegionInUse, shares)
 		}
+		// The (scope, source) sets that named the region, to renormalise after the delete.
+		var scopes, sources []string
+		rows, _ := tx.Query(ctx, `SELECT DISTINCT scope, source FROM region_share WHERE region = $1`, name)
+		var sc, src string
+		if _, err := pgx.ForEachRow(rows, []any{&sc, &src}, func() error {
+			scopes, sources = append(scopes, sc), append(sources, src)
+			return nil
+		}); err != nil {
+			return err
+		}
 		if _, err := tx.Exec(ctx, `DELETE FROM region_share WHERE region = $1`, name); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, `
+			WITH sets AS (SELECT * FROM unnest($1::text[], $2::text[]) AS s(scope, source)),
+			totals AS (
+				SELECT r.scope, r.source, sum(r.share) AS total, count(*) AS n
+				FROM region_share r JOIN sets USING (scope, source)
+				GROUP BY r.scope, r.source
+			)
+			UPDATE region_share r
+			SET share = CASE WHEN t.total > 0 THEN r.share / t.total ELSE 1.0 / t.n END,
+			    updated_at = now()
+			FROM totals t
+			WHERE r.scope = t.scope AND r.source = t.source`, scopes, sources); err != nil {
 			return err
 		}
 		_, err := tx.Exec(ctx, `DELETE FROM region WHERE name = $1`, name)

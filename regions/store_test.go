@@ -619,3 +619,83 @@ func fptr(f *float64) string {
 	}
 	return fmt.Sprint(*f)
 }
+
+// TestStoreRegionChangesKeepSharesSummingToOne: adding a region under existing shares gives
+// it 0 in each scope, removing one scales the rest back up to 1, so no scope ever enforces
+// more (or less) than its global limit across the regions.
+func TestStoreRegionChangesKeepSharesSummingToOne(t *testing.T) {
+	t.Parallel()
+	ctx := WithAudit(context.Background(), "alice", "capacity")
+	s, _ := newStore(t)
+	for _, r := range []string{"us-east", "eu-west"} {
+		if err := s.AddRegion(ctx, r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tenant := Scope{Tenant: "shop-a", Route: Wildcard}
+	if err := s.SetOverride(ctx, tenant, map[string]float64{"us-east": 0.6, "eu-west": 0.4}, "alice", "pin", 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.WriteRebalancerShares(ctx, []ShareChange{
+		{Scope: GlobalScope, Region: "us-east", New: 0.7},
+		{Scope: GlobalScope, Region: "eu-west", New: 0.3},
+	}, nil, "rebalancer"); err != nil {
+		t.Fatal(err)
+	}
+	sums := func() map[string]float64 {
+		t.Helper()
+		shares, err := s.Shares(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := map[string]float64{}
+		for _, sh := range shares {
+			out[sh.Scope.String()+"/"+string(sh.Source)] += sh.Share
+		}
+		return out
+	}
+	check := func(when string, wantRows int) {
+		t.Helper()
+		got := sums()
+		if len(got) != 2 {
+			t.Fatalf("%s: scopes %v, want the override and the rebalancer's *", when, got)
+		}
+		for k, v := range got {
+			if v < 1-1e-9 || v > 1+1e-9 {
+				t.Errorf("%s: %s sums to %v, want 1", when, k, v)
+			}
+		}
+		if n := count(t, s, `SELECT count(*) FROM region_share`); n != wantRows {
+			t.Errorf("%s: %d share rows, want %d", when, n, wantRows)
+		}
+	}
+	check("before", 4)
+
+	if err := s.AddRegion(ctx, "ap-south"); err != nil {
+		t.Fatal(err)
+	}
+	check("after adding ap-south", 6)
+	snap, err := s.LoadSnapshot(ctx, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, src := snap.EffectiveShare("ap-south", "shop-a", "x", time.Now()); got != 0 || src != SourceOverride {
+		t.Errorf("ap-south share under shop-a's override = %v (%s), want 0 (override)", got, src)
+	}
+
+	if err := s.RemoveRegion(ctx, "us-east", true); err != nil {
+		t.Fatal(err)
+	}
+	check("after removing us-east", 4)
+	snap, err = s.LoadSnapshot(ctx, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// eu-west had 0.4 of shop-a's override next to ap-south's 0: it now holds all of it.
+	if got, _ := snap.EffectiveShare("eu-west", "shop-a", "x", time.Now()); got < 1-1e-9 {
+		t.Errorf("eu-west share of shop-a after us-east left = %v, want 1", got)
+	}
+	if n := count(t, s, `SELECT count(*) FROM region_share_history WHERE region = 'eu-west' AND actor = 'alice'`); n < 2 {
+		t.Errorf("%d history rows for eu-west's renormalised shares, want one per scope", n)
+	}
+}
