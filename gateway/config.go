@@ -45,7 +45,15 @@ const (
 	DefaultTenantInterval    = time.Minute
 	DefaultCapacity          = 20
 	DefaultRefillPerSecond   = 10
+	DefaultMaxHeaderBytes    = 64 << 10
+	// The per-client limit on requests without a valid API key (unauthenticated_limit).
+	DefaultUnauthCapacity   = 100
+	DefaultUnauthRefill     = 10
+	DefaultUnauthMaxClients = 65536
 )
+
+// maxUnauthClients bounds unauthenticated_limit.max_clients (about 90 bytes each).
+const maxUnauthClients = 1 << 20
 
 // Route ids the gateway uses as metric labels of its own; a configured route may not take them.
 const (
@@ -92,6 +100,14 @@ type Config struct {
 	Tenants []TenantConfig `yaml:"tenants"`
 	// Metrics bounds the per-tenant series.
 	Metrics MetricsConfig `yaml:"metrics"`
+	// UnauthenticatedLimit bounds, per client address, the requests that fail
+	// authentication, so that guessing keys is slow and cheap to refuse.
+	UnauthenticatedLimit UnauthLimitConfig `yaml:"unauthenticated_limit"`
+	// TrustedProxies are the CIDRs (or single addresses) of the proxies whose
+	// X-Forwarded-For the gateway believes when it finds a request's client address.
+	TrustedProxies []string `yaml:"trusted_proxies"`
+	// MaxHeaderBytes bounds a request's header block; a larger one is answered 431.
+	MaxHeaderBytes int `yaml:"max_header_bytes"`
 
 	// file is where the configuration came from, for error messages.
 	file string
@@ -107,6 +123,29 @@ type RedisConfig struct {
 	KeyPrefix string `yaml:"key_prefix"`
 	// Breaker opens after consecutive Redis failures and probes again later.
 	Breaker BreakerConfig `yaml:"breaker"`
+	// TLS configures a rediss:// connection: the CA that signed the server's certificate
+	// and, for servers that verify clients, this gateway's certificate and key.
+	TLS RedisTLSConfig `yaml:"tls"`
+}
+
+// RedisTLSConfig are PEM files for a rediss:// connection. Empty fields mean the system's
+// roots and no client certificate.
+type RedisTLSConfig struct {
+	CAFile     string `yaml:"ca_file"`
+	CertFile   string `yaml:"cert_file"`
+	KeyFile    string `yaml:"key_file"`
+	ServerName string `yaml:"server_name"` // default: the URL's host
+}
+
+// UnauthLimitConfig is the per-client token bucket of failed authentications.
+type UnauthLimitConfig struct {
+	// Capacity failed attempts are allowed at once, then RefillPerSecond more every second.
+	Capacity        int64   `yaml:"capacity"`
+	RefillPerSecond float64 `yaml:"refill_per_second"`
+	// MaxClients bounds the client buckets held (memory); idle ones are evicted first.
+	MaxClients int `yaml:"max_clients"`
+	// Disabled turns the limit off.
+	Disabled bool `yaml:"disabled"`
 }
 
 // BreakerConfig is the Redis circuit breaker.
@@ -318,6 +357,17 @@ func (c *Config) normalize() error {
 	if c.DefaultRule.Shards == 0 {
 		c.DefaultRule.Shards = 1
 	}
+	if c.MaxHeaderBytes == 0 {
+		c.MaxHeaderBytes = DefaultMaxHeaderBytes
+	}
+	if u := &c.UnauthenticatedLimit; !u.Disabled {
+		if u.Capacity == 0 && u.RefillPerSecond == 0 {
+			u.Capacity, u.RefillPerSecond = DefaultUnauthCapacity, DefaultUnauthRefill
+		}
+		if u.MaxClients == 0 {
+			u.MaxClients = DefaultUnauthMaxClients
+		}
+	}
 
 	if c.Region == "" {
 		return bad("region", "required (or --region)")
@@ -339,6 +389,14 @@ func (c *Config) normalize() error {
 	if c.Redis.URL != "" {
 		if err := checkURL(c.Redis.URL, "redis", "rediss", "unix"); err != nil {
 			return bad("redis.url", "%v", err)
+		}
+	}
+	if t := c.Redis.TLS; t != (RedisTLSConfig{}) {
+		if !strings.HasPrefix(c.Redis.URL, "rediss://") {
+			return bad("redis.tls", "only used with a rediss:// redis.url")
+		}
+		if (t.CertFile == "") != (t.KeyFile == "") {
+			return bad("redis.tls", "give both cert_file and key_file, or neither")
 		}
 	}
 	for _, d := range []struct {
@@ -385,6 +443,22 @@ func (c *Config) normalize() error {
 	}
 	if err := checkBucket(c.DefaultRule.Capacity, c.DefaultRule.RefillPerSecond, c.DefaultRule.Shards); err != nil {
 		return bad("default_rule."+err.key, "%s", err.reason)
+	}
+	if c.MaxHeaderBytes < 4<<10 || c.MaxHeaderBytes > 1<<20 {
+		return bad("max_header_bytes", "must be between 4096 and 1048576, got %d", c.MaxHeaderBytes)
+	}
+	if u := c.UnauthenticatedLimit; !u.Disabled {
+		if err := checkBucket(u.Capacity, u.RefillPerSecond, 1); err != nil {
+			return bad("unauthenticated_limit."+err.key, "%s", err.reason)
+		}
+		if u.MaxClients < 1 || u.MaxClients > maxUnauthClients {
+			return bad("unauthenticated_limit.max_clients", "must be between 1 and %d, got %d", maxUnauthClients, u.MaxClients)
+		}
+	}
+	for i, p := range c.TrustedProxies {
+		if _, err := parseTrustedProxy(p); err != nil {
+			return bad(fmt.Sprintf("trusted_proxies[%d]", i), "%v", err)
+		}
 	}
 
 	if len(c.Routes) == 0 {

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -16,7 +17,8 @@ func TestLoadConfigGoodFull(t *testing.T) {
 	}
 	if c.Region != "us-east" || c.Redis.Timeout != 5*time.Millisecond || c.ReloadInterval != 30*time.Second ||
 		c.HeartbeatInterval != 5*time.Second || c.ExpectedInstances != 20 || c.Metrics.MaxTenants != 1000 ||
-		len(c.Routes) != 2 || len(c.Tenants) != 2 || c.Tenants[1].Rules[0].Shards != 2 || c.File() != "testdata/good-full.yaml" {
+		len(c.Routes) != 2 || len(c.Tenants) != 2 || c.Tenants[1].Rules[0].Shards != 2 || c.File() != "testdata/good-full.yaml" ||
+		c.UnauthenticatedLimit.Capacity != 100 || len(c.TrustedProxies) != 3 || c.MaxHeaderBytes != 65536 {
 		t.Fatalf("unexpected config: %+v", c)
 	}
 	if !c.Standalone() {
@@ -40,6 +42,9 @@ func TestLoadConfigDefaults(t *testing.T) {
 		LogLevel:          "info",
 		DefaultRule:       RuleConfig{Capacity: DefaultCapacity, RefillPerSecond: DefaultRefillPerSecond, Shards: 1},
 		Metrics:           MetricsConfig{MaxTenants: DefaultMaxTenants, TenantInterval: DefaultTenantInterval},
+		MaxHeaderBytes:    DefaultMaxHeaderBytes,
+		UnauthenticatedLimit: UnauthLimitConfig{Capacity: DefaultUnauthCapacity, RefillPerSecond: DefaultUnauthRefill,
+			MaxClients: DefaultUnauthMaxClients},
 	}
 	got := c
 	got.Routes, got.Tenants, got.file = nil, nil, ""
@@ -53,7 +58,8 @@ func equalConfig(a, b Config) bool {
 		a.DatabaseURL == b.DatabaseURL && a.Redis == b.Redis && a.ReloadInterval == b.ReloadInterval &&
 		a.HeartbeatInterval == b.HeartbeatInterval && a.ExpectedInstances == b.ExpectedInstances &&
 		a.DrainTimeout == b.DrainTimeout && a.InstanceID == b.InstanceID && a.LogLevel == b.LogLevel &&
-		a.DefaultRule == b.DefaultRule && a.Metrics == b.Metrics
+		a.DefaultRule == b.DefaultRule && a.Metrics == b.Metrics && a.MaxHeaderBytes == b.MaxHeaderBytes &&
+		a.UnauthenticatedLimit == b.UnauthenticatedLimit && slices.Equal(a.TrustedProxies, b.TrustedProxies)
 }
 
 func TestLoadConfigOverrides(t *testing.T) {
@@ -82,41 +88,45 @@ func TestLoadConfigOverrides(t *testing.T) {
 // TestBadConfigs checks one fixture per failure mode and its whole error message.
 func TestBadConfigs(t *testing.T) {
 	want := map[string]string{
-		"bad-duration":               `redis.timeout: "banana" is not a duration (write e.g. 5ms, 30s, 1m)`,
-		"bad-listen":                 `listen: want host:port, got "localhost"`,
-		"bad-log-level":              `log_level: want debug, info, warn or error, got "loud"`,
-		"bad-key-prefix":             `redis.key_prefix: "rl {x}": only letters, digits, '.', '_', '-' and ':' are allowed`,
-		"breaker-open-for-too-short": `redis.breaker.open_for: must be between 10ms and 1m, got 1ms`,
-		"bad-pattern":                `routes[0].match: parsing "POST orders": at offset 5: host/path missing /`,
-		"bad-redis-url":              `redis.url: scheme "http" not supported (want redis, rediss, unix)`,
-		"bad-region-id":              `region: region id "us east": only letters, digits, '.', '_' and '-' are allowed`,
-		"bad-tenant-id":              `tenants[0].id: tenant id "shop/a": only letters, digits, '.', '_' and '-' are allowed`,
-		"bad-upstream":               `routes[0].upstream: scheme "ftp" not supported (want http, https)`,
-		"conflicting-patterns":       `routes[1].match: "POST /orders" matches the same requests as routes[0].match "POST /orders"`,
-		"default-rule-zero-capacity": `default_rule.capacity: must be > 0, got 0`,
-		"duplicate-key":              `tenants[1].keys[0]: the same API key is already given at tenants[0].keys[0]`,
-		"duplicate-route-id":         `routes[1].id: "a" is already the id of routes[0]`,
-		"duplicate-yaml-key":         `line 2: mapping key "region" already defined at [1:1]`,
-		"duration-without-unit":      `reload_interval: "30" is not a duration (write e.g. 5ms, 30s, 1m)`,
-		"empty":                      `the file is empty`,
-		"key-bad-sha256":             `tenants[0].keys[0]: sha256 must be 64 hex digits (sha256sum of the key)`,
-		"key-empty":                  `tenants[0].keys[0]: give secret (the key) or sha256 (its hex SHA-256)`,
-		"key-secret-and-sha256":      `tenants[0].keys[0]: give secret or sha256, not both`,
-		"missing-region":             `region: required (or --region)`,
-		"missing-upstream":           `routes[0].upstream: required`,
-		"negative-duration":          `redis.timeout: must be a positive duration, got -5ms`,
-		"negative-max-tenants":       `metrics.max_tenants: must be between 1 and 100000, got -1`,
-		"no-routes":                  `routes: at least one route is required`,
-		"redis-timeout-too-long":     `redis.timeout: 10s is longer than 1s: a slow Redis would become a slow gateway`,
-		"reserved-route-id":          `routes[0].id: "_other" is reserved for metrics`,
-		"rule-unknown-route":         `tenants[0].rules[0].route: no route has id "delete-order"`,
-		"rule-zero-refill":           `tenants[0].rules[0].refill_per_second: must be > 0, got 0`,
-		"syntax-error":               `line 2: ',' or ']' must be specified`,
-		"tenants-with-database":      `tenants: only allowed without database_url (standalone mode); with a database, keys and rules live there`,
-		"unknown-key":                `regoin: unknown key "regoin"`,
-		"unknown-nested-key":         `redis.timeuot: unknown key "timeuot"`,
-		"wildcard-tenant-with-keys":  `tenants[0].keys: tenant "*" carries route rules for every tenant and cannot have keys`,
-		"wrong-type":                 `expected_instances: wrong type: want an integer, got a string`,
+		"bad-duration":                      `redis.timeout: "banana" is not a duration (write e.g. 5ms, 30s, 1m)`,
+		"bad-listen":                        `listen: want host:port, got "localhost"`,
+		"bad-log-level":                     `log_level: want debug, info, warn or error, got "loud"`,
+		"bad-key-prefix":                    `redis.key_prefix: "rl {x}": only letters, digits, '.', '_', '-' and ':' are allowed`,
+		"breaker-open-for-too-short":        `redis.breaker.open_for: must be between 10ms and 1m, got 1ms`,
+		"bad-pattern":                       `routes[0].match: parsing "POST orders": at offset 5: host/path missing /`,
+		"bad-redis-url":                     `redis.url: scheme "http" not supported (want redis, rediss, unix)`,
+		"bad-region-id":                     `region: region id "us east": only letters, digits, '.', '_' and '-' are allowed`,
+		"bad-tenant-id":                     `tenants[0].id: tenant id "shop/a": only letters, digits, '.', '_' and '-' are allowed`,
+		"bad-upstream":                      `routes[0].upstream: scheme "ftp" not supported (want http, https)`,
+		"conflicting-patterns":              `routes[1].match: "POST /orders" matches the same requests as routes[0].match "POST /orders"`,
+		"default-rule-zero-capacity":        `default_rule.capacity: must be > 0, got 0`,
+		"duplicate-key":                     `tenants[1].keys[0]: the same API key is already given at tenants[0].keys[0]`,
+		"duplicate-route-id":                `routes[1].id: "a" is already the id of routes[0]`,
+		"duplicate-yaml-key":                `line 2: mapping key "region" already defined at [1:1]`,
+		"duration-without-unit":             `reload_interval: "30" is not a duration (write e.g. 5ms, 30s, 1m)`,
+		"empty":                             `the file is empty`,
+		"key-bad-sha256":                    `tenants[0].keys[0]: sha256 must be 64 hex digits (sha256sum of the key)`,
+		"key-empty":                         `tenants[0].keys[0]: give secret (the key) or sha256 (its hex SHA-256)`,
+		"key-secret-and-sha256":             `tenants[0].keys[0]: give secret or sha256, not both`,
+		"missing-region":                    `region: required (or --region)`,
+		"missing-upstream":                  `routes[0].upstream: required`,
+		"negative-duration":                 `redis.timeout: must be a positive duration, got -5ms`,
+		"negative-max-tenants":              `metrics.max_tenants: must be between 1 and 100000, got -1`,
+		"no-routes":                         `routes: at least one route is required`,
+		"redis-timeout-too-long":            `redis.timeout: 10s is longer than 1s: a slow Redis would become a slow gateway`,
+		"reserved-route-id":                 `routes[0].id: "_other" is reserved for metrics`,
+		"rule-unknown-route":                `tenants[0].rules[0].route: no route has id "delete-order"`,
+		"rule-zero-refill":                  `tenants[0].rules[0].refill_per_second: must be > 0, got 0`,
+		"syntax-error":                      `line 2: ',' or ']' must be specified`,
+		"tenants-with-database":             `tenants: only allowed without database_url (standalone mode); with a database, keys and rules live there`,
+		"unknown-key":                       `regoin: unknown key "regoin"`,
+		"unknown-nested-key":                `redis.timeuot: unknown key "timeuot"`,
+		"wildcard-tenant-with-keys":         `tenants[0].keys: tenant "*" carries route rules for every tenant and cannot have keys`,
+		"wrong-type":                        `expected_instances: wrong type: want an integer, got a string`,
+		"trusted-proxy-not-cidr":            `trusted_proxies[1]: "10.0.0.1/33" is not a CIDR or an address`,
+		"unauthenticated-limit-zero-refill": `unauthenticated_limit.refill_per_second: must be > 0, got 0`,
+		"max-header-bytes-too-small":        `max_header_bytes: must be between 4096 and 1048576, got 100`,
+		"redis-tls-without-rediss":          `redis.tls: only used with a rediss:// redis.url`,
 	}
 	files, err := filepath.Glob("testdata/bad/*.yaml")
 	if err != nil {

@@ -62,7 +62,9 @@ type Gateway struct {
 	draining atomic.Bool
 
 	lim      decider
-	fallback func() bool // reports the Redis breaker not closed; nil without Redis
+	fallback func() bool  // reports the Redis breaker not closed; nil without Redis
+	guard    *clientGuard // nil when unauthenticated_limit is disabled
+	trusted  trustedProxies
 	rdb      *redis.Client
 
 	handler   http.Handler
@@ -112,13 +114,22 @@ func New(cfg Config, opts Options) (*Gateway, error) {
 			g.gatherer = prometheus.DefaultGatherer
 		}
 	}
+	var err error
 	if g.instanceID == "" {
 		g.instanceID = defaultInstanceID()
 	} else if err := regions.ValidateID("instance", g.instanceID); err != nil {
 		return nil, &ConfigError{File: cfg.file, Key: "instance_id", Reason: unwrapInvalid(err)}
 	}
 
-	m, err := newMetrics(g.registerer, cfg.Region)
+	if g.trusted, err = newTrustedProxies(cfg.TrustedProxies); err != nil {
+		return nil, &ConfigError{File: cfg.file, Key: "trusted_proxies", Reason: err.Error()}
+	}
+	if !cfg.UnauthenticatedLimit.Disabled {
+		if g.guard, err = newClientGuard(cfg.UnauthenticatedLimit, g.now); err != nil {
+			return nil, fmt.Errorf("gateway %s: unauthenticated limit: %w", cfg.Region, err)
+		}
+	}
+	m, err := newMetrics(g.registerer, cfg.Region, g.decisionBounds())
 	if err != nil {
 		return nil, fmt.Errorf("gateway %s: register metrics: %w", cfg.Region, err)
 	}
@@ -176,6 +187,11 @@ func (g *Gateway) newLimiter() error {
 	ro.ContextTimeoutEnabled = true
 	ro.DialTimeout = max(10*g.cfg.Redis.Timeout, 100*time.Millisecond)
 	ro.MaxRetries = -1 // a retry would double the latency bound; the fallback answers instead
+	if ro.TLSConfig != nil {
+		if err := g.cfg.Redis.TLS.apply(ro.TLSConfig); err != nil {
+			return &ConfigError{File: g.cfg.file, Key: "redis.tls", Reason: err.Error()}
+		}
+	}
 	g.rdb = redis.NewClient(ro)
 	l, err := limiter.NewRedis(g.rdb, limiter.Options{
 		Region:            g.cfg.Region,
@@ -373,7 +389,7 @@ func (g *Gateway) Run(ctx context.Context) error {
 	}
 	wg.Go(func() { g.rotateTenants(bg) })
 
-	srv := &http.Server{Handler: g.handler, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(g.log.Handler(), slog.LevelDebug)}
+	srv := g.newServer()
 	adm := &http.Server{Handler: g.admin, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(g.log.Handler(), slog.LevelDebug)}
 	errc := make(chan error, 2)
 	go func() { errc <- serve(srv, ln) }()
@@ -410,6 +426,27 @@ func (g *Gateway) Run(ctx context.Context) error {
 	}
 	g.log.Info("gateway stopped", "region", g.cfg.Region)
 	return runErr
+}
+
+// newServer is the proxy's http.Server: header size and read timeouts bound what one
+// connection can hold (a larger header block is answered 431, a slow one is closed).
+func (g *Gateway) newServer() *http.Server {
+	return &http.Server{
+		Handler:           g.handler,
+		ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+		MaxHeaderBytes:    g.cfg.MaxHeaderBytes,
+		ErrorLog:          slog.NewLogLogger(g.log.Handler(), slog.LevelDebug),
+	}
+}
+
+// decisionBounds are extra decision-histogram bounds at the Redis timeout and 1 ms past
+// it, so "p99 of decisions <= timeout + 1 ms" can be read off the histogram exactly.
+func (g *Gateway) decisionBounds() []float64 {
+	if g.cfg.Redis.URL == "" {
+		return nil
+	}
+	return []float64{g.cfg.Redis.Timeout.Seconds(), (g.cfg.Redis.Timeout + time.Millisecond).Seconds()}
 }
 
 // warmRedis dials Redis and loads the bucket scripts before the first request, so the

@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"net/http"
 	"net/http/httputil"
+	"net/netip"
 	"net/url"
 	"time"
 
@@ -39,6 +40,13 @@ func (g *Gateway) newHandler() error {
 		rt.proxy = &httputil.ReverseProxy{
 			Rewrite: func(pr *httputil.ProxyRequest) {
 				pr.SetURL(target)
+				if len(g.trusted) > 0 {
+					// Behind trusted proxies the upstream learns the client they vouch
+					// for, then the proxy (SetXForwarded appends the peer).
+					if c := g.trusted.clientAddr(pr.In); c.IsValid() && c != peerAddr(pr.In) {
+						pr.Out.Header["X-Forwarded-For"] = []string{c.String()}
+					}
+				}
 				pr.SetXForwarded()
 				// The key stays at the edge; the upstream learns the tenant instead. The
 				// inbound X-Tenant-Id was already replaced by the gateway's own (serve).
@@ -86,27 +94,27 @@ func stripUpstreamRateHeaders(res *http.Response) error {
 	return nil
 }
 
-// apiKey is the request's X-Api-Key (the server canonicalises header names).
-func apiKey(r *http.Request) string {
-	if v := r.Header[hdrAPIKey]; len(v) > 0 {
-		return v[0]
-	}
-	return ""
-}
-
-// hashKey is regions.HashKey without a heap copy of the key.
-func hashKey(key string) regions.KeyHash {
-	var buf [maxKeyLen]byte
-	return sha256.Sum256(append(buf[:0], key...))
-}
-
-// authenticate resolves the key to a tenant, or writes the 401 (or the 503 before the
-// first snapshot) and returns ok false. It never touches Redis.
+// authenticate resolves the request's key to a tenant, or writes the refusal and returns
+// ok false. It never touches Redis. Refusals: 401 for no key or an unknown, revoked or
+// over-long one; 400 for more than one X-Api-Key header (which key would an upstream or
+// a log believe?); 503 before the first snapshot; 429 for a client that has used up its
+// unauthenticated_limit, decided before the key is looked up (see clientGuard).
 func (g *Gateway) authenticate(w http.ResponseWriter, r *http.Request, rt *route) (*regions.Snapshot, string, bool) {
-	key := apiKey(r)
-	if key == "" {
-		rt.counters[decUnauthenticated][srcNone].Inc()
-		problemMissingKey.write(w)
+	var client netip.Addr
+	if g.guard != nil {
+		client = clientKey(g.trusted.clientAddr(r))
+		if retry, blocked := g.guard.blocked(client); blocked {
+			g.refuse(w, r, rt, client, nil, retry)
+			return nil, "", false
+		}
+	}
+	vals := r.Header[hdrAPIKey]
+	switch {
+	case len(vals) > 1: // even if some are empty (found by FuzzAPIKeyHeader)
+		g.refuse(w, r, rt, client, problemManyKeys, 0)
+		return nil, "", false
+	case len(vals) == 0 || vals[0] == "":
+		g.refuse(w, r, rt, client, problemMissingKey, 0)
 		return nil, "", false
 	}
 	snap := g.snap.Load()
@@ -114,17 +122,41 @@ func (g *Gateway) authenticate(w http.ResponseWriter, r *http.Request, rt *route
 		problemNotReady.write(w)
 		return nil, "", false
 	}
+	key := vals[0]
 	var tenant string
 	ok := len(key) <= maxKeyLen
 	if ok {
 		tenant, ok = snap.Tenant(hashKey(key))
 	}
 	if !ok {
-		rt.counters[decUnauthenticated][srcNone].Inc()
-		problemBadKey.write(w)
+		g.refuse(w, r, rt, client, problemBadKey, 0)
 		return nil, "", false
 	}
 	return snap, tenant, true
+}
+
+// refuse answers a request that did not authenticate with p, counted as unauthenticated;
+// with the per-client limit on it also takes one of the client's attempts, and answers
+// 429 instead when none is left. A nil p means the client is already blocked.
+func (g *Gateway) refuse(w http.ResponseWriter, r *http.Request, rt *route, client netip.Addr, p *problem, retry time.Duration) {
+	rt.counters[decUnauthenticated][srcNone].Inc()
+	if p != nil && g.guard != nil {
+		if wait, ok := g.guard.fail(r.Context(), client); !ok {
+			p, retry = nil, wait
+		}
+	}
+	if p == nil {
+		g.m.unauthThrottled.Inc()
+		writeGuardRefusal(w, retry)
+		return
+	}
+	p.write(w)
+}
+
+// hashKey is regions.HashKey without a heap copy of the key.
+func hashKey(key string) regions.KeyHash {
+	var buf [maxKeyLen]byte
+	return sha256.Sum256(append(buf[:0], key...))
 }
 
 // serve is the hot path of one routed request.

@@ -1,6 +1,8 @@
 package gateway
 
 import (
+	"slices"
+
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -62,12 +64,16 @@ type metrics struct {
 	upstreamErrors *prometheus.CounterVec // region, route
 	heartbeatErrs  prometheus.Counter
 	ready          prometheus.Gauge
+	// unauthThrottled counts requests refused 429 by unauthenticated_limit.
+	unauthThrottled prometheus.Counter
 }
 
 // decisionBuckets span 50µs (a local decision) to 50ms (far past any sane Redis timeout).
 var decisionBuckets = []float64{0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05}
 
-func newMetrics(reg prometheus.Registerer, region string) (*metrics, error) {
+// newMetrics registers the gateway's series; extraBounds are added to the decision
+// histogram's buckets (the Redis timeout and timeout + 1 ms).
+func newMetrics(reg prometheus.Registerer, region string, extraBounds []float64) (*metrics, error) {
 	r := prometheus.Labels{"region": region}
 	m := &metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -92,7 +98,7 @@ func newMetrics(reg prometheus.Registerer, region string) (*metrics, error) {
 	duration := prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name:        "ratelimit_decision_duration_seconds",
 		Help:        "Time to decide one request, by decision source.",
-		Buckets:     decisionBuckets,
+		Buckets:     withBounds(decisionBuckets, extraBounds),
 		ConstLabels: r,
 	}, []string{"source"})
 	gauge := func(name, help string) prometheus.Gauge {
@@ -109,10 +115,12 @@ func newMetrics(reg prometheus.Registerer, region string) (*metrics, error) {
 	m.unmatched = counter("ratelimit_unmatched_requests_total", "Authenticated requests that matched no route (answered 404).")
 	m.heartbeatErrs = counter("ratelimit_heartbeat_errors_total", "Heartbeats that could not be written.")
 	m.ready = gauge("ratelimit_gateway_ready", "1 when a snapshot is loaded and the gateway serves requests.")
+	m.unauthThrottled = counter("ratelimit_unauthenticated_throttled_total", "Requests refused 429 because their client address used up its unauthenticated_limit (failed authentications).")
 
 	for _, c := range []prometheus.Collector{
 		m.requests, m.tenantRequests, duration, m.lastReload, m.rulesLoaded, m.reloadErrors,
 		m.shareRatio, m.instances, m.decisionErrors, m.unmatched, m.upstreamErrors, m.heartbeatErrs, m.ready,
+		m.unauthThrottled,
 	} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
@@ -141,4 +149,17 @@ func (m *metrics) newRouteCounters(region, route string) *routeCounters {
 		}
 	}
 	return &rc
+}
+
+// withBounds is buckets with extra bounds merged in, sorted, without duplicates.
+func withBounds(buckets, extra []float64) []float64 {
+	out := append([]float64(nil), buckets...)
+	for _, e := range extra {
+		if !(e > 0) || slices.Contains(out, e) {
+			continue
+		}
+		out = append(out, e)
+	}
+	slices.Sort(out)
+	return out
 }

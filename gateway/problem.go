@@ -37,6 +37,9 @@ var (
 	problemThrottled  = newProblem(http.StatusTooManyRequests, "Rate limit exceeded; retry after the number of seconds in Retry-After.")
 	problemUpstream   = newProblem(http.StatusBadGateway, "The upstream service could not be reached.")
 	problemNotReady   = newProblem(http.StatusServiceUnavailable, "The gateway has not loaded its configuration yet; retry shortly.")
+	problemManyKeys   = newProblem(http.StatusBadRequest, "Send exactly one X-Api-Key header.")
+	// problemTooManyFailures answers a client blocked by unauthenticated_limit.
+	problemTooManyFailures = newProblem(http.StatusTooManyRequests, "Too many requests without a valid API key from this address; retry after the number of seconds in Retry-After.")
 )
 
 // write sends the problem. Shared slices are safe in the header map: nothing appends to

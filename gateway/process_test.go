@@ -413,7 +413,10 @@ func TestProcessPostgresStopped(t *testing.T) {
 	if err := pg.Restart(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	db.setRule(t, regions.Rule{Tenant: "shop-a", Route: "create-order", Capacity: 70, RefillPerSecond: 100})
+	// The test's own pool may hand out a connection the restart cut (57P01) first.
+	waitFor(t, 10*time.Second, "a rule write after PostgreSQL is back", func() bool {
+		return db.store.SetRule(context.Background(), regions.Rule{Tenant: "shop-a", Route: "create-order", Capacity: 70, RefillPerSecond: 100}) == nil
+	})
 	took := waitFor(t, 15*time.Second, "change after PostgreSQL is back", func() bool {
 		resp, _ := call(t, "POST", p.url+"/orders", key)
 		return resp.Header.Get("X-RateLimit-Limit") == "70"

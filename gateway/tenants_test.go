@@ -12,7 +12,7 @@ import (
 func newTestTracker(t *testing.T, max int) (*tenantTracker, *prometheus.Registry) {
 	t.Helper()
 	reg := prometheus.NewRegistry()
-	m, err := newMetrics(reg, "r1")
+	m, err := newMetrics(reg, "r1", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -117,7 +117,7 @@ func TestTenantTrackerBounded(t *testing.T) {
 
 func BenchmarkTenantTrackerCount(b *testing.B) {
 	reg := prometheus.NewRegistry()
-	m, _ := newMetrics(reg, "r1")
+	m, _ := newMetrics(reg, "r1", nil)
 	tr := newTenantTracker(m, "r1", 1000, func(string, string) (float64, bool) { return 1, true })
 	names := make([]string, 2000)
 	for i := range names {

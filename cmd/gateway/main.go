@@ -13,6 +13,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/quotaplane/quotaplane/gateway"
 )
@@ -53,6 +54,8 @@ func run(ctx context.Context, args []string, getenv func(string) string) error {
 		return err
 	}
 	log := newLogger(os.Stderr, cfg.LogLevel)
+	// go-redis logs pool failures (dials, TLS) on its own; keep them in the JSON log.
+	redis.SetLogger(redisLogger{log})
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -65,6 +68,15 @@ func run(ctx context.Context, args []string, getenv func(string) string) error {
 		return nil
 	}
 	return g.Run(ctx)
+}
+
+// redisLogger puts go-redis's own messages into the gateway's log at Warn level (they are
+// connection failures, which the limiter also counts). go-redis never formats a URL or
+// password into them.
+type redisLogger struct{ log *slog.Logger }
+
+func (l redisLogger) Printf(ctx context.Context, format string, v ...any) {
+	l.log.WarnContext(ctx, "redis client", "msg_detail", fmt.Sprintf(format, v...))
 }
 
 // newLogger logs JSON at level (already validated by LoadConfig).
