@@ -40,6 +40,10 @@ type Options struct {
 	// BinDir holds the built binaries; empty means a temporary directory.
 	BinDir string
 	Logger *slog.Logger
+	// RedisFront, if set, is called with each region's Redis address once it runs and
+	// returns the address the region's gateways dial instead (for example a
+	// local.SlowProxy in front of it, for fault tests). Nil: the gateways dial Redis.
+	RedisFront func(region, redisAddr string) (string, error)
 }
 
 // DemoTenants are the demo's tenants: one that shifts between regions above its limit,
@@ -68,10 +72,13 @@ type Stack struct {
 	DatabaseURL string
 	Store       *regions.Store
 	Redis       map[string]*local.Process
-	Gateways    []*Gateway
-	Upstream    string // the echo service's base URL
-	Prometheus  *local.Prometheus
-	Rebalancer  *local.Process
+	// RedisURL is the Redis URL each region's gateways were given (Options.RedisFront's
+	// address when set).
+	RedisURL   map[string]string
+	Gateways   []*Gateway
+	Upstream   string // the echo service's base URL
+	Prometheus *local.Prometheus
+	Rebalancer *local.Process
 	// RebalancerAdmin is the rebalancer's admin base URL (status page, /metrics).
 	RebalancerAdmin string
 	// Keys maps a tenant to its API key secret.
@@ -111,7 +118,7 @@ func Start(ctx context.Context, opts Options) (_ *Stack, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("stack: %w", err)
 	}
-	s := &Stack{Regions: opts.Regions, Redis: map[string]*local.Process{}, Keys: map[string]string{}, opts: opts, dir: dir, log: opts.Logger}
+	s := &Stack{Regions: opts.Regions, Redis: map[string]*local.Process{}, RedisURL: map[string]string{}, Keys: map[string]string{}, opts: opts, dir: dir, log: opts.Logger}
 	defer func() {
 		if err != nil {
 			s.Close()
@@ -198,6 +205,14 @@ func (s *Stack) startData(ctx context.Context) error {
 			return err
 		}
 		s.Redis[r] = rd
+		s.RedisURL[r] = local.RedisURL(rd)
+		if s.opts.RedisFront != nil {
+			addr, err := s.opts.RedisFront(r, rd.Addr())
+			if err != nil {
+				return fmt.Errorf("redis front of %s: %w", r, err)
+			}
+			s.RedisURL[r] = "redis://" + addr + "/0"
+		}
 	}
 	for _, t := range s.opts.Tenants {
 		if err := s.Store.SetRule(actx, regions.Rule{Tenant: t.ID, Route: Route, Capacity: t.Capacity, RefillPerSecond: t.RefillPerSecond, Shards: 1}); err != nil {
@@ -218,6 +233,13 @@ func (s *Stack) startUpstream() error {
 		return fmt.Errorf("upstream: %w", err)
 	}
 	s.upstream = &http.Server{ReadHeaderTimeout: 5 * time.Second, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		// ?delay_ms=N (at most 5000) answers late: in-flight requests for drain tests.
+		if ms, err := strconv.Atoi(r.URL.Query().Get("delay_ms")); err == nil && ms > 0 {
+			select {
+			case <-time.After(time.Duration(min(ms, 5000)) * time.Millisecond):
+			case <-r.Context().Done():
+			}
+		}
 		w.Header().Set("Content-Type", "application/json")
 		fmt.Fprintf(w, "{\"ok\":true,\"tenant\":%q}\n", r.Header.Get("X-Tenant-Id"))
 	})}
@@ -259,7 +281,7 @@ func (s *Stack) startGateway(ctx context.Context, bin, region string, i int) err
 	if err != nil {
 		return err
 	}
-	cfg := fmt.Sprintf(gatewayConfig, region, id, port, admin, s.DatabaseURL, local.RedisURL(s.Redis[region]), s.opts.GatewaysPerRegion, Route, s.Upstream)
+	cfg := fmt.Sprintf(gatewayConfig, region, id, port, admin, s.DatabaseURL, s.RedisURL[region], s.opts.GatewaysPerRegion, Route, s.Upstream)
 	path := filepath.Join(dir, "gateway.yaml")
 	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
 		return fmt.Errorf("gateway %s: %w", id, err)
@@ -339,6 +361,11 @@ func (s *Stack) startRebalancer(ctx context.Context, bin string) error {
 	s.Rebalancer = p
 	return s.Prometheus.SetJobs(ctx, s.scrapeJobs(s.RebalancerAdmin))
 }
+
+// ScrapeJobs is the Prometheus scrape configuration the stack runs with (every gateway,
+// grouped by region, and the rebalancer), for a test that changes it with SetJobs and
+// wants to restore it.
+func (s *Stack) ScrapeJobs() []local.ScrapeJob { return s.scrapeJobs(s.RebalancerAdmin) }
 
 // GatewaysOf lists the gateways of one region.
 func (s *Stack) GatewaysOf(region string) []*Gateway {
