@@ -49,6 +49,26 @@ type hotKeyRun struct {
 	elapsed             time.Duration // from the first call to the end
 	calls               int64         // script calls Redis ran
 	leases              []LeaseInfo   // the first instance's, just before the end
+	arrivals            []int64       // decisions asked per millisecond since the first call
+}
+
+// exactAdmitted is what one exact token bucket of lim, full at the first arrival,
+// admits for the run's arrivals (every request costing 1, arrivals within a millisecond
+// taken at its start): the reference that a stall of the load itself (the driver's
+// goroutines not scheduled, which a loaded box does for 100 ms or more under -race)
+// cannot bias. With the load never stalling it is capacity + refill x elapsed.
+func exactAdmitted(lim regions.Limit, arrivals []int64) int64 {
+	tokens, admitted := float64(lim.Capacity), int64(0)
+	perMs := lim.RefillPerSecond / 1000
+	for i, n := range arrivals {
+		if i > 0 {
+			tokens = min(float64(lim.Capacity), tokens+perMs)
+		}
+		a := min(n, int64(tokens+1e-9))
+		tokens -= float64(a)
+		admitted += a
+	}
+	return admitted
 }
 
 // driveHotKey runs instances limiters, each with its own local state, on one Redis,
@@ -76,6 +96,8 @@ func driveHotKey(t *testing.T, rdb *redis.Client, instances, workers int, rate f
 		run     = hotKeyRun{bySource: map[Source]int64{}}
 		failure atomic.Pointer[string]
 		first   atomic.Int64 // Unix ns just before the first call: the bucket starts no earlier
+		origin  = time.Now()
+		bins    = int(d/time.Millisecond) + 2000 // the load's length and a generous stop
 	)
 	for _, l := range lims {
 		for range workers {
@@ -84,13 +106,16 @@ func driveHotKey(t *testing.T, rdb *redis.Client, instances, workers int, rate f
 				defer wg.Done()
 				var n, ok int64
 				src := map[Source]int64{}
+				arrivals := make([]int64, bins)
 				begin := time.Now()
 				for !stop.Load() {
 					due := int64(time.Since(begin).Seconds() * perWorker)
 					for ; n < due && !stop.Load(); n++ {
+						now := time.Now()
 						if n == 0 {
-							first.CompareAndSwap(0, time.Now().UnixNano())
+							first.CompareAndSwap(0, now.UnixNano())
 						}
+						arrivals[min(int(now.Sub(origin)/time.Millisecond), bins-1)]++
 						dec, err := l.Decide(context.Background(), r)
 						if err != nil {
 							msg := err.Error()
@@ -105,6 +130,12 @@ func driveHotKey(t *testing.T, rdb *redis.Client, instances, workers int, rate f
 					time.Sleep(time.Millisecond) // pacing, not synchronisation
 				}
 				mu.Lock()
+				if run.arrivals == nil {
+					run.arrivals = make([]int64, bins)
+				}
+				for i, a := range arrivals {
+					run.arrivals[i] += a
+				}
 				run.decisions += n
 				run.admitted += ok
 				for s, v := range src {
@@ -119,6 +150,8 @@ func driveHotKey(t *testing.T, rdb *redis.Client, instances, workers int, rate f
 	stop.Store(true)
 	wg.Wait()
 	run.elapsed = time.Since(time.Unix(0, first.Load()))
+	firstBin := int(time.Unix(0, first.Load()).Sub(origin) / time.Millisecond)
+	run.arrivals = run.arrivals[firstBin:]
 	if msg := failure.Load(); msg != nil {
 		t.Fatalf("Decide: %s", *msg)
 	}
@@ -127,9 +160,10 @@ func driveHotKey(t *testing.T, rdb *redis.Client, instances, workers int, rate f
 }
 
 // TestHotKeyAccuracy: 20 limiter instances drive one hot key at 20x its refill or more.
-// With leases, the region admits the exact token bucket's allowance (capacity + refill x
-// elapsed) within 2%, with at most one Redis call per 20 admitted requests; the same
-// with the rule split into shards.
+// With leases, the region admits what one exact token bucket admits for the same
+// arrivals (capacity + refill x elapsed, when the load never stalls) within 2%, never
+// more than 2% over capacity + refill x elapsed, with at most one Redis call per 20
+// admitted requests; the same with the rule split into shards.
 //
 // A batch is LeaseFraction x refill / instances tokens, and one call per 20 admitted
 // needs batches well above 20: with the default fraction (2%) and 20 instances, that is
@@ -138,8 +172,9 @@ func driveHotKey(t *testing.T, rdb *redis.Client, instances, workers int, rate f
 // this box cannot offer 20x that refill under -race. Under -race the rule is scaled
 // down to 5,000/s with LeaseFraction 0.16: the same batch (40) and bound (800 tokens),
 // so the same calls per admitted request, at 125,000 decisions/s; its capacity is
-// raised so that the tokens an instance may still hold at the end (at most the bound)
-// stay under 1% of the allowance. The assertions are the same.
+// raised to 20 s of refill so that what is still held or left in Redis when the load
+// stops (the bound, plus the refill of a poll that a loaded box delays) stays well
+// under 2% of the allowance. The assertions are the same.
 func TestHotKeyAccuracy(t *testing.T) {
 	const instances = 20
 	var (
@@ -149,7 +184,7 @@ func TestHotKeyAccuracy(t *testing.T) {
 		duration = 5 * time.Second
 	)
 	if raceEnabled {
-		refill, capacity, fraction = 5_000, 60_000, 0.16
+		refill, capacity, fraction = 5_000, 100_000, 0.16
 	}
 	for _, shards := range []int{0, 8} {
 		t.Run(fmt.Sprintf("shards=%d", shards), func(t *testing.T) {
@@ -161,20 +196,25 @@ func TestHotKeyAccuracy(t *testing.T) {
 				LeaseFraction:  fraction,
 				Timeout:        time.Second, // this test is about leases, not timeouts
 			})
-			exact := float64(capacity) + refill*run.elapsed.Seconds()
-			if len(run.leases) != 1 || run.leases[0].Batch != 40 || run.leases[0].Bound != 800 {
-				t.Errorf("an instance's leases while driven: %+v, want one with batch 40 and bound 800", run.leases)
-			}
+			bound := float64(capacity) + refill*run.elapsed.Seconds()
+			exact := float64(exactAdmitted(r.Limit, run.arrivals))
 			offered := float64(run.decisions) / run.elapsed.Seconds()
 			errPct := 100 * (float64(run.admitted) - exact) / exact
 			perAdmitted := float64(run.calls) / float64(run.admitted)
-			t.Logf("%v: %d decisions (%.0f/s, %.1fx refill), admitted %d vs exact %.0f (%+.2f%%), %d Redis calls (%.4f per admitted), sources %v",
-				run.elapsed.Round(time.Millisecond), run.decisions, offered, offered/refill, run.admitted, exact, errPct, run.calls, perAdmitted, run.bySource)
+			t.Logf("%v: %d decisions (%.0f/s, %.1fx refill), admitted %d: exact bucket for these arrivals %.0f (%+.2f%%), capacity + refill x elapsed %.0f (%+.2f%%); %d Redis calls (%.4f per admitted), sources %v",
+				run.elapsed.Round(time.Millisecond), run.decisions, offered, offered/refill, run.admitted,
+				exact, errPct, bound, 100*(float64(run.admitted)-bound)/bound, run.calls, perAdmitted, run.bySource)
+			if len(run.leases) != 1 || run.leases[0].Batch != 40 || run.leases[0].Bound != 800 {
+				t.Errorf("an instance's leases while driven: %+v, want one with batch 40 and bound 800", run.leases)
+			}
 			if offered < 20*refill {
 				t.Errorf("offered %.0f decisions/s, want >= 20x the refill (%.0f): the test did not drive the key hard enough", offered, 20*refill)
 			}
 			if errPct < -2 || errPct > 2 {
-				t.Errorf("admitted %d, exact token bucket %.0f: %+.2f%%, want within 2%%", run.admitted, exact, errPct)
+				t.Errorf("admitted %d, an exact token bucket %.0f for the same arrivals: %+.2f%%, want within 2%%", run.admitted, exact, errPct)
+			}
+			if float64(run.admitted) > bound*1.02 {
+				t.Errorf("admitted %d, more than 2%% over capacity + refill x elapsed (%.0f)", run.admitted, bound)
 			}
 			if perAdmitted > 1.0/20 {
 				t.Errorf("%d Redis calls for %d admitted: %.4f per admitted, want <= 1/20", run.calls, run.admitted, perAdmitted)
