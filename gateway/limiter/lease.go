@@ -171,14 +171,14 @@ func (k *hotKey) rate(now int64) float64 {
 }
 
 // batchFor is the batch to lease for k now, or 0 when it should not be leased.
-func (t *leaseTable) batchFor(k *hotKey, lim regions.Limit, cost int64, instances, shards int, now int64) int64 {
+func (t *leaseTable) batchFor(k *hotKey, lim regions.Limit, instances, shards int, now int64) int64 {
 	rate := k.rate(now)
 	if rate < t.threshold {
 		return 0
 	}
 	b := int64(t.fraction * lim.RefillPerSecond / float64(instances))
 	b = min(b, int64(math.Ceil(rate*float64(t.ttl)/1e9)), lim.Capacity/int64(shards))
-	if b < 2 || b < cost {
+	if b < 2 {
 		return 0
 	}
 	return b
@@ -260,7 +260,11 @@ func (l *Redis) decideLease(ctx context.Context, r Request, cost int64, shards i
 			l.m.leaseRejected.Inc()
 			return d, true
 		}
-		b := t.batchFor(k, r.Limit, cost, l.instanceCount(), shards, now)
+		b := t.batchFor(k, r.Limit, l.instanceCount(), shards, now)
+		if b > 0 && cost > b {
+			s.mu.Unlock() // a request larger than a batch: Redis decides it, the lease stays
+			return Decision{}, false
+		}
 		if b == 0 {
 			// Cold, or too small to lease: unspent tokens go back, Redis decides.
 			held, key, lim := k.held, k.key, k.lim

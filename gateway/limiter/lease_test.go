@@ -76,6 +76,17 @@ func TestLeaseLifecycle(t *testing.T) {
 	}
 	t.Logf("%d plain calls before the key was leased", plain)
 
+	// A request larger than a batch goes to Redis; the lease stays as it was.
+	heldBefore := l.Leases()[0].Held
+	big := r
+	big.Cost = 11
+	if d := mustDecide(t, l, big); d.Source != SourceRedis || !d.Allowed {
+		t.Errorf("cost 11 on a leased key with batch 10: %+v, want allowed by redis", d)
+	}
+	if li := l.Leases(); len(li) != 1 || li[0].Held != heldBefore {
+		t.Errorf("after a large request: %+v, want the lease untouched (held %d)", li, heldBefore)
+	}
+
 	// Past the TTL the held tokens may not be spent: the next decision renews the
 	// lease (the key is still hot: 300 tokens over 300 ms) with one call.
 	held := l.Leases()[0].Held
