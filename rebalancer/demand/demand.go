@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"net/http"
+	"net/url"
 	"slices"
 	"strings"
 	"sync"
@@ -48,7 +49,59 @@ var ErrUnavailable = errors.New("prometheus unavailable")
 // otherwise only that region's series are read from it.
 type Source struct {
 	Region string
-	URL    string
+	// URL is the server's base URL; a user:password@ in it is sent as basic auth and
+	// never shown (String, errors).
+	URL string
+}
+
+// String is "URL" or "region=URL" with the URL's password hidden, for logs and errors.
+func (s Source) String() string {
+	if s.Region == "" {
+		return redactURL(s.URL)
+	}
+	return s.Region + "=" + redactURL(s.URL)
+}
+
+// redactURL is u for logs and errors: the password of user:password@ and of a password
+// query parameter replaced by xxxxx. Of a URL that does not parse, everything before the
+// last "@" and any query are hidden.
+func redactURL(u string) string {
+	if p, err := url.Parse(u); err == nil && p.Scheme != "" && p.Host != "" {
+		if q := p.Query(); q.Has("password") {
+			q.Set("password", "xxxxx")
+			p.RawQuery = q.Encode()
+		}
+		return p.Redacted()
+	}
+	u, _, _ = strings.Cut(u, "?")
+	scheme, rest, hasScheme := strings.Cut(u, "://")
+	if !hasScheme {
+		scheme, rest = "", u
+	}
+	if i := strings.LastIndex(rest, "@"); i >= 0 {
+		rest = "xxxxx@" + rest[i+1:]
+	}
+	if hasScheme {
+		return scheme + "://" + rest
+	}
+	return rest
+}
+
+// checkURL checks that u is an http(s) URL with a host. Its error does not contain u: a
+// parse error is reduced to its detail, and to nothing when u holds credentials.
+func checkURL(u string) error {
+	p, err := url.Parse(u)
+	if err != nil {
+		var uerr *url.Error
+		if errors.As(err, &uerr) && !strings.Contains(u, "@") {
+			return fmt.Errorf("does not parse: %w", uerr.Err)
+		}
+		return errors.New("does not parse")
+	}
+	if (p.Scheme != "http" && p.Scheme != "https") || p.Host == "" {
+		return errors.New("want http(s)://host:port or region=http(s)://host:port")
+	}
+	return nil
 }
 
 // ParseSources reads the --prometheus-url values: exactly one URL, or one "region=URL"
@@ -64,14 +117,15 @@ func ParseSources(values []string) ([]Source, error) {
 		if region, u, ok := strings.Cut(v, "="); ok && regions.ValidateID("region", region) == nil {
 			s = Source{Region: region, URL: u}
 		}
-		if !strings.HasPrefix(s.URL, "http://") && !strings.HasPrefix(s.URL, "https://") {
-			return nil, fmt.Errorf("%w prometheus url %q: want http(s)://host:port or region=http(s)://host:port", regions.ErrInvalid, v)
+		// Errors name the value with its password hidden (Source.String).
+		if err := checkURL(s.URL); err != nil {
+			return nil, fmt.Errorf("%w prometheus url %q: %w", regions.ErrInvalid, s, err)
 		}
 		if seen[s.Region] {
 			if s.Region == "" {
-				return nil, fmt.Errorf("%w prometheus url %q: give one URL, or one region=URL per region", regions.ErrInvalid, v)
+				return nil, fmt.Errorf("%w prometheus url %q: give one URL, or one region=URL per region", regions.ErrInvalid, s)
 			}
-			return nil, fmt.Errorf("%w prometheus url %q: region %s given twice", regions.ErrInvalid, v, s.Region)
+			return nil, fmt.Errorf("%w prometheus url %q: region %s given twice", regions.ErrInvalid, s, s.Region)
 		}
 		seen[s.Region] = true
 		out = append(out, s)
@@ -186,9 +240,12 @@ func New(cfg Config) (*Reader, error) {
 		} else if len(cfg.Sources) > 1 {
 			return nil, fmt.Errorf("%w demand reader: a source for every region cannot be mixed with others", regions.ErrInvalid)
 		}
+		if err := checkURL(s.URL); err != nil {
+			return nil, fmt.Errorf("%w demand reader: prometheus %q: %w", regions.ErrInvalid, s, err)
+		}
 		c, err := api.NewClient(api.Config{Address: s.URL, Client: cfg.Client})
-		if err != nil {
-			return nil, fmt.Errorf("%w demand reader: prometheus %q: %v", regions.ErrInvalid, s.URL, err)
+		if err != nil { // a parse error, which checkURL has ruled out; it would show the URL
+			return nil, fmt.Errorf("%w demand reader: prometheus %q: not a client address", regions.ErrInvalid, s)
 		}
 		r.sources = append(r.sources, source{Source: s, api: v1.NewAPI(c)})
 	}
@@ -305,11 +362,12 @@ func (r *Reader) readSource(ctx context.Context, s source, now time.Time) source
 func query(ctx context.Context, s source, q string, now time.Time) (model.Vector, error) {
 	v, _, _, err := s.api.Query(ctx, q, now)
 	if err != nil {
-		return nil, fmt.Errorf("%w: query %s: %v", ErrUnavailable, s.URL, err)
+		// The HTTP client's *url.Error shows the URL with its password as ***.
+		return nil, fmt.Errorf("%w: query %s: %w", ErrUnavailable, s.Source, err)
 	}
 	vec, ok := v.(model.Vector)
 	if !ok {
-		return nil, fmt.Errorf("%w: query %s: got %s, want a vector", ErrUnavailable, s.URL, v.Type())
+		return nil, fmt.Errorf("%w: query %s: got %s, want a vector", ErrUnavailable, s.Source, v.Type())
 	}
 	return vec, nil
 }

@@ -8,6 +8,9 @@
 // fresh sample is absent from the result — unknown, never zero. A Prometheus that cannot
 // be queried is an error, so the caller skips its run instead of acting on a guess.
 //
+// A source URL may carry user:password@ (sent as basic auth); Source.String and every
+// error show it with the password hidden.
+//
 // It imports regions (for Scope) and the Prometheus HTTP API client only; never gateway,
 // the rebalancer's job or cmd.
 package demand

@@ -83,6 +83,12 @@ func (e *Exporter) SetTenant(region, tenant, route string, allowed, throttled fl
 	}
 }
 
+// SetTenantShadow sets the shadow_throttled rate of one capped tenant/route pair in
+// region: requests a shadow rule would have rejected and forwarded.
+func (e *Exporter) SetTenantShadow(region, tenant, route string, shadowThrottled float64) {
+	e.set(series{tenant: true, labels: [4]string{region, tenant, route, demand.DecisionShadowThrottled}}, shadowThrottled)
+}
+
 // RemoveRegion drops every series of region, as if its gateways vanished.
 func (e *Exporter) RemoveRegion(region string) {
 	e.mu.Lock()
