@@ -7,8 +7,14 @@
 // cheap fast-path check every check interval), leader election (a PostgreSQL advisory lock
 // as gocron's distributed elector) and the rebalancer's metrics.
 //
-// A failed read (PostgreSQL or Prometheus down) skips the tick and counts it; shares stay
-// as they are until the next tick succeeds.
+// A tenant/route pair is one bucket, water-filled. The "*" scope bounds many buckets at
+// once and is split in proportion to the offered traffic it governs (the region totals
+// minus the pairs with a scope of their own); see docs/rebalancer.md.
+// Requests a shadow rule would have rejected were forwarded: they are offered demand and
+// count as allowed, never as throttling.
+//
+// A failed read (PostgreSQL or Prometheus down, or the leader lock's PostgreSQL) skips the
+// tick and counts it; shares stay as they are until the next tick succeeds.
 //
 // It imports regions, rebalancer and rebalancer/demand; never gateway or cmd.
 package job

@@ -21,6 +21,10 @@ const DefaultLockKey int64 = 0x71756f7461706c61
 // when the database cannot be reached (no lock, no leadership).
 var ErrNotLeader = errors.New("not the leader")
 
+// ErrDatabaseUnavailable is wrapped, besides ErrNotLeader, when IsLeader could not reach
+// PostgreSQL: Run counts such a tick as skipped_database, not not_leader.
+var ErrDatabaseUnavailable = errors.New("database unavailable")
+
 // Elector is gocron's distributed elector backed by a PostgreSQL session advisory lock:
 // the leader is the process whose dedicated connection holds pg_try_advisory_lock(key).
 // The lock lives as long as that connection, so when the leader dies (or its connection
@@ -80,8 +84,8 @@ func (e *Elector) IsLeader(ctx context.Context) error {
 	if e.conn == nil || e.conn.IsClosed() {
 		e.setLeader(false)
 		cfg, err := pgx.ParseConfig(e.url)
-		if err != nil {
-			return fmt.Errorf("%w: %v", ErrNotLeader, err)
+		if err != nil { // NewElector parsed it; pgx's parse errors redact the password
+			return fmt.Errorf("%w: %w", ErrNotLeader, err)
 		}
 		cfg.ConnectTimeout = e.timeout
 		if cfg.RuntimeParams == nil {
@@ -90,7 +94,7 @@ func (e *Elector) IsLeader(ctx context.Context) error {
 		cfg.RuntimeParams["application_name"] = "quotaplane-rebalancer-lock"
 		conn, err := pgx.ConnectConfig(ctx, cfg)
 		if err != nil {
-			return fmt.Errorf("%w: connect to %s for the lock: %v", ErrNotLeader, regions.RedactURL(e.url), err)
+			return fmt.Errorf("%w: %w: connect to %s for the lock: %w", ErrNotLeader, ErrDatabaseUnavailable, regions.RedactURL(e.url), err)
 		}
 		e.conn = conn
 	}
@@ -98,14 +102,14 @@ func (e *Elector) IsLeader(ctx context.Context) error {
 		// The session still holds the lock as long as it is alive.
 		if _, err := e.conn.Exec(ctx, "SELECT 1"); err != nil {
 			e.dropConn()
-			return fmt.Errorf("%w: lock connection lost: %v", ErrNotLeader, err)
+			return fmt.Errorf("%w: %w: lock connection lost: %w", ErrNotLeader, ErrDatabaseUnavailable, err)
 		}
 		return nil
 	}
 	var got bool
 	if err := e.conn.QueryRow(ctx, "SELECT pg_try_advisory_lock($1)", e.key).Scan(&got); err != nil {
 		e.dropConn()
-		return fmt.Errorf("%w: try advisory lock %d: %v", ErrNotLeader, e.key, err)
+		return fmt.Errorf("%w: %w: try advisory lock %d: %w", ErrNotLeader, ErrDatabaseUnavailable, e.key, err)
 	}
 	if !got {
 		return fmt.Errorf("%w: advisory lock %d is held by another rebalancer", ErrNotLeader, e.key)

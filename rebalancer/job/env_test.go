@@ -88,15 +88,16 @@ func (e *env) setDemand70_30() {
 	e.exp.SetTenant(euWest, pair.Tenant, pair.Route, 30, 0)
 }
 
-// expected70_30 is the water-filling answer for setDemand70_30's true rates.
+// expected70_30 is the answer for setDemand70_30's true rates: for the pair, water-filling
+// its rule; for "*", the proportional split of the traffic it governs, the region totals
+// minus the pair (140-70 / 60-30 rps).
 func expected70_30(t *testing.T, sc regions.Scope) map[string]float64 {
 	t.Helper()
-	limit := regions.Limit{Capacity: 20, RefillPerSecond: 10} // the default rule
-	offered := map[string]float64{usEast: 140, euWest: 60}
-	if sc == pair {
-		limit = regions.Limit{Capacity: pairRule.Capacity, RefillPerSecond: pairRule.RefillPerSecond}
-		offered = map[string]float64{usEast: 70, euWest: 30}
+	if sc == regions.GlobalScope {
+		return map[string]float64{usEast: 70.0 / 100, euWest: 30.0 / 100}
 	}
+	limit := regions.Limit{Capacity: pairRule.Capacity, RefillPerSecond: pairRule.RefillPerSecond}
+	offered := map[string]float64{usEast: 70, euWest: 30}
 	var in []rebalancer.RegionInput
 	for _, r := range []string{euWest, usEast} {
 		rt := rebalancer.Rates{Allowed: offered[r]}

@@ -3,12 +3,14 @@ package job
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-co-op/gocron/v2"
@@ -81,11 +83,16 @@ type Job struct {
 	log    *slog.Logger
 	m      *metrics
 
-	mu     sync.Mutex // one tick at a time; guards states
+	mu     sync.Mutex // one tick at a time; guards states and exported
 	states map[regions.Scope]rebalancer.State
+	// exported holds the {region, scope} label sets of the share series now exported.
+	exported map[[2]string]bool
 
 	lastMu sync.Mutex
 	last   Report
+
+	// lockDBDown: the elector last failed to reach PostgreSQL (for logging once).
+	lockDBDown atomic.Bool
 }
 
 // New validates cfg and fills defaults. It starts nothing and dials nothing.
@@ -118,8 +125,12 @@ func New(cfg Config, store Store, dem DemandReader) (*Job, error) {
 	if err := regions.ValidateID("actor", cfg.Actor); err != nil {
 		return nil, fmt.Errorf("job: %w", err)
 	}
+	m, err := newMetrics(cfg.Registerer)
+	if err != nil {
+		return nil, fmt.Errorf("job: %w", err)
+	}
 	return &Job{
-		cfg: cfg, store: store, demand: dem, log: orDiscard(cfg.Logger), m: newMetrics(cfg.Registerer),
+		cfg: cfg, store: store, demand: dem, log: orDiscard(cfg.Logger), m: m,
 		states: map[regions.Scope]rebalancer.State{},
 	}, nil
 }
@@ -154,19 +165,33 @@ type ScopeInputs struct {
 	// hysteresis, no_trigger, override.
 	Reason string `json:"reason"`
 	// Region names the region behind a fast-path reason.
-	Region          string        `json:"region,omitempty"`
-	Kind            string        `json:"kind"` // run or check
+	Region string `json:"region,omitempty"`
+	Kind   string `json:"kind"` // run or check
+	// Split is how the shares were computed: SplitWaterfill for a tenant/route pair (one
+	// bucket), SplitProportional for "*" (many buckets; see Job).
+	Split string `json:"split,omitempty"`
+	// RefillPerSecond and Capacity are the scope's rule: for "*" the default rule, which
+	// every tenant without a rule of its own gets.
 	RefillPerSecond float64       `json:"refill_per_second"`
 	Capacity        int64         `json:"capacity"`
 	Regions         []RegionInput `json:"regions"`
 }
+
+// Values of ScopeInputs.Split.
+const (
+	SplitWaterfill    = "waterfill"
+	SplitProportional = "proportional"
+)
 
 // RegionInput is one region's inputs and result in one scope.
 type RegionInput struct {
 	Region string            `json:"region"`
 	Status rebalancer.Status `json:"status"`
 	// Offered rates (requests per second) over the long and short windows; allowed and
-	// throttled over the long window. Zero unless status is ok.
+	// throttled over the long window. Zero unless status is ok. Requests a shadow rule
+	// would have rejected were forwarded: they count as allowed (offered, not throttled).
+	// For "*" the rates are the region's traffic outside the pairs with a scope of their
+	// own.
 	OfferedLong  float64 `json:"offered_long_rps"`
 	OfferedShort float64 `json:"offered_short_rps"`
 	Allowed      float64 `json:"allowed_rps"`
@@ -252,17 +277,29 @@ func (j *Job) tickLocked(ctx context.Context, k kind) Report {
 
 	regs := snap.Regions()
 	var first, second []regions.ShareChange
+	var allocErrs []error
 	if len(regs) >= 2 {
-		scopes := j.scopes(d)
-		live := make(map[regions.Scope]bool, len(scopes))
-		for _, sc := range scopes {
+		pairs := j.pairScopes(d)
+		live := make(map[regions.Scope]bool, len(pairs))
+		for _, sc := range pairs {
 			live[sc] = true
-			sr, f, s := j.decide(snap, d, regs, sc, k, now)
+		}
+		for _, sc := range append([]regions.Scope{regions.GlobalScope}, pairs...) {
+			dd := d
+			if sc == regions.GlobalScope {
+				dd = globalDemand(snap, d, live)
+			}
+			sr, f, s, err := j.decide(snap, dd, regs, sc, k, now)
+			if err != nil {
+				allocErrs = append(allocErrs, err)
+			}
 			rep.Scopes = append(rep.Scopes, sr)
 			first, second = append(first, f...), append(second, s...)
 		}
 		if k == kindRun {
-			maps.DeleteFunc(j.states, func(sc regions.Scope, _ rebalancer.State) bool { return !live[sc] })
+			maps.DeleteFunc(j.states, func(sc regions.Scope, _ rebalancer.State) bool {
+				return sc != regions.GlobalScope && !live[sc]
+			})
 		}
 	}
 
@@ -280,6 +317,11 @@ func (j *Job) tickLocked(ctx context.Context, k kind) Report {
 		}
 	case len(first)+len(second) > 0:
 		if err := j.write(ctx, first, second); err != nil {
+			// PostgreSQL down is a skipped run; a write it refuses as invalid, or one cut
+			// short by shutdown, is an error.
+			if errors.Is(err, regions.ErrInvalid) || ctx.Err() != nil {
+				return fail(ResultError, err)
+			}
 			return fail(ResultSkippedDatabase, err)
 		}
 		rep.Written = len(first) + len(second)
@@ -292,11 +334,15 @@ func (j *Job) tickLocked(ctx context.Context, k kind) Report {
 		j.exportShares(rep.Scopes)
 	}
 	rep.Result = ResultOK
+	if len(allocErrs) > 0 {
+		// The other scopes were decided (and written); the run still failed at its job.
+		rep.Result, rep.Err = ResultError, fmt.Errorf("rebalance: %w", errors.Join(allocErrs...))
+	}
 	return rep
 }
 
-// scopes lists "*" and the busiest MaxScopes tenant/route pairs with demand.
-func (j *Job) scopes(d demand.Demand) []regions.Scope {
+// pairScopes lists the busiest MaxScopes tenant/route pairs with demand.
+func (j *Job) pairScopes(d demand.Demand) []regions.Scope {
 	pairs := d.PairScopes()
 	if len(pairs) > j.cfg.MaxScopes {
 		offered := func(sc regions.Scope) float64 {
@@ -309,27 +355,100 @@ func (j *Job) scopes(d demand.Demand) []regions.Scope {
 		slices.SortStableFunc(pairs, func(a, b regions.Scope) int { return cmp.Compare(offered(b), offered(a)) })
 		pairs = pairs[:j.cfg.MaxScopes]
 	}
-	return append([]regions.Scope{regions.GlobalScope}, pairs...)
+	return pairs
+}
+
+// globalDemand returns d with the "*" samples replaced by the traffic "*" governs: in
+// each region, the region total minus every pair with a scope of its own — one the
+// rebalancer splits (rebalanced), or one with a share row (rebalancer or override) for the
+// pair or its tenant in that region. What remains is the traffic of every other tenant
+// (the folded _other included).
+func globalDemand(snap *regions.Snapshot, d demand.Demand, rebalanced map[regions.Scope]bool) demand.Demand {
+	at := snap.LoadedAt()
+	own := func(sc regions.Scope, region string) bool {
+		if rebalanced[sc] {
+			return true
+		}
+		_, pair := snap.ScopeShare(region, sc, at)
+		_, tenant := snap.ScopeShare(region, regions.Scope{Tenant: sc.Tenant, Route: regions.Wildcard}, at)
+		return pair || tenant
+	}
+	totals := d.Scopes[regions.GlobalScope]
+	g := make(map[string]demand.Sample, len(totals))
+	for region, total := range totals {
+		for sc, byRegion := range d.Scopes {
+			smp, ok := byRegion[region]
+			if sc == regions.GlobalScope || !ok || !own(sc, region) {
+				continue
+			}
+			total.Long, total.Short = minus(total.Long, smp.Long), minus(total.Short, smp.Short)
+		}
+		g[region] = total
+	}
+	out := d
+	out.Scopes = maps.Clone(d.Scopes)
+	out.Scopes[regions.GlobalScope] = g
+	return out
+}
+
+// minus is a - b per decision. A difference within rounding of 0 (rates of equal
+// counters) is 0, and it is never below 0 (the two metrics may be scraped apart).
+func minus(a, b demand.Rates) demand.Rates {
+	sub := func(x, y float64) float64 {
+		if v := x - y; v > max(1e-6, 1e-9*x) {
+			return v
+		}
+		return 0
+	}
+	return demand.Rates{
+		Allowed:         sub(a.Allowed, b.Allowed),
+		Throttled:       sub(a.Throttled, b.Throttled),
+		ShadowThrottled: sub(a.ShadowThrottled, b.ShadowThrottled),
+	}
+}
+
+// allocationRates are the rates the allocation sees. A request a shadow rule would have
+// rejected was forwarded: it is offered demand, and allowed — counting it as throttled
+// would fire the fast path and the hysteresis' "throttled" gain although nothing was
+// rejected.
+func allocationRates(r demand.Rates) rebalancer.Rates {
+	return rebalancer.Rates{Allowed: r.Allowed + r.ShadowThrottled, Throttled: r.Throttled}
 }
 
 // decide builds one scope's inputs and runs the allocation; it returns the scope's report
-// and its changes split into decreases (first) and increases (second).
-func (j *Job) decide(snap *regions.Snapshot, d demand.Demand, regs []string, sc regions.Scope, k kind, now time.Time) (ScopeReport, []regions.ShareChange, []regions.ShareChange) {
+// and its changes split into decreases (first) and increases (second). The error is the
+// allocation refusing its input (the scope is then skipped).
+//
+// A tenant/route pair is one token bucket: its global refill is water-filled between the
+// regions (rebalancer.Decide). "*" is different: its share scales every tenant without a
+// share of its own, many independent buckets, so there is no single refill to fill and
+// "demand fits the limit" means nothing for it (the region totals are not one tenant's
+// demand). "*" is split in proportion to the offered traffic it governs (globalDemand):
+// the allocation is charged with a refill equal to the ok regions' total demand, no
+// headroom and no peaks, so it always ends in its first stage, the demand-weighted split
+// (floors protected): headroom, peak reserve and equal rest are empty by construction.
+// Dark, unknown, overrides, the fast path and the hysteresis work as for a pair.
+func (j *Job) decide(snap *regions.Snapshot, d demand.Demand, regs []string, sc regions.Scope, k kind, now time.Time) (ScopeReport, []regions.ShareChange, []regions.ShareChange, error) {
 	at := snap.LoadedAt() // override expiry is judged by the database's clock
 	rule := snap.Rule(sc.Tenant, sc.Route)
 	limit := regions.Limit{Capacity: rule.Capacity, RefillPerSecond: rule.RefillPerSecond}
-	sr := ScopeReport{Inputs: ScopeInputs{Scope: sc.String(), Kind: k.String(), RefillPerSecond: limit.RefillPerSecond, Capacity: limit.Capacity}}
-	skip := func(reason string) (ScopeReport, []regions.ShareChange, []regions.ShareChange) {
+	global := sc == regions.GlobalScope
+	sr := ScopeReport{Inputs: ScopeInputs{Scope: sc.String(), Kind: k.String(), Split: SplitWaterfill,
+		RefillPerSecond: limit.RefillPerSecond, Capacity: limit.Capacity}}
+	if global {
+		sr.Inputs.Split = SplitProportional
+	}
+	skip := func(reason string, err error) (ScopeReport, []regions.ShareChange, []regions.ShareChange, error) {
 		sr.Skipped = reason
 		if sr.Inputs.Reason == "" {
 			sr.Inputs.Reason = reason
 		}
 		j.m.writesSkipped.WithLabelValues(reason).Inc()
-		return sr, nil, nil
+		return sr, nil, nil, err
 	}
 
 	in := make([]rebalancer.RegionInput, 0, len(regs))
-	overridden := false
+	overridden, anyOK, total := false, false, 0.0
 	for _, r := range regs {
 		share, o := currentShare(snap, r, sc, at, len(regs))
 		overridden = overridden || o
@@ -337,29 +456,46 @@ func (j *Job) decide(snap *regions.Snapshot, d demand.Demand, regs []string, sc 
 		ri := rebalancer.RegionInput{Region: r, Share: share,
 			Status: rebalancer.RegionStatus(snap.LiveInstances(r) > 0, fresh)}
 		if ri.Status == rebalancer.StatusOK {
-			ri.Long = rebalancer.Rates{Allowed: smp.Long.Allowed, Throttled: smp.Long.Throttled + smp.Long.ShadowThrottled}
-			ri.Short = rebalancer.Rates{Allowed: smp.Short.Allowed, Throttled: smp.Short.Throttled + smp.Short.ShadowThrottled}
+			ri.Long, ri.Short = allocationRates(smp.Long), allocationRates(smp.Short)
+			anyOK, total = true, total+ri.Short.Offered()
 		}
 		in = append(in, ri)
 	}
-	if overridden {
+	unchanged := func() {
 		for _, ri := range in {
 			sr.Inputs.Regions = append(sr.Inputs.Regions, RegionInput{Region: ri.Region, Status: ri.Status,
 				OfferedLong: ri.Long.Offered(), OfferedShort: ri.Short.Offered(), Allowed: ri.Long.Allowed,
 				Throttled: ri.Long.Throttled, Previous: ri.Share, Share: ri.Share})
 		}
-		return skip(SkipOverride)
+	}
+	if overridden {
+		unchanged()
+		return skip(SkipOverride, nil)
+	}
+	cfg, st := j.cfg.Allocation(len(regs)), j.states[sc]
+	noDemand := global && anyOK && total <= 0
+	if global {
+		// No headroom, no peak reserve; with no demand at all (every request belongs to a
+		// pair with its own scope) the ok regions split what dark and unknown ones leave
+		// equally, and the hysteresis writes only to shrink a dark region.
+		cfg.Headroom, st = 0, withoutPeaks(st)
+		if total > 0 {
+			limit.RefillPerSecond = total
+		}
 	}
 
-	dec, err := rebalancer.Decide(j.cfg.Allocation(len(regs)), limit, now, in, j.states[sc], k == kindRun)
+	dec, err := rebalancer.Decide(cfg, limit, now, in, st, k == kindRun)
 	if err != nil {
-		j.log.Error("allocation refused its input; scope skipped", "scope", sc.String(), "err", err)
-		return skip(SkipError)
+		unchanged()
+		return skip(SkipError, fmt.Errorf("allocate %s: %w", sc, err))
 	}
 	j.states[sc] = dec.Allocation.State
 	sr.Inputs.Reason, sr.Inputs.Region = dec.Reason, dec.Region
 	byRegion := make(map[string]rebalancer.RegionAllocation, len(dec.Allocation.Regions))
 	for _, ra := range dec.Allocation.Regions {
+		if global && ra.Basis == rebalancer.BasisWaterfill {
+			ra.Basis = BasisProportional
+		}
 		byRegion[ra.Region] = ra
 	}
 	for _, ri := range in {
@@ -372,7 +508,11 @@ func (j *Job) decide(snap *regions.Snapshot, d demand.Demand, regs []string, sc 
 		})
 	}
 	if !dec.Write {
-		return skip(dec.Reason)
+		if noDemand {
+			sr.Inputs.Reason = SkipNoDemand
+			return skip(SkipNoDemand, nil)
+		}
+		return skip(dec.Reason, nil)
 	}
 	reason := dec.Reason
 	if dec.Region != "" {
@@ -387,7 +527,17 @@ func (j *Job) decide(snap *regions.Snapshot, d demand.Demand, regs []string, sc 
 		}
 		return out
 	}
-	return sr, changes(dec.First), changes(dec.Second)
+	return sr, changes(dec.First), changes(dec.Second), nil
+}
+
+// withoutPeaks is st with every peak at 0 (the "*" scope has no peak reserve).
+func withoutPeaks(st rebalancer.State) rebalancer.State {
+	out := rebalancer.State{At: st.At, Regions: make(map[string]rebalancer.RegionState, len(st.Regions))}
+	for r, rs := range st.Regions {
+		rs.Peak = 0
+		out.Regions[r] = rs
+	}
+	return out
 }
 
 // currentShare is region's share in force for scope, and whether an operator override
@@ -432,13 +582,14 @@ func (j *Job) write(ctx context.Context, first, second []regions.ShareChange) er
 }
 
 // exportShares sets ratelimit_rebalancer_share_ratio from a full run: "*" and the
-// MaxShareSeries busiest pairs; series of scopes no longer exported are removed.
+// MaxShareSeries busiest pairs. Series of scopes no longer exported are deleted; the
+// others are overwritten in place, so a scrape never sees one missing.
 func (j *Job) exportShares(scopes []ScopeReport) {
-	j.m.shareRatio.Reset()
 	var pairs []ScopeReport
+	next := map[[2]string]bool{}
 	for _, s := range scopes {
 		if s.Inputs.Scope == regions.Wildcard {
-			setShares(j.m.shareRatio, s)
+			setShares(j.m.shareRatio, s, next)
 		} else {
 			pairs = append(pairs, s)
 		}
@@ -454,17 +605,25 @@ func (j *Job) exportShares(scopes []ScopeReport) {
 		return cmp.Or(cmp.Compare(offered(b), offered(a)), strings.Compare(a.Inputs.Scope, b.Inputs.Scope))
 	})
 	for _, s := range pairs[:min(len(pairs), j.cfg.MaxShareSeries)] {
-		setShares(j.m.shareRatio, s)
+		setShares(j.m.shareRatio, s, next)
 	}
+	for ls := range j.exported {
+		if !next[ls] {
+			j.m.shareRatio.DeleteLabelValues(ls[0], ls[1])
+		}
+	}
+	j.exported = next
 }
 
-// setShares exports the shares in force: the new ones when written, else the previous.
-func setShares(g *prometheus.GaugeVec, s ScopeReport) {
+// setShares exports the shares in force (the new ones when written, else the previous)
+// and adds their label sets to exported.
+func setShares(g *prometheus.GaugeVec, s ScopeReport, exported map[[2]string]bool) {
 	for _, r := range s.Inputs.Regions {
 		v := r.Previous
 		if s.Written {
 			v = r.Share
 		}
 		g.WithLabelValues(r.Region, s.Inputs.Scope).Set(v)
+		exported[[2]string{r.Region, s.Inputs.Scope}] = true
 	}
 }

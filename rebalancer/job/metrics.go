@@ -1,6 +1,8 @@
 package job
 
 import (
+	"fmt"
+
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/quotaplane/quotaplane/rebalancer"
@@ -11,8 +13,11 @@ const (
 	ResultOK                = "ok"
 	ResultSkippedPrometheus = "skipped_prometheus" // demand could not be read; shares kept
 	ResultSkippedDatabase   = "skipped_database"   // the store could not be read or written
-	ResultError             = "error"              // anything else (an allocation refused its input)
-	ResultNotLeader         = "not_leader"         // another rebalancer holds the lock
+	// ResultError is anything else: an allocation refused a scope's input (the other
+	// scopes are still decided and written), PostgreSQL refused a write as invalid, or the
+	// run was cut short between its two writes.
+	ResultError     = "error"
+	ResultNotLeader = "not_leader" // another rebalancer holds the lock
 )
 
 // Reasons a scope's computed shares were not written, beyond the rebalancer's own
@@ -21,11 +26,19 @@ const (
 	SkipOverride = "override" // an operator override is in force for the scope
 	SkipDryRun   = "dry_run"
 	SkipError    = "error" // the allocation refused the scope's input
+	// SkipNoDemand: the "*" scope has no offered traffic outside the pairs with a scope
+	// of their own, so there is nothing to split; its shares stay (a dark region still
+	// shrinks to the floor).
+	SkipNoDemand = "no_demand"
 )
+
+// BasisProportional is the Basis of an ok region's share in the "*" scope: its fraction
+// of the offered demand "*" governs (see Job).
+const BasisProportional rebalancer.Basis = "proportional"
 
 var (
 	results     = []string{ResultOK, ResultSkippedPrometheus, ResultSkippedDatabase, ResultError, ResultNotLeader}
-	skipReasons = []string{rebalancer.ReasonHysteresis, rebalancer.ReasonNoTrigger, SkipOverride, SkipDryRun, SkipError}
+	skipReasons = []string{rebalancer.ReasonHysteresis, rebalancer.ReasonNoTrigger, SkipOverride, SkipDryRun, SkipError, SkipNoDemand}
 )
 
 type metrics struct {
@@ -39,7 +52,10 @@ type metrics struct {
 	duration      *prometheus.HistogramVec
 }
 
-func newMetrics(reg prometheus.Registerer) *metrics {
+// newMetrics makes the job's metrics and registers them on reg (nil: none). A registry
+// that already holds one of them (a second Job on it) is an error; nothing is left
+// registered then.
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
 		runs: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "ratelimit_rebalancer_runs_total",
@@ -59,7 +75,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}, []string{"region", "scope"}),
 		writesSkipped: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "ratelimit_rebalancer_writes_skipped_total",
-			Help: "Scopes whose computed shares were not written, by reason: hysteresis, no_trigger, override, dry_run, error.",
+			Help: "Scopes whose computed shares were not written, by reason: hysteresis, no_trigger, override, dry_run, error, no_demand.",
 		}, []string{"reason"}),
 		shareWrites: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "ratelimit_rebalancer_share_writes_total",
@@ -84,10 +100,29 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	}
 	m.duration.WithLabelValues(kindRun.String())
 	m.duration.WithLabelValues(kindCheck.String())
-	if reg != nil {
-		reg.MustRegister(m.runs, m.checks, m.lastSuccess, m.shareRatio, m.writesSkipped, m.shareWrites, m.leader, m.duration)
+	if reg == nil {
+		return m, nil
 	}
-	return m
+	var done []prometheus.Collector
+	for _, c := range []struct {
+		name string
+		c    prometheus.Collector
+	}{
+		{"ratelimit_rebalancer_runs_total", m.runs}, {"ratelimit_rebalancer_checks_total", m.checks},
+		{"ratelimit_rebalancer_last_success_timestamp_seconds", m.lastSuccess},
+		{"ratelimit_rebalancer_share_ratio", m.shareRatio}, {"ratelimit_rebalancer_writes_skipped_total", m.writesSkipped},
+		{"ratelimit_rebalancer_share_writes_total", m.shareWrites}, {"ratelimit_rebalancer_leader", m.leader},
+		{"ratelimit_rebalancer_run_duration_seconds", m.duration},
+	} {
+		if err := reg.Register(c.c); err != nil {
+			for _, d := range done {
+				reg.Unregister(d)
+			}
+			return nil, fmt.Errorf("register metric %s: %w", c.name, err)
+		}
+		done = append(done, c.c)
+	}
+	return m, nil
 }
 
 func (m *metrics) count(k kind, result string) {

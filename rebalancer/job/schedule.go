@@ -2,6 +2,7 @@ package job
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -10,8 +11,9 @@ import (
 
 // Run schedules the full run every Interval (the first at once) and the fast-path check
 // every CheckInterval, until ctx is done. Only the leader acts: before every tick the
-// Elector is asked, and a refusal is counted as result not_leader. Run returns after the
-// scheduler and any tick in progress have stopped.
+// Elector is asked, and a refusal is counted as result not_leader — or skipped_database
+// when the elector could not reach PostgreSQL (its error wraps ErrDatabaseUnavailable).
+// Run returns after the scheduler and any tick in progress have stopped.
 func (j *Job) Run(ctx context.Context) error {
 	return runSchedule(ctx, schedule{
 		interval: j.cfg.Interval,
@@ -20,13 +22,24 @@ func (j *Job) Run(ctx context.Context) error {
 		tick: func(ctx context.Context, k kind) {
 			_, _ = j.tick(ctx, k) // counted and logged by tick
 		},
-		leader: func(k kind, ok bool) {
-			if ok {
-				j.m.leader.Set(1)
+		leader: func(k kind, err error) {
+			if errors.Is(err, ErrDatabaseUnavailable) {
+				j.m.leader.Set(0)
+				j.m.count(k, ResultSkippedDatabase)
+				if !j.lockDBDown.Swap(true) { // logged once per outage
+					j.log.Warn("leader lock: postgresql unreachable; ticks skipped until it is back", "err", err)
+				}
 				return
 			}
-			j.m.leader.Set(0)
-			j.m.count(k, ResultNotLeader)
+			if j.lockDBDown.Swap(false) {
+				j.log.Info("leader lock: postgresql reachable again")
+			}
+			if err != nil {
+				j.m.leader.Set(0)
+				j.m.count(k, ResultNotLeader)
+				return
+			}
+			j.m.leader.Set(1)
 		},
 		stopTimeout: j.cfg.ReloadWait + 30*time.Second,
 	})
@@ -38,7 +51,7 @@ type schedule struct {
 	elector         gocron.Elector // nil: always act
 	tick            func(ctx context.Context, k kind)
 	// leader is told the elector's answer before each tick (nil elector: not called).
-	leader      func(k kind, ok bool)
+	leader      func(k kind, err error)
 	stopTimeout time.Duration
 }
 
@@ -48,13 +61,13 @@ type kindKey struct{}
 // finds in the job's context.
 type countingElector struct {
 	inner  gocron.Elector
-	report func(k kind, ok bool)
+	report func(k kind, err error)
 }
 
 func (e countingElector) IsLeader(ctx context.Context) error {
 	err := e.inner.IsLeader(ctx)
 	k, _ := ctx.Value(kindKey{}).(kind)
-	e.report(k, err == nil)
+	e.report(k, err)
 	return err
 }
 

@@ -85,8 +85,8 @@ func TestScheduleOnlyLeaderActs(t *testing.T) {
 			done <- runSchedule(ctx, schedule{
 				interval: 5 * time.Minute, check: time.Minute, stopTimeout: time.Second, elector: el,
 				tick: func(_ context.Context, k kind) { ran[k].Add(1) },
-				leader: func(k kind, ok bool) {
-					if !ok {
+				leader: func(k kind, err error) {
+					if err != nil {
 						refused[k].Add(1)
 					}
 				},
