@@ -4,5 +4,8 @@
 // so several may run. Its admin port serves /metrics, /healthz and the status page
 // (rebalancer/status: "/" and "/status.json").
 //
+// It starts while PostgreSQL is down (the store is opened lazily and every tick retries,
+// counted as skipped_database), so the admin port is up regardless.
+//
 // It is wiring only: flags, logging, the admin server and the exit code.
 package main

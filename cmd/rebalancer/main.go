@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -29,7 +30,7 @@ import (
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, os.Args[1:], os.Getenv); err != nil {
+	if err := run(ctx, os.Args[1:], os.Getenv, os.Stderr); err != nil {
 		if !errors.Is(err, flag.ErrHelp) {
 			fmt.Fprintln(os.Stderr, "rebalancer:", err)
 		}
@@ -60,10 +61,10 @@ type options struct {
 	logLevel      string
 }
 
-func parseFlags(args []string, getenv func(string) string) (options, error) {
+func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (options, error) {
 	var o options
 	fs := flag.NewFlagSet("rebalancer", flag.ContinueOnError)
-	fs.SetOutput(os.Stderr)
+	fs.SetOutput(stderr)
 	// The default is read after parsing, so --help never prints a password.
 	fs.StringVar(&o.databaseURL, "database-url", "", "PostgreSQL URL (default $"+EnvDatabaseURL+")")
 	fs.Var(&o.prometheus, "prometheus-url", "Prometheus base URL; or repeat as region=URL for one Prometheus per region")
@@ -104,15 +105,18 @@ func parseFlags(args []string, getenv func(string) string) (options, error) {
 	return o, nil
 }
 
-// run parses the flags and runs the rebalancer until ctx ends (or once, with --once).
-func run(ctx context.Context, args []string, getenv func(string) string) error {
-	o, err := parseFlags(args, getenv)
+// run parses the flags and runs the rebalancer until ctx ends (or once, with --once). Logs
+// (JSON) and flag errors go to stderr. PostgreSQL need not be up: the store is opened
+// lazily and every tick retries (counted as skipped_database until it is back); only a
+// malformed --database-url fails at start.
+func run(ctx context.Context, args []string, getenv func(string) string, stderr io.Writer) error {
+	o, err := parseFlags(args, getenv, stderr)
 	if err != nil {
 		return err
 	}
 	var level slog.Level
 	_ = level.UnmarshalText([]byte(o.logLevel))
-	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	log := slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: level}))
 
 	sources, err := demand.ParseSources(o.prometheus)
 	if err != nil {
@@ -122,11 +126,13 @@ func run(ctx context.Context, args []string, getenv func(string) string) error {
 	if err != nil {
 		return err
 	}
-	store, err := regions.Open(ctx, o.databaseURL)
-	if err != nil {
+	store := newLazyStore(o.databaseURL, log)
+	defer store.Close()
+	// One attempt now: a malformed URL is a configuration error; an unreachable server is
+	// not (logged by the store, retried by every tick).
+	if _, err := store.get(ctx); errors.Is(err, regions.ErrInvalid) {
 		return err
 	}
-	defer store.Close()
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -174,7 +180,7 @@ func run(ctx context.Context, args []string, getenv func(string) string) error {
 		log.Info("admin listening", "addr", ln.Addr().String())
 	}
 	log.Info("rebalancer started", "interval", o.interval.String(), "check_interval", o.checkInterval.String(),
-		"prometheus", o.prometheus.String(), "database", regions.RedactURL(o.databaseURL), "dry_run", o.dryRun)
+		"prometheus", sourcesString(sources), "database", regions.RedactURL(o.databaseURL), "dry_run", o.dryRun)
 	runErr := j.Run(ctx)
 	if srv != nil {
 		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -188,14 +194,23 @@ func run(ctx context.Context, args []string, getenv func(string) string) error {
 	return runErr
 }
 
+// sourcesString lists the Prometheus sources for the log, passwords hidden.
+func sourcesString(sources []demand.Source) string {
+	out := make([]string, len(sources))
+	for i, s := range sources {
+		out[i] = s.String()
+	}
+	return strings.Join(out, ",")
+}
+
 // statusPage is the status page over the store and the same Prometheus servers the
 // demand is read from.
-func statusPage(sources []demand.Source, o options, store *regions.Store, j *job.Job, log *slog.Logger) (http.Handler, error) {
+func statusPage(sources []demand.Source, o options, store status.Store, j *job.Job, log *slog.Logger) (http.Handler, error) {
 	var proms []status.Source
 	for _, s := range sources {
 		c, err := api.NewClient(api.Config{Address: s.URL})
-		if err != nil {
-			return nil, fmt.Errorf("status page: prometheus %s: %w", s.URL, err)
+		if err != nil { // a URL parse error, ruled out by demand.ParseSources; it would show the URL
+			return nil, fmt.Errorf("status page: prometheus %s: not a client address", s)
 		}
 		proms = append(proms, status.Source{Region: s.Region, API: promv1.NewAPI(c)})
 	}

@@ -45,7 +45,7 @@ func TestParseFlags(t *testing.T) {
 		{name: "unknown flag", args: append(base, "--nope"), wantErr: "not defined"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			o, err := parseFlags(tc.args, func(k string) string { return tc.env[k] })
+			o, err := parseFlags(tc.args, func(k string) string { return tc.env[k] }, io.Discard)
 			if tc.wantErr == "" {
 				if err != nil {
 					t.Fatal(err)
@@ -64,7 +64,7 @@ func TestParseFlags(t *testing.T) {
 
 func TestRunRejectsBadPrometheusURL(t *testing.T) {
 	t.Parallel()
-	err := run(t.Context(), []string{"--database-url", "postgres://x@127.0.0.1:1/db", "--prometheus-url", "127.0.0.1:9090"}, noEnv)
+	err := run(t.Context(), []string{"--database-url", "postgres://x@127.0.0.1:1/db", "--prometheus-url", "127.0.0.1:9090"}, noEnv, io.Discard)
 	if !errors.Is(err, regions.ErrInvalid) {
 		t.Fatalf("err = %v, want ErrInvalid naming the URL", err)
 	}
@@ -151,14 +151,14 @@ func TestRunOnce(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t)
 
-	if err := run(t.Context(), w.args("--once", "--dry-run"), noEnv); err != nil {
+	if err := run(t.Context(), w.args("--once", "--dry-run"), noEnv, io.Discard); err != nil {
 		t.Fatal(err)
 	}
 	if got := w.globalShares(t); len(got) != 0 {
 		t.Fatalf("--dry-run wrote %v", got)
 	}
 
-	if err := run(t.Context(), w.args("--once"), noEnv); err != nil {
+	if err := run(t.Context(), w.args("--once"), noEnv, io.Discard); err != nil {
 		t.Fatal(err)
 	}
 	got := w.globalShares(t)
@@ -170,7 +170,7 @@ func TestRunOnce(t *testing.T) {
 	if err := w.prom.Stop(); err != nil {
 		t.Fatal(err)
 	}
-	err := run(t.Context(), w.args("--once"), noEnv)
+	err := run(t.Context(), w.args("--once"), noEnv, io.Discard)
 	if !errors.Is(err, demand.ErrUnavailable) {
 		t.Fatalf("--once with Prometheus down: %v, want ErrUnavailable", err)
 	}
@@ -189,7 +189,7 @@ func TestRunServesAdmin(t *testing.T) {
 	addr := fmt.Sprintf("127.0.0.1:%d", port)
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan error, 1)
-	go func() { done <- run(ctx, w.args("--admin-listen", addr), noEnv) }()
+	go func() { done <- run(ctx, w.args("--admin-listen", addr), noEnv, io.Discard) }()
 
 	get := func(path string) (int, string) {
 		resp, err := http.Get("http://" + addr + path)
