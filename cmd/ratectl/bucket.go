@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/spf13/cobra"
 
+	"github.com/quotaplane/quotaplane/gateway/limiter"
 	"github.com/quotaplane/quotaplane/lua"
 	"github.com/quotaplane/quotaplane/regions"
 )
@@ -167,18 +168,27 @@ func (a *app) bucketInspect(cmd *cobra.Command, o bucketOptions) error {
 
 	keys := lua.Keys{Prefix: o.prefix}
 	names := []string{keys.Bucket(o.tenant, o.route)}
+	limits := []*bucketLimit{limit}
 	shardLimit := limit
-	if limit != nil && limit.Shards > 1 {
-		names = names[:0]
-		for i := range limit.Shards {
+	switch {
+	case limit != nil && limit.Shards > 1:
+		// The gateway's own split (gateway/limiter): never more shards than tokens, the
+		// capacity remainder one token each to the first shards.
+		lim := regions.Limit{Capacity: limit.Capacity, RefillPerSecond: limit.RefillPerSecond}
+		k := limiter.ShardCount(lim, limit.Shards)
+		limit.Shards = k
+		names, limits = names[:0], limits[:0]
+		for i := range k {
+			l := limiter.ShardLimit(lim, k, i)
 			names = append(names, keys.Shard(o.tenant, o.route, i))
+			limits = append(limits, &bucketLimit{Capacity: l.Capacity, RefillPerSecond: l.RefillPerSecond})
 		}
-		l := regions.Scale(limit.Capacity, limit.RefillPerSecond, 1/float64(limit.Shards))
-		shardLimit = &bucketLimit{Capacity: l.Capacity, RefillPerSecond: l.RefillPerSecond}
-	} else if limit == nil && o.shards > 1 {
-		names = names[:0]
+		shardLimit = limits[len(limits)-1] // the smallest shard
+	case limit == nil && o.shards > 1:
+		names, limits = names[:0], limits[:0]
 		for i := range o.shards {
 			names = append(names, keys.Shard(o.tenant, o.route, i))
+			limits = append(limits, nil)
 		}
 	}
 
@@ -189,7 +199,7 @@ func (a *app) bucketInspect(cmd *cobra.Command, o bucketOptions) error {
 	redis.SetLogger(quietRedisLogger{})
 	rdb := redis.NewClient(opts)
 	defer rdb.Close()
-	rep, err := readBuckets(ctx, rdb, names, shardLimit)
+	rep, err := readBuckets(ctx, rdb, names, limits)
 	if err != nil {
 		if isConnectError(err) || errors.Is(err, context.DeadlineExceeded) {
 			return unreachableError{"redis", opts.Addr, rootCause(err)}
@@ -214,7 +224,9 @@ func (quietRedisLogger) Printf(context.Context, string, ...any) {}
 
 // readBuckets reads every key and Redis TIME in one MULTI/EXEC, so all figures are of one
 // instant on the buckets' own clock. Nothing is written.
-func readBuckets(ctx context.Context, rdb *redis.Client, names []string, limit *bucketLimit) (bucketReport, error) {
+// readBuckets reads each bucket named in names; limits[i] (nil when unknown) is the size
+// of bucket i, for its tokens now.
+func readBuckets(ctx context.Context, rdb *redis.Client, names []string, limits []*bucketLimit) (bucketReport, error) {
 	var (
 		timeCmd *redis.TimeCmd
 		hashes  = make([]*redis.MapStringStringCmd, len(names))
@@ -236,6 +248,7 @@ func readBuckets(ctx context.Context, rdb *redis.Client, names []string, limit *
 	nowUS := now.UnixMicro()
 	for i, k := range names {
 		b := bucketState{Key: k}
+		limit := limits[i]
 		h := hashes[i].Val()
 		tokS, okT := h["tokens"]
 		tsS, okTS := h["ts"]
@@ -288,7 +301,12 @@ func bucketTable(w io.Writer, rep bucketReport, shard *bucketLimit) {
 		fmt.Fprintf(w, "# bucket of %s/%s: capacity %d, refill %s/s\n", rep.Tenant, rep.Route, l.Capacity, rateCell(l.RefillPerSecond))
 	}
 	if l != nil && l.Shards > 1 {
-		fmt.Fprintf(w, "# %d shards, each capacity %d, refill %s/s\n", l.Shards, shard.Capacity, rateCell(shard.RefillPerSecond))
+		if shard.Capacity*int64(l.Shards) == l.Capacity {
+			fmt.Fprintf(w, "# %d shards, each capacity %d, refill %s/s\n", l.Shards, shard.Capacity, rateCell(shard.RefillPerSecond))
+		} else {
+			fmt.Fprintf(w, "# %d shards, capacity %d or %d (the first %d hold one more), refill %s/s each\n", l.Shards,
+				shard.Capacity+1, shard.Capacity, l.Capacity-shard.Capacity*int64(l.Shards), rateCell(shard.RefillPerSecond))
+		}
 	}
 	fmt.Fprintf(w, "# redis time %s\n", rep.RedisTime.Format(time.RFC3339Nano))
 	for i, b := range rep.Buckets {
