@@ -2,6 +2,8 @@ package regions
 
 import (
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 )
 
@@ -31,6 +33,8 @@ type Snapshot struct {
 	live     map[string]int
 	loadedAt time.Time
 	nRules   int
+	// rebScopes are the distinct scopes with rebalancer rows, sorted by String().
+	rebScopes []Scope
 }
 
 type ruleKey struct{ tenant, route string }
@@ -92,6 +96,7 @@ func newSnapshot(d SnapshotData, validKeys map[KeyHash]string) (*Snapshot, error
 			s.keys[k.Hash] = k.Tenant
 		}
 	}
+	rebScope := make(map[Scope]bool)
 	for _, sh := range d.Shares {
 		if err := sh.Scope.Validate(); err != nil {
 			return nil, fmt.Errorf("snapshot: share of region %s: %w", sh.Region, err)
@@ -111,7 +116,12 @@ func newSnapshot(d SnapshotData, validKeys map[KeyHash]string) (*Snapshot, error
 			return nil, fmt.Errorf("snapshot: %w: duplicate %s share of region %s scope %s", ErrInvalid, sh.Source, sh.Region, sh.Scope)
 		}
 		s.shares[k] = sh
+		if sh.Source == SourceRebalancer && !rebScope[sh.Scope] {
+			rebScope[sh.Scope] = true
+			s.rebScopes = append(s.rebScopes, sh.Scope)
+		}
 	}
+	slices.SortFunc(s.rebScopes, func(a, b Scope) int { return strings.Compare(a.String(), b.String()) })
 	for _, in := range d.Instances {
 		if d.InstanceTTL <= 0 || d.LoadedAt.Sub(in.LastSeen) <= d.InstanceTTL {
 			s.live[in.Region]++
@@ -122,6 +132,11 @@ func newSnapshot(d SnapshotData, validKeys map[KeyHash]string) (*Snapshot, error
 
 // Regions lists the known regions in the order they were loaded.
 func (s *Snapshot) Regions() []string { return append([]string(nil), s.regions...) }
+
+// RebalancerScopes lists the distinct scopes that have rebalancer rows (in any region),
+// sorted by String(); a new slice on every call. The rebalancer uses it to find the pairs
+// whose rows outlived their demand.
+func (s *Snapshot) RebalancerScopes() []Scope { return slices.Clone(s.rebScopes) }
 
 // LoadedAt is when the data behind the snapshot was read.
 func (s *Snapshot) LoadedAt() time.Time { return s.loadedAt }

@@ -122,13 +122,19 @@ type ShareChange struct {
 	// Inputs, when not nil, replaces the call's inputs in this change's history row
 	// (marshalled with encoding/json).
 	Inputs any
+	// Delete removes the rebalancer row of (Scope, Region) instead of upserting New (New is
+	// ignored); the history row records the removal with Reason and Inputs. A missing row
+	// is a no-op.
+	Delete bool
 }
 
-// WriteRebalancerShares upserts the rebalancer's shares in one transaction. Each change
-// that alters a stored value leaves a history row with actor, its reason and the inputs
-// (marshalled with encoding/json; nil stores none), so `ratectl shares history` can
-// explain it. Regions must exist. Shares of a scope are not required to sum to 1 here:
-// the rebalancer writes decreases before increases.
+// WriteRebalancerShares upserts the rebalancer's shares, and deletes the rows of the
+// changes marked Delete, in one transaction, in the order given. Each change that alters
+// a stored row leaves a history row with actor, its reason and the inputs (marshalled
+// with encoding/json; nil stores none), so `ratectl shares history` can explain it; a
+// deletion's has no new share. Regions must exist. Shares of a scope are not required to
+// sum to 1 here: the rebalancer writes decreases before increases. Override rows are
+// never touched.
 func (s *Store) WriteRebalancerShares(ctx context.Context, changes []ShareChange, inputs any, actor string) error {
 	if actor == "" {
 		return fmt.Errorf("write rebalancer shares: %w: an actor is required", ErrInvalid)
@@ -140,6 +146,7 @@ func (s *Store) WriteRebalancerShares(ctx context.Context, changes []ShareChange
 	type row struct {
 		scope, region, reason, inputs string
 		share                         float64
+		delete                        bool
 	}
 	rows := make([]row, 0, len(changes))
 	for _, c := range changes {
@@ -149,7 +156,7 @@ func (s *Store) WriteRebalancerShares(ctx context.Context, changes []ShareChange
 		if err := ValidateID("region", c.Region); err != nil {
 			return fmt.Errorf("write rebalancer shares %s: %w", c.Scope, err)
 		}
-		if math.IsNaN(c.New) || c.New < 0 || c.New > 1 {
+		if !c.Delete && (math.IsNaN(c.New) || c.New < 0 || c.New > 1) {
 			return fmt.Errorf("write rebalancer shares %s: %w share %v of region %s: must be between 0 and 1", c.Scope, ErrInvalid, c.New, c.Region)
 		}
 		in := callInputs
@@ -158,13 +165,18 @@ func (s *Store) WriteRebalancerShares(ctx context.Context, changes []ShareChange
 				return fmt.Errorf("write rebalancer shares %s %s: %w", c.Scope, c.Region, err)
 			}
 		}
-		rows = append(rows, row{scope: c.Scope.String(), region: c.Region, reason: c.Reason, inputs: in, share: c.New})
+		rows = append(rows, row{scope: c.Scope.String(), region: c.Region, reason: c.Reason, inputs: in, share: c.New, delete: c.Delete})
 	}
 	err = s.write(ctx, audit{actor: actor}, func(tx pgx.Tx) error {
 		b := &pgx.Batch{}
 		for _, r := range rows {
 			b.Queue(`SELECT set_config($1, $2, true), set_config($3, $4, true)`,
 				migrations.SettingReason, r.reason, migrations.SettingInputs, r.inputs)
+			if r.delete {
+				b.Queue(`DELETE FROM region_share WHERE scope = $1 AND region = $2 AND source = 'rebalancer'`,
+					r.scope, r.region)
+				continue
+			}
 			b.Queue(`INSERT INTO region_share (scope, region, share, source, updated_at, reason)
 				VALUES ($1, $2, $3, 'rebalancer', now(), $4)
 				ON CONFLICT (scope, region, source) DO UPDATE SET share = EXCLUDED.share,
