@@ -55,7 +55,7 @@ func TestStoreDeleteRebalancerShares(t *testing.T) {
 		{Scope: gone, Region: "eu-west", Old: 0.3, New: 7, Delete: true, Reason: reason, Inputs: expiry{"expired", 3}}, // New ignored
 		{Scope: gone, Region: "us-east", Old: 0.7, Delete: true, Reason: reason, Inputs: expiry{"expired", 3}},
 		{Scope: Scope{"shop-c", "none"}, Region: "us-east", Delete: true, Reason: reason}, // no row: no-op
-		{Scope: kept, Region: "eu-west", New: 0.35, Reason: "waterfill"},                 // an upsert beside them
+		{Scope: kept, Region: "eu-west", New: 0.35, Reason: "waterfill"},                  // an upsert beside them
 	}
 	hist0 := count(t, s, `SELECT count(*) FROM region_share_history`)
 	if err := s.WriteRebalancerShares(ctx, del, nil, "rebalancer"); err != nil {
