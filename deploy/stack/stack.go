@@ -44,6 +44,8 @@ type Options struct {
 	// returns the address the region's gateways dial instead (for example a
 	// local.SlowProxy in front of it, for fault tests). Nil: the gateways dial Redis.
 	RedisFront func(region, redisAddr string) (string, error)
+	// RedisTimeout is the gateways' redis.timeout (default 5ms).
+	RedisTimeout time.Duration
 }
 
 // DemoTenants are the demo's tenants: one that shifts between regions above its limit,
@@ -110,6 +112,9 @@ func Start(ctx context.Context, opts Options) (_ *Stack, err error) {
 	}
 	if opts.ScrapeInterval <= 0 {
 		opts.ScrapeInterval = time.Second
+	}
+	if opts.RedisTimeout <= 0 {
+		opts.RedisTimeout = 5 * time.Millisecond
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -256,7 +261,7 @@ admin_listen: 127.0.0.1:%d
 database_url: %q
 redis:
   url: %q
-  timeout: 5ms
+  timeout: %s
 reload_interval: 5s
 heartbeat_interval: 1s
 expected_instances: %d
@@ -281,7 +286,7 @@ func (s *Stack) startGateway(ctx context.Context, bin, region string, i int) err
 	if err != nil {
 		return err
 	}
-	cfg := fmt.Sprintf(gatewayConfig, region, id, port, admin, s.DatabaseURL, s.RedisURL[region], s.opts.GatewaysPerRegion, Route, s.Upstream)
+	cfg := fmt.Sprintf(gatewayConfig, region, id, port, admin, s.DatabaseURL, s.RedisURL[region], s.opts.RedisTimeout, s.opts.GatewaysPerRegion, Route, s.Upstream)
 	path := filepath.Join(dir, "gateway.yaml")
 	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
 		return fmt.Errorf("gateway %s: %w", id, err)
