@@ -2,6 +2,7 @@ package limiter
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"math"
 	"math/bits"
@@ -26,7 +27,7 @@ import (
 // The decision engine benchmarks (docs/BENCHMARKS.md, "Decision engine"). Every
 // sub-benchmark of one run shares one redis-server, so the rows compare side by side:
 //
-//	go test -run '^$' -bench 'DecisionEngine|RedisCeiling' -benchtime 2s -count 3 ./gateway/limiter/
+//	go test -run '^$' -bench DecisionEngine -benchtime 2s -engine.rounds 3 ./gateway/limiter/
 //
 // Each row reports decisions/s, the p50 and p99 of one decision as its caller sees it
 // (µs), and the Redis script calls per admitted request (INFO commandstats).
@@ -132,39 +133,55 @@ var redisRateMode = engineMode{name: "redis_rate", build: func(b *testing.B, rdb
 	}
 }}
 
+// engineRounds repeats every group of rows, so a run yields medians of side-by-side
+// measurements: go test -bench DecisionEngine -engine.rounds 3.
+var engineRounds = flag.Int("engine.rounds", 1, "rounds of the decision engine benchmark")
+
 // BenchmarkDecisionEngine: decisions/s and per-decision latency at 1, 16, 64 and 256
 // concurrent callers, on one hot key and on 100,000 keys, for a bare go-redis EVALSHA
 // (no limiter around it), the limiter with one EVALSHA per call (plain), the limiter
 // with its pipelining batcher (pipelined, the default), go-redis/redis_rate's GCRA,
 // and the batcher with leases on (where a hot key at 20,000/s, one instance of 20, is
-// mostly decided locally).
+// mostly decided locally); next to the ceiling of the same Redis with our script,
+// measured by redis-benchmark (C, 50 connections, EVALSHA after SCRIPT LOAD) at -P 1
+// and -P 16. The rows of one (keys, callers, round) group run seconds apart on one
+// redis-server, so their ratios hold even when the box's load drifts.
 func BenchmarkDecisionEngine(b *testing.B) {
+	bin, err := exec.LookPath("redis-benchmark")
+	if err != nil {
+		b.Fatalf("redis-benchmark not found (Debian package redis-tools): %v", err)
+	}
 	p := local.Redis(b)
 	rdb := newClient(b, p)
-	hotRule := regions.Limit{Capacity: 20_000, RefillPerSecond: 20_000} // the article's hot tenant
-	modes := []struct {
-		mode engineMode
-		hot  bool // rows on the hot key only
-	}{
-		{bareMode, false},
-		{limiterMode("plain", Options{NoPipelining: true}, benchLimit), false},
-		{limiterMode("pipelined", Options{}, benchLimit), false},
-		{redisRateMode, false},
-		{limiterMode("leases", Options{LeaseThreshold: 100, Instances: func() int { return 20 }}, hotRule), false},
+	if err := lua.NewTokenBucket(rdb).Load(context.Background()); err != nil {
+		b.Fatal(err)
 	}
-	for _, m := range modes {
-		for _, keys := range []int{1, 100_000} {
-			if m.hot && keys != 1 {
-				continue
-			}
-			keyName := "hot"
-			if keys > 1 {
-				keyName = "100k"
-			}
-			for _, callers := range []int{1, 16, 64, 256} {
-				b.Run(fmt.Sprintf("mode=%s/keys=%s/callers=%d", m.mode.name, keyName, callers), func(b *testing.B) {
-					runEngine(b, rdb, m.mode, keys, callers)
-				})
+	hotRule := regions.Limit{Capacity: 20_000, RefillPerSecond: 20_000} // the article's hot tenant
+	modes := []engineMode{
+		bareMode,
+		limiterMode("plain", Options{NoPipelining: true}, benchLimit),
+		limiterMode("pipelined", Options{}, benchLimit),
+		redisRateMode,
+		limiterMode("leases", Options{LeaseThreshold: 100, Instances: func() int { return 20 }}, hotRule),
+	}
+	for _, keys := range []int{1, 100_000} {
+		keyName := "hot"
+		if keys > 1 {
+			keyName = "100k"
+		}
+		for _, callers := range []int{1, 16, 64, 256} {
+			for round := range *engineRounds {
+				group := fmt.Sprintf("keys=%s/callers=%d/round=%d", keyName, callers, round+1)
+				for _, pipe := range []int{1, 16} {
+					b.Run(fmt.Sprintf("%s/mode=ceiling-P%d", group, pipe), func(b *testing.B) {
+						runCeiling(b, bin, p, rdb, keys, pipe)
+					})
+				}
+				for _, m := range modes {
+					b.Run(group+"/mode="+m.name, func(b *testing.B) {
+						runEngine(b, rdb, m, keys, callers)
+					})
+				}
 			}
 		}
 	}
@@ -263,55 +280,37 @@ func redisCPU(b *testing.B, rdb *redis.Client) time.Duration {
 
 // rpsLine matches redis-benchmark -q output: "NAME: 158730.16 requests per second,
 // p50=0.151 msec".
-var rpsLine = regexp.MustCompile(`([0-9.]+) requests per second(?:, p50=([0-9.]+) msec)?`)
+var rpsLine = regexp.MustCompile(`([0-9.]+) requests per second`)
 
-// BenchmarkRedisCeiling: what one Redis core does with our script, measured by
-// redis-benchmark (C, 50 connections) on a server of its own, started the same way:
-// EVALSHA of token_bucket.lua after SCRIPT LOAD, at -P 1 (one call in flight per
-// connection) and -P 16 (pipelined), on one key and on 100,000 random keys. It runs
-// max(b.N, 10000) calls, so ns/op is the inverse of its throughput.
-func BenchmarkRedisCeiling(b *testing.B) {
-	bin, err := exec.LookPath("redis-benchmark")
+// runCeiling runs max(b.N, 10000) EVALSHA calls of token_bucket.lua with redis-benchmark
+// (50 connections, pipe calls in flight on each) against p, on one key or on 100,000
+// random ones, so ns/op is the inverse of its throughput.
+func runCeiling(b *testing.B, bin string, p *local.Process, rdb *redis.Client, keys, pipe int) {
+	n := max(b.N, 10_000)
+	key := "rl:{tenant-000000}:create-order"
+	args := []string{"-h", p.Host, "-p", strconv.Itoa(p.Port), "-q", "-n", strconv.Itoa(n), "-P", strconv.Itoa(pipe)}
+	if keys > 1 {
+		key = "rl:{__rand_int__}:create-order"
+		args = append(args, "-r", strconv.Itoa(keys))
+	}
+	args = append(args, "EVALSHA", lua.ScriptTake.Sha(), "1", key, "1000000000", "1000000000", "1")
+	callsBefore, cpuBefore := scriptCalls(b, rdb), redisCPU(b, rdb)
+	b.ResetTimer()
+	start := time.Now()
+	out, err := exec.Command(bin, args...).CombinedOutput()
+	elapsed := time.Since(start)
+	b.StopTimer()
 	if err != nil {
-		b.Fatalf("redis-benchmark not found (Debian package redis-tools): %v", err)
+		b.Fatalf("redis-benchmark: %v\n%s", err, out)
 	}
-	p := local.Redis(b)
-	rdb := newClient(b, p)
-	if err := lua.NewTokenBucket(rdb).Load(context.Background()); err != nil {
-		b.Fatal(err)
+	m := rpsLine.FindSubmatch(out)
+	if m == nil {
+		b.Fatalf("redis-benchmark output not understood:\n%s", out)
 	}
-	sha := lua.ScriptTake.Sha()
-	for _, keys := range []string{"hot", "100k"} {
-		for _, pipe := range []int{1, 16} {
-			b.Run(fmt.Sprintf("keys=%s/P=%d", keys, pipe), func(b *testing.B) {
-				key := "rl:{tenant-000000}:create-order"
-				args := []string{"-h", p.Host, "-p", strconv.Itoa(p.Port), "-q", "-n", strconv.Itoa(max(b.N, 10_000)), "-P", strconv.Itoa(pipe)}
-				if keys == "100k" {
-					key = "rl:{__rand_int__}:create-order"
-					args = append(args, "-r", "100000")
-				}
-				args = append(args, "EVALSHA", sha, "1", key, "1000000000", "1000000000", "1")
-				callsBefore := scriptCalls(b, rdb)
-				b.ResetTimer()
-				out, err := exec.Command(bin, args...).CombinedOutput()
-				b.StopTimer()
-				if err != nil {
-					b.Fatalf("redis-benchmark: %v\n%s", err, out)
-				}
-				m := rpsLine.FindSubmatch(out)
-				if m == nil {
-					b.Fatalf("redis-benchmark output not understood:\n%s", out)
-				}
-				if calls := scriptCalls(b, rdb) - callsBefore; calls < int64(max(b.N, 10_000)) {
-					b.Fatalf("redis-benchmark made %d script calls, want %d: %s", calls, max(b.N, 10_000), out)
-				}
-				rps, _ := strconv.ParseFloat(string(m[1]), 64)
-				b.ReportMetric(rps, "decisions/s")
-				if len(m[2]) > 0 {
-					p50, _ := strconv.ParseFloat(string(m[2]), 64)
-					b.ReportMetric(p50*1e3, "p50-µs")
-				}
-			})
-		}
+	if calls := scriptCalls(b, rdb) - callsBefore; calls < int64(n) {
+		b.Fatalf("redis-benchmark made %d script calls, want %d: %s", calls, n, out)
 	}
+	rps, _ := strconv.ParseFloat(string(m[1]), 64)
+	b.ReportMetric(rps, "decisions/s")
+	b.ReportMetric((redisCPU(b, rdb)-cpuBefore).Seconds()/elapsed.Seconds(), "redis-cpu-busy")
 }
