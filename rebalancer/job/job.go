@@ -31,6 +31,8 @@ const (
 	DefaultMaxScopes      = 1000
 	DefaultMaxShareSeries = 100
 	DefaultActor          = "rebalancer"
+	// DefaultExpireAfterRuns: a pair's rebalancer rows go after 3 full runs without demand.
+	DefaultExpireAfterRuns = 3
 )
 
 // Store is what a tick needs from the control-plane store (regions.Store).
@@ -66,6 +68,15 @@ type Config struct {
 	MaxScopes int
 	// MaxShareSeries caps the pairs exported in ratelimit_rebalancer_share_ratio.
 	MaxShareSeries int
+	// ExpireAfterRuns: the rebalancer rows of a tenant/route pair that was not rebalanced
+	// (no demand sample in any region, or not among the MaxScopes busiest) for this many
+	// consecutive full runs are deleted, so the pair falls back to the tenant's or "*"'s
+	// share instead of keeping a frozen split forever. Runs whose demand is incomplete (a
+	// region's Prometheus unreachable, or a live region without region totals) do not
+	// count, nor break the sequence; a pair under an operator override keeps its rows
+	// while the override is in force. 0 means DefaultExpireAfterRuns; negative never
+	// expires.
+	ExpireAfterRuns int
 	// Elector decides which rebalancer acts (an *Elector in production); nil means this
 	// one always does. Used by Run only.
 	Elector gocron.Elector
@@ -83,8 +94,12 @@ type Job struct {
 	log    *slog.Logger
 	m      *metrics
 
-	mu     sync.Mutex // one tick at a time; guards states and exported
+	mu     sync.Mutex // one tick at a time; guards states, absent and exported
 	states map[regions.Scope]rebalancer.State
+	// absent counts, for each pair with rebalancer rows that was not rebalanced, the
+	// consecutive full runs without it (see Config.ExpireAfterRuns). Only scopes with rows
+	// are kept, so it is bounded by the share table.
+	absent map[regions.Scope]int
 	// exported holds the {region, scope} label sets of the share series now exported.
 	exported map[[2]string]bool
 
@@ -107,6 +122,7 @@ func New(cfg Config, store Store, dem DemandReader) (*Job, error) {
 	cfg.MaxScopes = cmp.Or(cfg.MaxScopes, DefaultMaxScopes)
 	cfg.MaxShareSeries = cmp.Or(cfg.MaxShareSeries, DefaultMaxShareSeries)
 	cfg.Actor = cmp.Or(cfg.Actor, DefaultActor)
+	cfg.ExpireAfterRuns = cmp.Or(cfg.ExpireAfterRuns, DefaultExpireAfterRuns)
 	if cfg.Allocation == nil {
 		cfg.Allocation = rebalancer.DefaultConfig
 	}
@@ -131,7 +147,7 @@ func New(cfg Config, store Store, dem DemandReader) (*Job, error) {
 	}
 	return &Job{
 		cfg: cfg, store: store, demand: dem, log: orDiscard(cfg.Logger), m: m,
-		states: map[regions.Scope]rebalancer.State{},
+		states: map[regions.Scope]rebalancer.State{}, absent: map[regions.Scope]int{},
 	}, nil
 }
 
@@ -144,8 +160,11 @@ type Report struct {
 	DryRun bool
 	// Scopes lists every scope considered, "*" first.
 	Scopes []ScopeReport
-	// Written is the number of region shares written.
+	// Written is the number of region shares written (deletions not included).
 	Written int
+	// Expired lists the tenant/route pairs whose rebalancer rows the run deleted (a dry
+	// run: would have deleted) after Config.ExpireAfterRuns runs without demand.
+	Expired []regions.Scope
 }
 
 // ScopeReport is one scope's decision.
@@ -162,7 +181,8 @@ type ScopeReport struct {
 type ScopeInputs struct {
 	Scope string `json:"scope"`
 	// Reason is why the shares changed (or not): interval, throttling, dark, returned,
-	// hysteresis, no_trigger, override.
+	// hysteresis, no_trigger, override, or expired (the rows were deleted; see
+	// ReasonExpired).
 	Reason string `json:"reason"`
 	// Region names the region behind a fast-path reason.
 	Region string `json:"region,omitempty"`
@@ -175,7 +195,15 @@ type ScopeInputs struct {
 	RefillPerSecond float64       `json:"refill_per_second"`
 	Capacity        int64         `json:"capacity"`
 	Regions         []RegionInput `json:"regions"`
+	// AbsentRuns, for an expiry, is the number of consecutive full runs the pair was not
+	// rebalanced.
+	AbsentRuns int `json:"absent_runs,omitempty"`
 }
+
+// ReasonExpired is the ScopeInputs.Reason of a pair's deleted rows: it was not rebalanced
+// for Config.ExpireAfterRuns full runs. Its regions' Previous is the deleted share, Share
+// the one the pair falls back to (its tenant's or "*"'s, as loaded by the run).
+const ReasonExpired = "expired"
 
 // Values of ScopeInputs.Split.
 const (
@@ -248,7 +276,8 @@ func (j *Job) tick(ctx context.Context, k kind) (Report, error) {
 	}
 	if rep.Result != ResultOK || rep.Written > 0 || k == kindRun {
 		j.log.Log(ctx, level, "rebalancer tick", "kind", rep.Kind, "result", rep.Result,
-			"scopes", len(rep.Scopes), "shares_written", rep.Written, "dry_run", rep.DryRun, "err", rep.Err)
+			"scopes", len(rep.Scopes), "shares_written", rep.Written, "scopes_expired", len(rep.Expired),
+			"dry_run", rep.DryRun, "err", rep.Err)
 	}
 	j.lastMu.Lock()
 	j.last = rep
@@ -300,12 +329,20 @@ func (j *Job) tickLocked(ctx context.Context, k kind) Report {
 			maps.DeleteFunc(j.states, func(sc regions.Scope, _ rebalancer.State) bool {
 				return sc != regions.GlobalScope && !live[sc]
 			})
+			var del []regions.ShareChange
+			del, rep.Expired = j.expire(snap, d, regs, live)
+			first = append(first, del...)
 		}
 	}
 
 	switch {
 	case j.cfg.DryRun:
 		for _, c := range append(first, second...) {
+			if c.Delete {
+				j.log.Info("dry run: would delete share", "scope", c.Scope.String(), "region", c.Region,
+					"old", c.Old, "reason", c.Reason)
+				continue
+			}
 			j.log.Info("dry run: would write share", "scope", c.Scope.String(), "region", c.Region,
 				"old", c.Old, "new", c.New, "reason", c.Reason)
 		}
@@ -316,7 +353,12 @@ func (j *Job) tickLocked(ctx context.Context, k kind) Report {
 			}
 		}
 	case len(first)+len(second) > 0:
-		if err := j.write(ctx, first, second); err != nil {
+		firstDone, err := j.write(ctx, first, second)
+		if !firstDone {
+			rep.Expired = nil // they go with the first write, so the next run retries them
+		}
+		j.expired(rep.Expired)
+		if err != nil {
 			// PostgreSQL down is a skipped run; a write it refuses as invalid, or one cut
 			// short by shutdown, is an error.
 			if errors.Is(err, regions.ErrInvalid) || ctx.Err() != nil {
@@ -324,7 +366,12 @@ func (j *Job) tickLocked(ctx context.Context, k kind) Report {
 			}
 			return fail(ResultSkippedDatabase, err)
 		}
-		rep.Written = len(first) + len(second)
+		rep.Written = len(second)
+		for _, c := range first {
+			if !c.Delete {
+				rep.Written++
+			}
+		}
 		j.m.shareWrites.Add(float64(rep.Written))
 		for i := range rep.Scopes {
 			rep.Scopes[i].Written = rep.Scopes[i].Skipped == ""
@@ -339,6 +386,112 @@ func (j *Job) tickLocked(ctx context.Context, k kind) Report {
 		rep.Result, rep.Err = ResultError, fmt.Errorf("rebalance: %w", errors.Join(allocErrs...))
 	}
 	return rep
+}
+
+// expire counts, for every tenant/route pair with rebalancer rows, the consecutive full
+// runs in which it was not rebalanced (not in live: no demand sample in any region, or
+// cut by MaxScopes), and returns Delete changes for every row of the pairs that reached
+// Config.ExpireAfterRuns, with those pairs. A run whose demand is incomplete — a region's
+// Prometheus unreachable, or a live region without region totals, so a pair's absence may
+// only be missing metrics — neither counts nor resets. A pair under an operator override
+// keeps its rows (the override decides it anyway) and its count, and goes once the
+// override ends. Counters of scopes without rows are dropped, so they stay bounded.
+func (j *Job) expire(snap *regions.Snapshot, d demand.Demand, regs []string, live map[regions.Scope]bool) ([]regions.ShareChange, []regions.Scope) {
+	if j.cfg.ExpireAfterRuns < 0 {
+		return nil, nil
+	}
+	complete := len(d.Unreachable) == 0
+	for _, r := range regs {
+		if _, fresh := d.Sample(regions.GlobalScope, r); !fresh && snap.LiveInstances(r) > 0 {
+			complete = false
+		}
+	}
+	at := snap.LoadedAt()
+	var (
+		changes []regions.ShareChange
+		expired []regions.Scope
+	)
+	withRows := map[regions.Scope]bool{}
+	for _, sc := range snap.RebalancerScopes() {
+		if sc.Tenant == regions.Wildcard || sc.Route == regions.Wildcard {
+			continue // "*" and tenant scopes are not pairs
+		}
+		withRows[sc] = true
+		if live[sc] {
+			delete(j.absent, sc)
+			continue
+		}
+		if !complete {
+			continue
+		}
+		j.absent[sc]++
+		n := j.absent[sc]
+		if n < j.cfg.ExpireAfterRuns {
+			continue
+		}
+		overridden := false
+		for _, r := range regs {
+			if _, src := snap.EffectiveShare(r, sc.Tenant, sc.Route, at); src == regions.SourceOverride {
+				overridden = true
+			}
+		}
+		if overridden {
+			j.log.Debug("pair without demand keeps its shares under an override", "tenant", sc.Tenant, "route", sc.Route, "absent_runs", n)
+			continue
+		}
+		c := j.expiry(snap, regs, sc, n)
+		if len(c) > 0 {
+			changes, expired = append(changes, c...), append(expired, sc)
+		}
+	}
+	maps.DeleteFunc(j.absent, func(sc regions.Scope, _ int) bool { return !withRows[sc] })
+	return changes, expired
+}
+
+// expired records pairs whose rows were deleted.
+func (j *Job) expired(scopes []regions.Scope) {
+	for _, sc := range scopes {
+		j.log.Info("rebalancer shares of pair expired", "tenant", sc.Tenant, "route", sc.Route,
+			"absent_runs", j.absent[sc])
+		delete(j.absent, sc)
+	}
+	j.m.expiredScopes.Add(float64(len(scopes)))
+}
+
+// expiry is the Delete change of every rebalancer row of pair sc, absent for n runs.
+func (j *Job) expiry(snap *regions.Snapshot, regs []string, sc regions.Scope, n int) []regions.ShareChange {
+	at := snap.LoadedAt()
+	rule := snap.Rule(sc.Tenant, sc.Route)
+	in := ScopeInputs{Scope: sc.String(), Reason: ReasonExpired, Kind: kindRun.String(), Split: SplitWaterfill,
+		RefillPerSecond: rule.RefillPerSecond, Capacity: rule.Capacity, AbsentRuns: n}
+	var rows []regions.Share
+	for _, r := range regs {
+		sh, ok := snap.ScopeShare(r, sc, at)
+		if !ok || sh.Source != regions.SourceRebalancer {
+			continue
+		}
+		rows = append(rows, sh)
+		in.Regions = append(in.Regions, RegionInput{Region: r,
+			Status:   rebalancer.RegionStatus(snap.LiveInstances(r) > 0, false),
+			Previous: sh.Share, Share: fallbackShare(snap, r, sc, at, len(regs))})
+	}
+	reason := fmt.Sprintf("%s: no demand for %d runs", ReasonExpired, n)
+	out := make([]regions.ShareChange, 0, len(rows))
+	for _, sh := range rows {
+		out = append(out, regions.ShareChange{Scope: sc, Region: sh.Region, Old: sh.Share, Delete: true, Reason: reason, Inputs: in})
+	}
+	return out
+}
+
+// fallbackShare is the share pair sc gets in region once its own rows are gone: its
+// tenant's, else "*"'s, else the equal split (rows as loaded by the run).
+func fallbackShare(snap *regions.Snapshot, region string, sc regions.Scope, at time.Time, n int) float64 {
+	for _, wider := range [...]regions.Scope{{Tenant: sc.Tenant, Route: regions.Wildcard}, regions.GlobalScope} {
+		if sh, ok := snap.ScopeShare(region, wider, at); ok {
+			return sh.Share
+		}
+	}
+	return 1 / float64(n)
 }
 
 // pairScopes lists the busiest MaxScopes tenant/route pairs with demand.
@@ -556,29 +709,30 @@ func currentShare(snap *regions.Snapshot, region string, sc regions.Scope, at ti
 	return share, src == regions.SourceOverride
 }
 
-// write stores the decreases, waits one gateway reload period, then stores the
-// increases, so the shares gateways enforce never sum above 1.
-func (j *Job) write(ctx context.Context, first, second []regions.ShareChange) error {
+// write stores the decreases (and expired pairs' deletions), waits one gateway reload
+// period, then stores the increases, so the shares gateways enforce never sum above 1.
+// firstDone says whether the first write was committed, even when err is not nil.
+func (j *Job) write(ctx context.Context, first, second []regions.ShareChange) (firstDone bool, err error) {
 	if len(first) > 0 {
 		if err := j.store.WriteRebalancerShares(ctx, first, nil, j.cfg.Actor); err != nil {
-			return fmt.Errorf("rebalance: write decreases: %w", err)
+			return false, fmt.Errorf("rebalance: write decreases: %w", err)
 		}
 		if len(second) > 0 {
 			t := time.NewTimer(j.cfg.ReloadWait)
 			select {
 			case <-ctx.Done():
 				t.Stop()
-				return fmt.Errorf("rebalance: increases not written (decreases were): %w", ctx.Err())
+				return true, fmt.Errorf("rebalance: increases not written (decreases were): %w", ctx.Err())
 			case <-t.C:
 			}
 		}
 	}
 	if len(second) > 0 {
 		if err := j.store.WriteRebalancerShares(ctx, second, nil, j.cfg.Actor); err != nil {
-			return fmt.Errorf("rebalance: write increases (decreases were written): %w", err)
+			return true, fmt.Errorf("rebalance: write increases (decreases were written): %w", err)
 		}
 	}
-	return nil
+	return true, nil
 }
 
 // exportShares sets ratelimit_rebalancer_share_ratio from a full run: "*" and the

@@ -48,6 +48,7 @@ type metrics struct {
 	shareRatio    *prometheus.GaugeVec
 	writesSkipped *prometheus.CounterVec
 	shareWrites   prometheus.Counter
+	expiredScopes prometheus.Counter
 	leader        prometheus.Gauge
 	duration      *prometheus.HistogramVec
 }
@@ -81,6 +82,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "ratelimit_rebalancer_share_writes_total",
 			Help: "Region shares written (one per region and scope changed).",
 		}),
+		expiredScopes: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "ratelimit_rebalancer_expired_scopes_total",
+			Help: "Tenant/route pairs whose rebalancer shares were deleted after the configured number of full runs without demand.",
+		}),
 		leader: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "ratelimit_rebalancer_leader",
 			Help: "1 while this rebalancer holds the leader lock.",
@@ -111,7 +116,8 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		{"ratelimit_rebalancer_runs_total", m.runs}, {"ratelimit_rebalancer_checks_total", m.checks},
 		{"ratelimit_rebalancer_last_success_timestamp_seconds", m.lastSuccess},
 		{"ratelimit_rebalancer_share_ratio", m.shareRatio}, {"ratelimit_rebalancer_writes_skipped_total", m.writesSkipped},
-		{"ratelimit_rebalancer_share_writes_total", m.shareWrites}, {"ratelimit_rebalancer_leader", m.leader},
+		{"ratelimit_rebalancer_share_writes_total", m.shareWrites},
+		{"ratelimit_rebalancer_expired_scopes_total", m.expiredScopes}, {"ratelimit_rebalancer_leader", m.leader},
 		{"ratelimit_rebalancer_run_duration_seconds", m.duration},
 	} {
 		if err := reg.Register(c.c); err != nil {
