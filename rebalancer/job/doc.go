@@ -13,6 +13,10 @@
 // Requests a shadow rule would have rejected were forwarded: they are offered demand and
 // count as allowed, never as throttling.
 //
+// A pair that is not rebalanced (no demand, or not among the capped busiest) for
+// Config.ExpireAfterRuns full runs loses its rebalancer rows, with history, and falls back
+// to its tenant's or "*"'s share.
+//
 // A failed read (PostgreSQL or Prometheus down, or the leader lock's PostgreSQL) skips the
 // tick and counts it; shares stay as they are until the next tick succeeds.
 //
