@@ -27,7 +27,7 @@ import (
 // The decision engine benchmarks (docs/BENCHMARKS.md, "Decision engine"). Every
 // sub-benchmark of one run shares one redis-server, so the rows compare side by side:
 //
-//	go test -run '^$' -bench DecisionEngine -benchtime 2s -engine.rounds=3 ./gateway/limiter/
+//	go test -run '^$' -bench DecisionEngine -benchtime 2s ./gateway/limiter/ -engine.rounds=3
 //
 // Each row reports decisions/s, the p50 and p99 of one decision as its caller sees it
 // (µs), and the Redis script calls per admitted request (INFO commandstats).
@@ -134,7 +134,7 @@ var redisRateMode = engineMode{name: "redis_rate", build: func(b *testing.B, rdb
 }}
 
 // engineRounds repeats every group of rows, so a run yields medians of side-by-side
-// measurements: go test -bench DecisionEngine -engine.rounds=3.
+// measurements: go test -bench DecisionEngine ./gateway/limiter/ -engine.rounds=3.
 var engineRounds = flag.Int("engine.rounds", 1, "rounds of the decision engine benchmark")
 
 // BenchmarkDecisionEngine: decisions/s and per-decision latency at 1, 16, 64 and 256
