@@ -2,32 +2,60 @@
 GO       ?= go
 DURATION ?=
 TIMEOUT  ?= 20m
+# Everything but the fault-injection suite runs under -race; the faults run without it
+# (the race detector's slowdown on 2 cores is itself a fault the breakers react to).
+RACE_PKGS = $(shell $(GO) list ./... | grep -v /deploy/faults)
 
-.PHONY: test demo bench lint deps unit
+.PHONY: test demo bench lint deps unit faults reliability-figures soak fuzz
 
 deps:
 	@./deploy/install-deps.sh
 
-## test: everything — lint, then all tests with -race against real servers.
+## test: everything — lint, all tests against real servers, the fault suite, the render test.
 test: deps lint
-	$(GO) test -race -count=1 -timeout $(TIMEOUT) ./...
+	$(GO) test -race -count=1 -timeout $(TIMEOUT) $(RACE_PKGS)
+	$(GO) test -count=1 -timeout 15m ./deploy/faults/
 	cd deploy/render && $(GO) test -count=1 ./...
 
 ## unit: the pure packages only (no servers): allocation and simulator.
 unit:
 	$(GO) test -race -count=1 ./rebalancer ./rebalancer/sim
 
-## lint: gofmt, go vet.
+## lint: gofmt, go vet (both modules).
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 	  if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
 	cd deploy/render && $(GO) vet ./...
 
-## bench: benchmarks against real servers; results go to docs/BENCHMARKS.md by hand.
+## faults: fault injection over the two-region stack (about 2-3 min).
+faults: deps
+	$(GO) test -count=1 -timeout 15m ./deploy/faults/
+
+## reliability-figures: rerun the faults and rewrite the table in docs/reliability.md.
+reliability-figures: deps
+	$(GO) test -count=1 -timeout 15m -run TestFaults ./deploy/faults/ -update
+
+## soak: 10 minutes at a fixed rate with periodic faults (not in CI).
+soak: deps
+	$(GO) run ./deploy/faults/soak -duration 10m
+
+## fuzz: every fuzz target for a short time each.
+fuzz: deps
+	$(GO) test -run '^$$' -fuzz '^FuzzAPIKeyHeader$$' -fuzztime 20s ./gateway/
+	$(GO) test -run '^$$' -fuzz '^FuzzClientAddr$$' -fuzztime 10s ./gateway/
+	$(GO) test -run '^$$' -fuzz '^FuzzParseConfig$$' -fuzztime 20s ./gateway/
+	$(GO) test -run '^$$' -fuzz '^FuzzLuaArguments$$' -fuzztime 20s ./deploy/faults/
+	$(GO) test -run '^$$' -fuzz '^FuzzValidateID$$' -fuzztime 10s ./regions/
+	$(GO) test -run '^$$' -fuzz '^FuzzParseScope$$' -fuzztime 10s ./regions/
+	$(GO) test -run '^$$' -fuzz '^FuzzParseShares$$' -fuzztime 10s ./cmd/ratectl/
+	$(GO) test -run '^$$' -fuzz '^FuzzParseTrace$$' -fuzztime 10s ./rebalancer/sim/
+	$(GO) test -run '^$$' -fuzz '^FuzzAllocate$$' -fuzztime 20s ./rebalancer/
+
+## bench: benchmarks against real servers; results go to docs/BENCHMARKS.md.
 bench: deps
 	$(GO) test -run '^$$' -bench . -benchmem -count 1 ./...
 
-## demo: the local stack (see README).
+## demo: the local two-region stack (see README); DURATION=60s runs unattended.
 demo: deps
 	$(GO) run ./cmd/demo $(if $(DURATION),--duration $(DURATION))
