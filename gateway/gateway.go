@@ -351,6 +351,11 @@ func (g *Gateway) Run(ctx context.Context) error {
 		_ = ln.Close()
 		return fmt.Errorf("gateway %s: admin listen: %w", g.cfg.Region, err)
 	}
+	return g.run(ctx, ln, aln)
+}
+
+// run is Run on listeners already open; it closes them.
+func (g *Gateway) run(ctx context.Context, ln, aln net.Listener) error {
 	g.log.Info("gateway starting", "region", g.cfg.Region, "instance", g.instanceID,
 		"listen", ln.Addr().String(), "admin_listen", aln.Addr().String(),
 		"mode", map[bool]string{true: "standalone", false: "database"}[g.cfg.Standalone()])
@@ -396,10 +401,12 @@ func (g *Gateway) Run(ctx context.Context) error {
 	go func() { errc <- serve(adm, aln) }()
 
 	var runErr error
+	received := 0 // results taken from errc; both servers send exactly one
 	select {
 	case <-ctx.Done():
-	case runErr = <-errc:
-		runErr = fmt.Errorf("gateway %s: serve: %w", g.cfg.Region, runErr)
+	case err := <-errc:
+		received++
+		runErr = fmt.Errorf("gateway %s: serve: %w", g.cfg.Region, err)
 	}
 	g.draining.Store(true)
 	g.m.ready.Set(0)
@@ -418,8 +425,9 @@ func (g *Gateway) Run(ctx context.Context) error {
 	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
 	_ = adm.Shutdown(actx)
 	cancel()
-	// Both Serve calls have returned by now (Shutdown waits for the listener to close).
-	for range 2 {
+	// Both Serve calls have returned by now (Shutdown waits for the listener to close);
+	// take the results not taken yet, or Run would wait for a value never sent.
+	for ; received < 2; received++ {
 		if err := <-errc; err != nil && runErr == nil {
 			runErr = fmt.Errorf("gateway %s: serve: %w", g.cfg.Region, err)
 		}

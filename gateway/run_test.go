@@ -2,7 +2,10 @@ package gateway
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"net"
+	"strings"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -114,4 +117,50 @@ func TestRotateTenantsLoop(t *testing.T) {
 		cancel()
 		<-done
 	})
+}
+
+// failingListener's Accept fails at once with a permanent error, so Serve returns it.
+type failingListener struct{ net.Listener }
+
+func (failingListener) Accept() (net.Conn, error) { return nil, errors.New("accept: broken listener") }
+
+// TestRunReturnsWhenServeFails: a server whose Serve fails ends Run with that error,
+// promptly, with every goroutine gone (it used to wait for a third server result).
+func TestRunReturnsWhenServeFails(t *testing.T) {
+	for _, which := range []string{"proxy", "admin"} {
+		t.Run(which, func(t *testing.T) {
+			defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+			cfg := articleConfig("us-east", "http://127.0.0.1:1", "")
+			cfg.DrainTimeout = time.Second
+			g, err := New(cfg, Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			aln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if which == "proxy" {
+				ln = failingListener{ln}
+			} else {
+				aln = failingListener{aln}
+			}
+			done := make(chan error, 1)
+			go func() { done <- g.run(t.Context(), ln, aln) }()
+			select {
+			case err := <-done:
+				if err == nil || !strings.Contains(err.Error(), "broken listener") {
+					t.Fatalf("Run = %v, want the serve error", err)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatal("Run did not return after a serve failure")
+			}
+			_ = ln.Close()
+			_ = aln.Close()
+		})
+	}
 }
