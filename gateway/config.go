@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -19,6 +20,7 @@ import (
 	"github.com/goccy/go-yaml"
 	"github.com/goccy/go-yaml/ast"
 	"github.com/goccy/go-yaml/parser"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/quotaplane/quotaplane/regions"
 )
@@ -382,7 +384,7 @@ func (c *Config) normalize() error {
 		return bad("admin_listen", "%v", err)
 	}
 	if c.DatabaseURL != "" {
-		if err := checkURL(c.DatabaseURL, "postgres", "postgresql"); err != nil {
+		if err := checkDatabaseURL(c.DatabaseURL); err != nil {
 			return bad("database_url", "%v", err)
 		}
 	}
@@ -634,7 +636,7 @@ func checkURL(raw string, schemes ...string) error {
 	}
 	u, err := url.Parse(raw)
 	if err != nil {
-		return fmt.Errorf("not a URL: %v", redactURLError(err))
+		return fmt.Errorf("not a URL: %s", redactedReason(err, raw))
 	}
 	for _, s := range schemes {
 		if u.Scheme == s {
@@ -647,14 +649,67 @@ func checkURL(raw string, schemes ...string) error {
 	return fmt.Errorf("scheme %q not supported (want %s)", u.Scheme, strings.Join(schemes, ", "))
 }
 
-// redactURLError drops the URL itself (it may hold a password) from a parse error.
-func redactURLError(err error) error {
+// checkDatabaseURL accepts what regions.Open accepts (pgx's parser: a postgres:// URL,
+// several hosts, or a key=value string), without dialing.
+func checkDatabaseURL(raw string) error {
+	if _, err := pgconn.ParseConfig(raw); err != nil {
+		return fmt.Errorf("not a PostgreSQL URL or key=value string: %s", redactedReason(err, raw))
+	}
+	return nil
+}
+
+// quoted is a quoted fragment of a parse error's text: `...`, "..." or '...'.
+var quoted = regexp.MustCompile("`[^`]*`|\"[^\"]*\"|'[^']*'")
+
+// redactedReason is a URL parse error fit for a message. Parsers quote the input, or a
+// piece of it, and in a malformed URL the piece can be part of a password (the text
+// before a '/' in one is taken for a port): every quoted fragment is elided, whatever is left
+// of the URL goes, and so does the password wherever it still shows.
+func redactedReason(err error, raw string) string {
 	var ue *url.Error
 	if errors.As(err, &ue) {
-		return ue.Err
+		err = ue.Err
 	}
-	return err
+	msg := err.Error()
+	var pe *pgconn.ParseConfigError
+	if errors.As(err, &pe) {
+		// "cannot parse `URL`: reason (detail)": keep the reason and the detail.
+		if i := strings.LastIndex(msg, "`: "); i >= 0 {
+			msg = msg[i+3:]
+		}
+	}
+	msg = quoted.ReplaceAllString(msg, `"…"`)
+	msg = strings.ReplaceAll(msg, raw, "")
+	for _, p := range urlPasswords(raw) {
+		msg = strings.ReplaceAll(msg, p, "xxxxx")
+	}
+	msg = strings.Join(strings.Fields(msg), " ")
+	if msg == "" || msg == "()" {
+		msg = "malformed"
+	}
+	return msg
 }
+
+// urlPasswords are the password-like pieces of raw found without a full parse: what sits
+// between "user:" and the last '@', and password= values.
+func urlPasswords(raw string) []string {
+	var out []string
+	if _, rest, ok := strings.Cut(raw, "://"); ok {
+		if at := strings.LastIndex(rest, "@"); at >= 0 {
+			if _, p, ok := strings.Cut(rest[:at], ":"); ok && p != "" {
+				out = append(out, p)
+			}
+		}
+	}
+	for _, m := range passwordParam.FindAllStringSubmatch(raw, -1) {
+		if v := strings.Trim(m[1], "'"); v != "" {
+			out = append(out, m[1], v)
+		}
+	}
+	return out
+}
+
+var passwordParam = regexp.MustCompile(`password\s*=\s*('(?:[^'\\]|\\.)*'|[^\s&]*)`)
 
 func parseLogLevel(s string) (slog.Level, error) {
 	var l slog.Level

@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -201,4 +202,79 @@ func FuzzParseConfig(f *testing.F) {
 			t.Fatalf("normalize twice: %v", err)
 		}
 	})
+}
+
+// TestURLErrorsNeverShowPassword: malformed database, Redis and upstream URLs with a
+// password give an error naming the key that shows no piece (3+ characters) of the
+// password. A parser that quotes "the port" of u:Qx7z/Pw9k@host quotes the password.
+func TestURLErrorsNeverShowPassword(t *testing.T) {
+	const pw = "Qx7zPw9k"
+	tests := []struct{ key, url string }{
+		{"database_url", "postgres://u:Qx7z/Pw9k@host/db"},
+		{"database_url", "postgres://u:Qx7z%zzPw9k@host/db"},
+		{"database_url", "postgres://u:Qx7z Pw9k@host/db"},
+		{"database_url", "postgres://u:Qx7zPw9k@host:bad port/db"},
+		{"database_url", "postgres://u:Qx7zPw9k@ho st/db"},
+		{"database_url", "postgres://u@host/db?password=Qx7zPw9k&sslmode=bogus"},
+		{"database_url", "host=h password=Qx7zPw9k port=bad"},
+		{"database_url", "host=h password='Qx7z Pw9k' port=bad"},
+		{"database_url", "Qx7zPw9k"},
+		{"redis.url", "redis://u:Qx7z/Pw9k@host:6379/0"},
+		{"redis.url", "redis://u:Qx7z%zzPw9k@host/0"},
+		{"redis.url", "redis://:Qx7zPw9k@ho st/0"},
+		{"redis.url", "redis://u:Qx7z?Pw9k@host/0"},
+		{"redis.url", "redis://u:Qx7z#Pw9k@host/0"},
+		{"redis.url", "redis://u:Qx7zPw9k@host:6379/notanumber"},
+		{"redis.url", "redis://u:Qx7zPw9k@host:6379/0?dial_timeout=Qx7zPw9k"},
+		{"redis.url", "redis://u:Qx7zPw9k@host:6379/0?Qx7zPw9k=1"},
+		{"routes[0].upstream", "http://u:Qx7z/Pw9k@host/"},
+		{"routes[0].upstream", "http://u:Qx7z%zzPw9k@host/"},
+	}
+	for i, tt := range tests {
+		t.Run(fmt.Sprintf("%s/%d", tt.key, i), func(t *testing.T) {
+			cfg := articleConfig("us-east", "http://127.0.0.1:1", "")
+			switch tt.key {
+			case "database_url":
+				cfg.Tenants = nil
+				cfg.DatabaseURL = tt.url
+			case "redis.url":
+				cfg.Redis.URL = tt.url
+			default:
+				cfg.Routes[0].Upstream = tt.url
+			}
+			g, err := New(cfg, Options{})
+			if err == nil {
+				g.closeClients()
+				t.Fatal("New accepted the URL")
+			}
+			msg := err.Error()
+			if !strings.Contains(msg, tt.key) {
+				t.Errorf("error does not name %s: %s", tt.key, msg)
+			}
+			for n := 3; n <= len(pw); n++ {
+				for i := 0; i+n <= len(pw); i++ {
+					if strings.Contains(msg, pw[i:i+n]) {
+						t.Fatalf("error shows %q of the password: %s", pw[i:i+n], msg)
+					}
+				}
+			}
+			t.Log(msg)
+		})
+	}
+}
+
+// TestDatabaseURLFormsPgxAccepts: what regions.Open (pgx) accepts, the config accepts.
+func TestDatabaseURLFormsPgxAccepts(t *testing.T) {
+	for _, u := range []string{
+		"postgres://u:pw@127.0.0.1:5432/q",
+		"postgresql://u:pw@h1:5432,h2:5433/q?target_session_attrs=read-write",
+		"host=127.0.0.1 port=5432 dbname=q user=u password='a b'",
+	} {
+		cfg := articleConfig("us-east", "http://127.0.0.1:1", "")
+		cfg.Tenants = nil
+		cfg.DatabaseURL = u
+		if _, err := New(cfg, Options{}); err != nil {
+			t.Errorf("%s: %v", u, err)
+		}
+	}
 }

@@ -10,7 +10,6 @@ import (
 	"net"
 	"net/http"
 	"net/http/httputil"
-	"net/url"
 	"os"
 	"strconv"
 	"strings"
@@ -180,7 +179,7 @@ func (g *Gateway) newLimiter() error {
 	}
 	ro, err := redis.ParseURL(g.cfg.Redis.URL)
 	if err != nil {
-		return &ConfigError{File: g.cfg.file, Key: "redis.url", Reason: redactRedisError(err, g.cfg.Redis.URL)}
+		return &ConfigError{File: g.cfg.file, Key: "redis.url", Reason: redactedReason(err, g.cfg.Redis.URL)}
 	}
 	// The limiter bounds every call by its own timeout through the context; these keep a
 	// dead Redis from holding a connection attempt or a pool slot for long either.
@@ -211,17 +210,6 @@ func (g *Gateway) newLimiter() error {
 	g.lim = l
 	g.fallback = l.FallbackActive
 	return nil
-}
-
-// redactRedisError keeps a password out of a URL parse error.
-func redactRedisError(err error, raw string) string {
-	msg := err.Error()
-	if u, perr := url.Parse(raw); perr == nil && u.User != nil {
-		if p, ok := u.User.Password(); ok && p != "" {
-			msg = strings.ReplaceAll(msg, p, "xxxxx")
-		}
-	}
-	return msg
 }
 
 // liveInstances is the fallback divisor: live gateways of this region, 0 when unknown.

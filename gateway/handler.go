@@ -31,7 +31,7 @@ func (g *Gateway) newHandler() error {
 	for _, rc := range g.cfg.Routes {
 		target, err := url.Parse(rc.Upstream)
 		if err != nil {
-			return &ConfigError{File: g.cfg.file, Key: "routes.upstream", Reason: redactURLError(err).Error()}
+			return &ConfigError{File: g.cfg.file, Key: "routes.upstream", Reason: redactedReason(err, rc.Upstream)}
 		}
 		rt := &route{
 			id:       rc.ID,
