@@ -37,8 +37,9 @@ type Options struct {
 	// logged at Debug only.
 	Logger *slog.Logger
 	// Registerer receives the gateway's and the limiter's metrics; nil means a new
-	// registry. Gatherer is what /metrics serves; nil means Registerer when it is a
-	// Gatherer (a *prometheus.Registry), else prometheus.DefaultGatherer.
+	// registry. Gatherer is what /metrics serves; nil means Registerer, which must then
+	// be a Gatherer too (a *prometheus.Registry): a wrapped Registerer needs the
+	// Gatherer of the registry it wraps, or /metrics would not show the gateway's series.
 	Registerer prometheus.Registerer
 	Gatherer   prometheus.Gatherer
 	// Now is the clock for share expiry; nil means time.Now.
@@ -107,11 +108,11 @@ func New(cfg Config, opts Options) (*Gateway, error) {
 		g.registerer = prometheus.NewRegistry()
 	}
 	if g.gatherer == nil {
-		if ga, ok := g.registerer.(prometheus.Gatherer); ok {
-			g.gatherer = ga
-		} else {
-			g.gatherer = prometheus.DefaultGatherer
+		ga, ok := g.registerer.(prometheus.Gatherer)
+		if !ok {
+			return nil, fmt.Errorf("gateway %s: Options.Gatherer is required: the Registerer (%T) is not a prometheus.Gatherer", cfg.Region, g.registerer)
 		}
+		g.gatherer = ga
 	}
 	var err error
 	if g.instanceID == "" {
