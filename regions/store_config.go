@@ -6,6 +6,7 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	mrand "math/rand/v2"
 	"time"
 	"unicode"
 	"unicode/utf8"
@@ -303,9 +304,21 @@ func (s *Store) DeleteRule(ctx context.Context, tenant, route string) error {
 	return nil
 }
 
+// InstanceHorizon is how long a gateway_instance row may go unseen before a heartbeat of
+// its region deletes it. Rows of crashed gateways (a clean stop removes its own row, and
+// the default instance id is new at every start) would otherwise pile up forever. It is
+// far longer than any instance TTL, so a live instance is never pruned; one cut off from
+// the database for longer simply comes back with its next heartbeat.
+const InstanceHorizon = time.Hour
+
+// pruneEvery: one heartbeat in pruneEvery also deletes the region's rows unseen for
+// InstanceHorizon, so the DELETE does not run on every heartbeat of every gateway.
+const pruneEvery = 20
+
 // Heartbeat records that gateway instance id of region is alive (last_seen = the
-// database's now()). It does not notify gateways; they count instances on their timer
-// reload.
+// database's now()). About one call in 20 also deletes, in the same statement, the rows of
+// region unseen for InstanceHorizon (PruneInstances). It does not notify gateways; they
+// count instances on their timer reload.
 func (s *Store) Heartbeat(ctx context.Context, id, region string) error {
 	if err := ValidateID("instance", id); err != nil {
 		return fmt.Errorf("heartbeat: %w", err)
@@ -313,12 +326,39 @@ func (s *Store) Heartbeat(ctx context.Context, id, region string) error {
 	if err := ValidateID("region", region); err != nil {
 		return fmt.Errorf("heartbeat %s: %w", id, err)
 	}
-	_, err := s.pool.Exec(ctx, `INSERT INTO gateway_instance (id, region, last_seen) VALUES ($1, $2, now())
-		ON CONFLICT (id) DO UPDATE SET region = EXCLUDED.region, last_seen = now()`, id, region)
+	const upsert = `INSERT INTO gateway_instance (id, region, last_seen) VALUES ($1, $2, now())
+		ON CONFLICT (id) DO UPDATE SET region = EXCLUDED.region, last_seen = now()`
+	var err error
+	if mrand.IntN(pruneEvery) == 0 {
+		_, err = s.pool.Exec(ctx, `WITH pruned AS (
+			DELETE FROM gateway_instance
+			WHERE region = $2 AND id <> $1 AND last_seen < now() - make_interval(secs => $3)
+		) `+upsert, id, region, InstanceHorizon.Seconds())
+	} else {
+		_, err = s.pool.Exec(ctx, upsert, id, region)
+	}
 	if err != nil {
 		return fmt.Errorf("heartbeat %s in %s: %w", id, region, dbErr(err))
 	}
 	return nil
+}
+
+// PruneInstances deletes the gateway_instance rows of region last seen more than
+// olderThan ago (the database's clock) and returns how many it deleted. Heartbeat does
+// this now and then with InstanceHorizon.
+func (s *Store) PruneInstances(ctx context.Context, region string, olderThan time.Duration) (int64, error) {
+	if err := ValidateID("region", region); err != nil {
+		return 0, fmt.Errorf("prune instances: %w", err)
+	}
+	if olderThan <= 0 {
+		return 0, fmt.Errorf("prune instances of %s: %w: olderThan must be > 0, got %s", region, ErrInvalid, olderThan)
+	}
+	tag, err := s.pool.Exec(ctx, `DELETE FROM gateway_instance WHERE region = $1 AND last_seen < now() - make_interval(secs => $2)`,
+		region, olderThan.Seconds())
+	if err != nil {
+		return 0, fmt.Errorf("prune instances of %s: %w", region, dbErr(err))
+	}
+	return tag.RowsAffected(), nil
 }
 
 // RemoveInstance forgets gateway instance id (on a clean shutdown). Removing an unknown
