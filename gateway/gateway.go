@@ -58,7 +58,10 @@ type Gateway struct {
 	tenants    *tenantTracker
 	instanceID string
 
-	snap     atomic.Pointer[regions.Snapshot]
+	snap atomic.Pointer[regions.Snapshot]
+	// readyMu makes "not draining, so ready" and "draining, so not ready" one step each:
+	// a reload racing the drain cannot set ratelimit_gateway_ready back to 1.
+	readyMu  sync.Mutex
 	draining atomic.Bool
 
 	lim      decider
@@ -86,7 +89,7 @@ type route struct {
 // New validates cfg, fills its defaults and builds the gateway. It dials nothing and
 // starts no goroutine: a standalone gateway's handler works at once; a database one
 // answers 503 until Run has loaded a snapshot.
-func New(cfg Config, opts Options) (*Gateway, error) {
+func New(cfg Config, opts Options) (_ *Gateway, err error) {
 	if err := cfg.normalize(); err != nil {
 		return nil, err
 	}
@@ -114,7 +117,6 @@ func New(cfg Config, opts Options) (*Gateway, error) {
 		}
 		g.gatherer = ga
 	}
-	var err error
 	if g.instanceID == "" {
 		g.instanceID = defaultInstanceID()
 	} else if err := regions.ValidateID("instance", g.instanceID); err != nil {
@@ -129,6 +131,21 @@ func New(cfg Config, opts Options) (*Gateway, error) {
 			return nil, fmt.Errorf("gateway %s: unauthenticated limit: %w", cfg.Region, err)
 		}
 	}
+	// Whatever New registers or opens from here on is undone if it fails, so a caller
+	// can fix the config and call New again on the same registry.
+	tracked := &trackingRegisterer{Registerer: g.registerer}
+	g.registerer = tracked
+	defer func() {
+		if err != nil {
+			if g.rdb != nil {
+				_ = g.rdb.Close()
+			}
+			if g.transport != nil {
+				g.transport.CloseIdleConnections()
+			}
+			tracked.unregisterAll()
+		}
+	}()
 	m, err := newMetrics(g.registerer, cfg.Region, g.decisionBounds())
 	if err != nil {
 		return nil, fmt.Errorf("gateway %s: register metrics: %w", cfg.Region, err)
@@ -240,9 +257,19 @@ func (g *Gateway) setSnapshot(s *regions.Snapshot) {
 	share, _ := s.EffectiveShare(g.cfg.Region, regions.Wildcard, regions.Wildcard, g.now())
 	g.m.shareRatio.WithLabelValues(regions.Wildcard).Set(share)
 	g.tenants.refreshShares()
+	g.readyMu.Lock()
 	if !g.draining.Load() {
 		g.m.ready.Set(1)
 	}
+	g.readyMu.Unlock()
+}
+
+// startDraining marks the gateway not ready, for good.
+func (g *Gateway) startDraining() {
+	g.readyMu.Lock()
+	g.draining.Store(true)
+	g.m.ready.Set(0)
+	g.readyMu.Unlock()
 }
 
 // standaloneSnapshot builds the snapshot of a gateway without a database: one region
@@ -397,8 +424,7 @@ func (g *Gateway) run(ctx context.Context, ln, aln net.Listener) error {
 		received++
 		runErr = fmt.Errorf("gateway %s: serve: %w", g.cfg.Region, err)
 	}
-	g.draining.Store(true)
-	g.m.ready.Set(0)
+	g.startDraining()
 	g.log.Info("gateway draining", "region", g.cfg.Region, "drain_timeout", g.cfg.DrainTimeout.String())
 	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), g.cfg.DrainTimeout)
 	if err := srv.Shutdown(dctx); err != nil {

@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"slices"
+	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -162,4 +163,39 @@ func withBounds(buckets, extra []float64) []float64 {
 	}
 	slices.Sort(out)
 	return out
+}
+
+// trackingRegisterer remembers what was registered through it, so that a failed New can
+// unregister it all.
+type trackingRegisterer struct {
+	prometheus.Registerer
+	mu   sync.Mutex
+	done []prometheus.Collector
+}
+
+func (r *trackingRegisterer) Register(c prometheus.Collector) error {
+	if err := r.Registerer.Register(c); err != nil {
+		return err
+	}
+	r.mu.Lock()
+	r.done = append(r.done, c)
+	r.mu.Unlock()
+	return nil
+}
+
+func (r *trackingRegisterer) MustRegister(cs ...prometheus.Collector) {
+	for _, c := range cs {
+		if err := r.Register(c); err != nil {
+			panic(err)
+		}
+	}
+}
+
+func (r *trackingRegisterer) unregisterAll() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, c := range slices.Backward(r.done) {
+		r.Registerer.Unregister(c)
+	}
+	r.done = nil
 }
