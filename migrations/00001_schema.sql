@@ -57,7 +57,7 @@ CREATE TABLE region_share (
 );
 CREATE INDEX region_share_region_idx ON region_share (region);
 
--- One row per change of one region_share row, written by a trigger (migration 2).
+-- One row per change of one region_share row, written by a trigger (migration 00003_triggers).
 -- old_share is NULL for an insert, new_share NULL for a delete. region has no foreign key:
 -- history outlives the regions it mentions.
 CREATE TABLE region_share_history (
@@ -87,7 +87,7 @@ CREATE TABLE gateway_instance (
     CONSTRAINT gateway_instance_region_syntax CHECK (region ~ '^[A-Za-z0-9._-]{1,64}$')
 );
 
--- Who changed a rule, key or region, when and why (written by a trigger, migration 2).
+-- Who changed a rule, key or region, when and why (written by a trigger, migration 00003_triggers).
 CREATE TABLE audit_log (
     id         bigserial   PRIMARY KEY,
     at         timestamptz NOT NULL DEFAULT now(),
