@@ -132,6 +132,9 @@ type gatewayMemory struct {
 	rss, hwm      int64           // the gateway with every tenant and key
 	heap, baseHp  float64         // go_memstats_heap_inuse_bytes of each
 	ready         time.Duration   // process start to /readyz (includes the first load)
+	reload        time.Duration   // a rule change (NOTIFY) to the gateway's reloaded snapshot
+	rssReload     int64           // RSS after that reload
+	hwmReload     int64           // peak RSS through it
 }
 
 // gatewayMemory fills a PostgreSQL with 100k tenants (one rule each) and 1M API keys by
@@ -219,19 +222,59 @@ func (b *bench) gatewayMemory(ctx context.Context) error {
 		}
 		ready := time.Since(start)
 		rss, hwm, heap, err := gatewayFootprint(ctx, p, g.key)
+		if err == nil && g.big {
+			gm.rss, gm.hwm, gm.heap, gm.ready = rss, hwm, heap, ready
+			err = b.reloadFootprint(ctx, p, big, gm)
+		}
 		_ = p.proc.Stop()
 		if err != nil {
 			return err
 		}
-		if g.big {
-			gm.rss, gm.hwm, gm.heap, gm.ready = rss, hwm, heap, ready
-		} else {
+		if !g.big {
 			gm.baseRSS, gm.baseHp = rss, heap
 		}
 		b.logf("memory: %s RSS %.1f MB (peak %.1f MB), heap in use %.1f MB, ready in %s", g.name, float64(rss)/1e6, float64(hwm)/1e6, heap/1e6, ready.Round(time.Millisecond))
 	}
 	b.rep.gatewayMem = gm
 	return nil
+}
+
+// reloadFootprint changes one rule (NOTIFY), waits until the gateway has reloaded the
+// whole snapshot, and reads its RSS and peak RSS again: a reload holds the old and the
+// new snapshot at once.
+func (b *bench) reloadFootprint(ctx context.Context, p *gatewayProc, st *regions.Store, gm *gatewayMemory) error {
+	const gauge = "ratelimit_rules_last_reload_success_timestamp_seconds"
+	m, err := p.metrics(ctx)
+	if err != nil {
+		return err
+	}
+	loaded := m.sum(gauge)
+	start := time.Now()
+	rule := regions.Rule{Tenant: "t0000000", Route: benchRoute, Capacity: 11, RefillPerSecond: 1}
+	if err := st.SetRule(regions.WithAudit(ctx, "bench", "trigger a reload"), rule); err != nil {
+		return fmt.Errorf("memory: %w", err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if m, err = p.metrics(ctx); err != nil {
+			return err
+		}
+		if m.sum(gauge) != loaded {
+			break
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("memory: gateway %s did not reload within 30 s of a rule change", p.name)
+		}
+		time.Sleep(50 * time.Millisecond) // polling a real process for an eventual state
+	}
+	gm.reload = time.Since(start)
+	pid, err := p.pid()
+	if err != nil {
+		return err
+	}
+	gm.rssReload, gm.hwmReload, err = procStatus(pid)
+	b.logf("memory: rule change to reloaded snapshot in %s; RSS %.1f MB, peak %.1f MB", gm.reload.Round(time.Millisecond), float64(gm.rssReload)/1e6, float64(gm.hwmReload)/1e6)
+	return err
 }
 
 // gatewayFootprint checks that the gateway knows key (its last key: every key was

@@ -572,9 +572,11 @@ func (r *report) renderMemory(d *doc) {
 			{"gateway RSS, one tenant, one key", fmtMB(float64(gm.baseRSS))},
 			{fmt.Sprintf("gateway RSS, %s tenants, %s keys (peak RSS while loading)", fmtInt(float64(gm.tenants)), fmtInt(float64(gm.keys))),
 				fmt.Sprintf("%s (%s)", fmtMB(float64(gm.rss)), fmtMB(float64(gm.hwm)))},
+			{"the same after one reload (peak RSS through it)", fmt.Sprintf("%s (%s)", fmtMB(float64(gm.rssReload)), fmtMB(float64(gm.hwmReload)))},
 			{"Go heap in use, one tenant / all of them", fmt.Sprintf("%s / %s", fmtMB(gm.baseHp), fmtMB(gm.heap))},
 			{"RSS added per API key (keys dominate; rules are 1 in 10)", fmt.Sprintf("%.0f bytes", perKey)},
 			{"process start to ready (first snapshot loaded)", gm.ready.Round(time.Millisecond).String()},
+			{"a rule change to the gateway serving the reloaded snapshot (NOTIFY, full reload; polled every 50 ms)", gm.reload.Round(time.Millisecond).String()},
 			{fmt.Sprintf("`Store.LoadSnapshot` (reload), %s rules + %s keys, warm, %d loads", fmtInt(float64(gm.rules)), fmtInt(float64(gm.keys)), len(gm.loads)),
 				statOf(durations(gm.loads)).show(fmtSecs)},
 		})
