@@ -247,7 +247,11 @@ func (l *Redis) decideLease(ctx context.Context, r Request, cost int64, shards i
 		}
 	}
 	k.observe(now, cost)
-	for range 3 {
+	// Many requests may wait for one refill of a batch that serves only some of them;
+	// the others take their turn (refill, or wait for the next one), bounded by the
+	// timeout of a Redis call, and only then ask Redis themselves.
+	deadline := time.Now().Add(l.timeout)
+	for {
 		if k.held >= cost && now < k.expires {
 			k.held -= cost
 			d := k.decision(r.Limit, now, true)
@@ -278,12 +282,16 @@ func (l *Redis) decideLease(ctx context.Context, r Request, cost int64, shards i
 		if k.refilling {
 			w := k.wait
 			s.mu.Unlock()
-			if !l.waitRefill(ctx, w) {
+			if !waitRefill(ctx, w, deadline) {
 				return Decision{}, false
 			}
 			s.mu.Lock()
 			now = t.now().UnixNano()
 			continue
+		}
+		if time.Now().After(deadline) {
+			s.mu.Unlock()
+			return Decision{}, false
 		}
 		if !l.refillLocked(ctx, s, k, r.Limit, shards, b) {
 			s.mu.Unlock()
@@ -291,19 +299,21 @@ func (l *Redis) decideLease(ctx context.Context, r Request, cost int64, shards i
 		}
 		now = t.now().UnixNano()
 	}
-	s.mu.Unlock()
-	return Decision{}, false
 }
 
-// waitRefill waits for another request's lease call on the same key, at most the
-// limiter's timeout. It reports whether the call returned.
-func (l *Redis) waitRefill(ctx context.Context, w <-chan struct{}) bool {
+// waitRefill waits for another request's lease call on the same key, until deadline.
+// It reports whether the call returned.
+func waitRefill(ctx context.Context, w <-chan struct{}, deadline time.Time) bool {
 	select {
 	case <-w:
 		return true
 	default:
 	}
-	tm := time.NewTimer(l.timeout)
+	wait := time.Until(deadline)
+	if wait <= 0 {
+		return false
+	}
+	tm := time.NewTimer(wait)
 	defer tm.Stop()
 	select {
 	case <-w:

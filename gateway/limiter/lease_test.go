@@ -255,3 +255,22 @@ func TestNewRedisRejectsBadLeaseOptions(t *testing.T) {
 		}
 	}
 }
+
+// TestLeaseManyCallersOneInstance: 64 concurrent callers on one instance's leased key
+// share its batches: they take turns refilling rather than each asking Redis, so Redis
+// calls stay about one per batch admitted.
+func TestLeaseManyCallersOneInstance(t *testing.T) {
+	p := local.Redis(t)
+	rdb := newClient(t, p)
+	l := newTestRedis(t, rdb, Options{Timeout: time.Second, LeaseThreshold: 100})
+	// One instance: batch = 2% of 1000/s = 20.
+	r := Request{Tenant: "t", Route: "r", Limit: regions.Limit{Capacity: 1000, RefillPerSecond: 1000}}
+	untilSource(t, l, r, SourceLease, 500)
+	before := scriptCalls(t, rdb)
+	sources, allowed := decideConcurrently(t, l, 64, 500, func(int) Request { return r })
+	calls := scriptCalls(t, rdb) - before
+	t.Logf("64 x 500 decisions: %d allowed, %d Redis calls, sources %v", allowed, calls, sources)
+	if allowed == 0 || float64(calls) > float64(allowed)/15 {
+		t.Errorf("%d Redis calls for %d admitted, want about one per batch of 20 (at most 1/15)", calls, allowed)
+	}
+}
