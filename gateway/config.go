@@ -117,8 +117,12 @@ type Config struct {
 
 // RedisConfig is the region's Redis.
 type RedisConfig struct {
-	// URL is redis://host:port/db (or rediss://); empty means local limiting only.
+	// URL is redis://host:port/db (or rediss://); empty means local limiting only. With
+	// Cluster, redis://host1:port?addr=host2:port&addr=host3:port: seed nodes of a Redis
+	// Cluster (go-redis ParseClusterURL), database 0 only.
 	URL string `yaml:"url"`
+	// Cluster makes URL the seed nodes of a Redis Cluster instead of one server.
+	Cluster bool `yaml:"cluster"`
 	// Timeout bounds one decision's Redis call; past it the local fallback decides.
 	Timeout time.Duration `yaml:"timeout"`
 	// KeyPrefix starts every bucket key ("rl" gives rl:{tenant}:route).
@@ -393,6 +397,11 @@ func (c *Config) normalize() error {
 			return bad("redis.url", "%v", err)
 		}
 	}
+	if c.Redis.Cluster {
+		if err := checkClusterURL(c.Redis.URL); err != nil {
+			return bad("redis.cluster", "%v", err)
+		}
+	}
 	if t := c.Redis.TLS; t != (RedisTLSConfig{}) {
 		if !strings.HasPrefix(c.Redis.URL, "rediss://") {
 			return bad("redis.tls", "only used with a rediss:// redis.url")
@@ -647,6 +656,24 @@ func checkURL(raw string, schemes ...string) error {
 		}
 	}
 	return fmt.Errorf("scheme %q not supported (want %s)", u.Scheme, strings.Join(schemes, ", "))
+}
+
+// checkClusterURL: a Redis Cluster is reached over TCP and has only database 0.
+func checkClusterURL(raw string) error {
+	if raw == "" {
+		return errors.New("needs redis.url (the seed nodes)")
+	}
+	u, err := url.Parse(raw) // checkURL has accepted it
+	if err != nil {
+		return fmt.Errorf("not a URL: %s", redactedReason(err, raw))
+	}
+	if u.Scheme != "redis" && u.Scheme != "rediss" {
+		return fmt.Errorf("needs a redis:// or rediss:// redis.url, got %s://", u.Scheme)
+	}
+	if db := strings.Trim(u.Path, "/"); db != "" && db != "0" {
+		return errors.New("a Redis Cluster has only database 0: drop the /db from redis.url")
+	}
+	return nil
 }
 
 // checkDatabaseURL accepts what regions.Open accepts (pgx's parser: a postgres:// URL,

@@ -128,6 +128,7 @@ func TestBadConfigs(t *testing.T) {
 		"unauthenticated-limit-zero-refill": `unauthenticated_limit.refill_per_second: must be > 0, got 0`,
 		"max-header-bytes-too-small":        `max_header_bytes: must be between 4096 and 1048576, got 100`,
 		"redis-tls-without-rediss":          `redis.tls: only used with a rediss:// redis.url`,
+		"redis-cluster-database":            `redis.cluster: a Redis Cluster has only database 0: drop the /db from redis.url`,
 	}
 	files, err := filepath.Glob("testdata/bad/*.yaml")
 	if err != nil {

@@ -68,7 +68,7 @@ type Gateway struct {
 	fallback func() bool  // reports the Redis breaker not closed; nil without Redis
 	guard    *clientGuard // nil when unauthenticated_limit is disabled
 	trusted  trustedProxies
-	rdb      *redis.Client
+	rdb      redis.UniversalClient // *redis.Client, or *redis.ClusterClient with redis.cluster
 
 	handler   http.Handler
 	admin     http.Handler
@@ -195,21 +195,11 @@ func (g *Gateway) newLimiter() error {
 		g.lim = l
 		return nil
 	}
-	ro, err := redis.ParseURL(g.cfg.Redis.URL)
+	rdb, err := g.newRedisClient()
 	if err != nil {
-		return &ConfigError{File: g.cfg.file, Key: "redis.url", Reason: redactedReason(err, g.cfg.Redis.URL)}
+		return err
 	}
-	// The limiter bounds every call by its own timeout through the context; these keep a
-	// dead Redis from holding a connection attempt or a pool slot for long either.
-	ro.ContextTimeoutEnabled = true
-	ro.DialTimeout = max(10*g.cfg.Redis.Timeout, 100*time.Millisecond)
-	ro.MaxRetries = -1 // a retry would double the latency bound; the fallback answers instead
-	if ro.TLSConfig != nil {
-		if err := g.cfg.Redis.TLS.apply(ro.TLSConfig); err != nil {
-			return &ConfigError{File: g.cfg.file, Key: "redis.tls", Reason: err.Error()}
-		}
-	}
-	g.rdb = redis.NewClient(ro)
+	g.rdb = rdb
 	l, err := limiter.NewRedis(g.rdb, limiter.Options{
 		Region:            g.cfg.Region,
 		Timeout:           g.cfg.Redis.Timeout,
@@ -222,12 +212,52 @@ func (g *Gateway) newLimiter() error {
 		Logger:            g.log,
 	})
 	if err != nil {
-		_ = g.rdb.Close()
-		return fmt.Errorf("gateway %s: redis limiter: %w", g.cfg.Region, err)
+		return fmt.Errorf("gateway %s: redis limiter: %w", g.cfg.Region, err) // New closes g.rdb
 	}
 	g.lim = l
 	g.fallback = l.FallbackActive
 	return nil
+}
+
+// newRedisClient is the client of redis.url: one server, or a Redis Cluster's client with
+// redis.cluster. Either way a dead Redis must not hold a request past the decision
+// timeout: the limiter bounds every call by its own timeout through the context, and
+// these keep a connection attempt or a pool slot from lasting long either.
+func (g *Gateway) newRedisClient() (redis.UniversalClient, error) {
+	dial := max(10*g.cfg.Redis.Timeout, 100*time.Millisecond)
+	if g.cfg.Redis.Cluster {
+		co, err := redis.ParseClusterURL(g.cfg.Redis.URL)
+		if err != nil {
+			return nil, &ConfigError{File: g.cfg.file, Key: "redis.url", Reason: redactedReason(err, g.cfg.Redis.URL)}
+		}
+		co.ContextTimeoutEnabled = true
+		co.DialTimeout = dial
+		co.MaxRetries = -1 // a retry would double the latency bound; the fallback answers instead
+		if co.MaxRedirects == 0 {
+			// A MOVED or ASK answer costs a round trip within the decision timeout; after
+			// one the client reloads the slot map, so two is plenty.
+			co.MaxRedirects = 2
+		}
+		if co.TLSConfig != nil {
+			if err := g.cfg.Redis.TLS.apply(co.TLSConfig); err != nil {
+				return nil, &ConfigError{File: g.cfg.file, Key: "redis.tls", Reason: err.Error()}
+			}
+		}
+		return redis.NewClusterClient(co), nil
+	}
+	ro, err := redis.ParseURL(g.cfg.Redis.URL)
+	if err != nil {
+		return nil, &ConfigError{File: g.cfg.file, Key: "redis.url", Reason: redactedReason(err, g.cfg.Redis.URL)}
+	}
+	ro.ContextTimeoutEnabled = true
+	ro.DialTimeout = dial
+	ro.MaxRetries = -1 // a retry would double the latency bound; the fallback answers instead
+	if ro.TLSConfig != nil {
+		if err := g.cfg.Redis.TLS.apply(ro.TLSConfig); err != nil {
+			return nil, &ConfigError{File: g.cfg.file, Key: "redis.tls", Reason: err.Error()}
+		}
+	}
+	return redis.NewClient(ro), nil
 }
 
 // liveInstances is the fallback divisor: live gateways of this region, 0 when unknown.
