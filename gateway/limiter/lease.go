@@ -29,7 +29,7 @@ const (
 	// admitEvery: an untracked key starts being tracked on 1 in admitEvery of its
 	// decisions, so a stream of cold keys churns the table 1/admitEvery as much while a
 	// hot key enters within a few dozen decisions.
-	admitEvery = 8
+	admitEvery = 16
 	// evictSample: how many tracked keys a full table shard inspects to make room.
 	evictSample = 8
 )
@@ -138,13 +138,11 @@ func newLeaseTable(threshold, fraction float64, ttl time.Duration, maxKeys, maxS
 	return t
 }
 
+// key hashes (tenant, route) and picks its shard. Each id is hashed on its own (no copy
+// through a Hash's buffer) and the two are mixed; an entry also keeps its ids and a
+// lookup checks them, so two pairs whose hashes collide never share a lease.
 func (t *leaseTable) key(tenant, route string) (uint64, *leaseShard) {
-	var h maphash.Hash
-	h.SetSeed(t.seed)
-	h.WriteString(tenant)
-	h.WriteByte(0)
-	h.WriteString(route)
-	k := h.Sum64()
+	k := maphash.String(t.seed, tenant)*0x9e3779b97f4a7c15 ^ maphash.String(t.seed, route)
 	return k, &t.shards[k>>58]
 }
 
@@ -232,15 +230,19 @@ func (k *hotKey) decision(lim regions.Limit, now int64, allowed bool) Decision {
 // or a rule too small to lease): the caller decides with Redis.
 func (l *Redis) decideLease(ctx context.Context, r Request, cost int64, shards int) (d Decision, ok bool) {
 	t := l.leases
-	now := t.now().UnixNano()
 	h, s := t.key(r.Tenant, r.Route)
 	s.mu.Lock()
 	k := s.m[h]
+	if k != nil && (k.tenant != r.Tenant || k.route != r.Route) {
+		s.mu.Unlock() // a hash collision: the slot is another key's
+		return Decision{}, false
+	}
+	if k == nil && rand.Uint32N(admitEvery) != 0 {
+		s.mu.Unlock() // the clock is read only for tracked keys
+		return Decision{}, false
+	}
+	now := t.now().UnixNano()
 	if k == nil {
-		if rand.Uint32N(admitEvery) != 0 {
-			s.mu.Unlock()
-			return Decision{}, false
-		}
 		if k = t.insertLocked(s, h, r.Tenant, r.Route, now); k == nil {
 			s.mu.Unlock()
 			return Decision{}, false

@@ -45,7 +45,7 @@ func TestLeaseLifecycle(t *testing.T) {
 	r := Request{Tenant: "hot", Route: "r", Limit: regions.Limit{Capacity: 100_000, RefillPerSecond: 1000}}
 	calls0 := scriptCalls(t, rdb)
 	// The clock stands still: every decision is "now", so the key is hot at once; it
-	// is tracked after a sampled few (1 in 8).
+	// is tracked after a sampled few (1 in 16).
 	untilSource(t, l, r, SourceLease, 200)
 	plain := scriptCalls(t, rdb) - calls0
 	leases := l.Leases()
@@ -127,7 +127,7 @@ func TestLeaseEmptyBucketRejectsLocally(t *testing.T) {
 	rdb := newClient(t, p)
 	clock := newFakeClock()
 	// One instance, fraction 1: batch = refill 10/s x 1 s = 10. The capacity is large
-	// enough that the key is surely tracked (sampled 1 in 8) before the bucket is empty.
+	// enough that the key is surely tracked (sampled 1 in 16) before the bucket is empty.
 	l := newTestRedis(t, rdb, Options{Now: clock.Now, Timeout: time.Second, LeaseThreshold: 1, LeaseFraction: 1})
 	r := Request{Tenant: "t", Route: "r", Limit: regions.Limit{Capacity: 200, RefillPerSecond: 10}}
 	admitted, start := 0, time.Now()
@@ -272,5 +272,26 @@ func TestLeaseManyCallersOneInstance(t *testing.T) {
 	t.Logf("64 x 500 decisions: %d allowed, %d Redis calls, sources %v", allowed, calls, sources)
 	if allowed == 0 || float64(calls) > float64(allowed)/15 {
 		t.Errorf("%d Redis calls for %d admitted, want about one per batch of 20 (at most 1/15)", calls, allowed)
+	}
+}
+
+// BenchmarkLeaseTrackingColdKeys: what leases cost a decision on a key that is not hot
+// (the rate tracking in front of the Redis call), over 100,000 keys.
+func BenchmarkLeaseTrackingColdKeys(b *testing.B) {
+	p := local.Redis(b)
+	l := newTestRedis(b, newClient(b, p), Options{LeaseThreshold: 100})
+	reqs := make([]Request, 100_000)
+	for i := range reqs {
+		reqs[i] = Request{Tenant: fmt.Sprintf("tenant-%06d", i), Route: "r", Limit: regions.Limit{Capacity: 1000, RefillPerSecond: 1000}}
+	}
+	ctx := context.Background()
+	b.ReportAllocs()
+	b.ResetTimer()
+	i := 0
+	for b.Loop() {
+		if _, ok := l.decideLease(ctx, reqs[i%len(reqs)], 1, 1); ok {
+			b.Fatal("a cold key was leased")
+		}
+		i += 7919 // a prime stride: every key in turn, none twice in a row
 	}
 }

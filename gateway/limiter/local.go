@@ -163,15 +163,11 @@ func (l *Local) Sweep() int {
 	return n
 }
 
-// key hashes (tenant, route) and picks its shard. The 0 byte between the ids cannot
-// occur in an id, so ("ab", "c") and ("a", "bc") differ.
+// key hashes (tenant, route) and picks its shard. Each id is hashed on its own, with
+// the seed (no copy through a Hash's buffer), and the two hashes are mixed by an odd
+// multiplier, so ("ab", "c") and ("a", "bc"), or ("a", "b") and ("b", "a"), differ.
 func (l *Local) key(tenant, route string) (uint64, *shard) {
-	var h maphash.Hash
-	h.SetSeed(l.seed)
-	h.WriteString(tenant)
-	h.WriteByte(0)
-	h.WriteString(route)
-	k := h.Sum64()
+	k := maphash.String(l.seed, tenant)*0x9e3779b97f4a7c15 ^ maphash.String(l.seed, route)
 	return k, &l.shards[k>>58] // the top 6 bits pick one of 64 shards
 }
 
