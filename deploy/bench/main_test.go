@@ -39,7 +39,7 @@ func TestQuick(t *testing.T) {
 		"## 1. Gateway overhead", "(c) gateway + Redis", "Highest rate sustained",
 		"## 2. Decision engine and 3. peers", "Redis ceiling, redis-benchmark -P 16", "**ours, pipelined (the default)**",
 		"## 4. Memory", "`used_memory` delta per bucket", "gateway RSS, 1,000 tenants, 10,000 keys", "`Store.LoadSnapshot`", "heap per live bucket",
-		"## 5. Accuracy at scale", "| ours |", "| redis_rate |",
+		"## 5. Accuracy at scale", "| ours (5 ms timeout, the default) |", "| ours, 100 ms timeout |", "| redis_rate |",
 		"## 6. Profiles", "allocations per request",
 		"## Commands",
 	} {
