@@ -62,30 +62,34 @@ type LeaseInfo struct {
 // A key this instance is asked for at Threshold tokens per second or more is leased:
 // one Lease call takes up to a batch of tokens from the shared bucket, and decisions
 // spend them locally (Source "lease") until they run out or the lease expires (TTL).
-// When fewer than half are left, the decision that notices tops the lease up to the
-// batch after deciding, so other requests rarely wait for Redis. An instance never
-// holds more than a batch: batch <= Fraction x regional refill / instances, so the
-// region's worst-case over-admission, instances x batch, stays within Fraction of one
-// second's refill. The batch is also at most what the key uses in a TTL, and at most a
-// shard's capacity. Below 2 tokens, leasing would save nothing and the key is decided
-// by Redis as usual.
+// Then one request tops the lease up to the batch while the instance's other requests
+// for the key wait for it (at most the call timeout) and take their turn: one Redis call
+// per batch, not per request, however many requests are concurrent. (Topping up early,
+// at half a batch, was tried: under overload it asks for half batches and doubles the
+// calls per admitted request.)
 //
-// When a lease call finds the shared bucket (nearly) empty, the instance stops asking
-// for a while: its fair share of the refill (refill / instances) needs batch x
-// instances / refill seconds to make a batch, and until then its requests are rejected
-// locally (Source "lease", Allowed false) once its tokens are spent. So a hot key at
-// 20x its limit costs about one Redis call per batch of admitted requests, instead of
-// one per request, admitted or not.
+// An instance never holds more than a batch, and batch <= Fraction x regional refill /
+// instances, so the region's worst-case over-admission, instances x batch, stays within
+// Fraction of one second's refill. The batch is also at most what the key uses in a TTL
+// and at most a shard's capacity. Below 2 tokens leasing would save nothing, and the key
+// is decided by Redis as usual.
+//
+// When a lease call leaves the shared bucket holding less than a batch per instance,
+// the instance waits before asking again: (instances x batch - what the bucket holds) /
+// refill, the time the refill needs to make a batch for every instance (see backoff).
+// Meanwhile, once its tokens are spent, its requests are rejected locally (Source
+// "lease", Allowed false). So a hot key at 20x its limit costs about one Redis call per
+// batch admitted, instead of one per request, admitted or not.
 //
 // Expiry is lazy: held tokens are never spent after their TTL; the next decision on the
 // key renews the lease (keeping and topping them up) while the key is hot, or gives
-// them back (Return) when it has cooled, and from then on the key is decided by Redis.
-// A key that stops being asked for entirely keeps at most a batch out of the shared
-// bucket until its table entry is evicted: that is under-admission, never more
-// admission, and the bucket refills a batch in at most Fraction / instances seconds.
+// them back (Return) once it has cooled, and from then on Redis decides the key. A key
+// that is never asked for again keeps its held tokens (at most a batch) out of the
+// shared bucket: under-admission, never more admission, and the bucket refills a batch
+// in at most Fraction / instances seconds.
 //
 // The table is bounded (MaxLeaseKeys), sharded by a seeded hash of (tenant, route) like
-// Local, and evicts the coldest sampled keys to make room.
+// Local, and evicts the coldest of a few sampled keys to make room.
 type leaseTable struct {
 	threshold float64
 	fraction  float64
