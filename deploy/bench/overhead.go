@@ -106,7 +106,7 @@ func (b *bench) startOverhead(ctx context.Context) (_ *overhead, err error) {
 			gatewaySpec{name: "gw-local", upstream: upstream}},
 		{"c", "gateway + Redis", "gateway deciding every request on Redis (one EVALSHA, pipelined) with the defaults: 5 ms timeout, breaker opens for 1 s after 5 failures",
 			gatewaySpec{name: "gw-redis", upstream: upstream, redisURL: local.RedisURL(rd)}},
-		{"e", "gateway + Redis, 100 ms timeout", "the same with a 100 ms timeout: on this machine every decision then comes from Redis (no fallback), so (e) − (b) is the cost of deciding on Redis alone",
+		{"e", "gateway + Redis, 100 ms timeout", "the same with a 100 ms timeout, so that Redis decides unless a call stalls for 100 ms: (e) − (b) is the cost of deciding on Redis",
 			gatewaySpec{name: "gw-redis-100ms", upstream: upstream, redisURL: local.RedisURL(rd), timeout: 100 * time.Millisecond}},
 		{"d", "gateway, Redis down", "gateway whose Redis refuses connections: breaker open, the local 1/N fallback decides",
 			gatewaySpec{name: "gw-fallback", upstream: upstream, redisURL: local.RedisURL(dead)}},

@@ -160,7 +160,9 @@ func (r *report) headline(inReadme bool) string {
 	var rows [][]string
 	if ov := r.overhead; ov != nil {
 		if add, ok := ov.added("c", 2500, p99); ok {
-			rows = append(rows, []string{"p99 added by a gateway deciding on Redis, at 2,500 RPS", add.show(fmtSignedMs), "≤ 0.5 ms"})
+			add50, _ := ov.added("c", 2500, p50)
+			rows = append(rows, []string{"latency added by a gateway deciding on Redis (vs direct), 2,500 RPS: p50 / p99",
+				add50.show(fmtSignedMs) + " / " + add.show(fmtSignedMs), "p99 ≤ 0.5 ms"})
 		}
 		if c, bb := ov.maxStat("c"), ov.maxStat("b"); c.n > 0 && bb.n > 0 {
 			rows = append(rows, []string{"max RPS with p99 < 10 ms: gateway + Redis / gateway, local limiter",
@@ -192,14 +194,21 @@ func (r *report) headline(inReadme bool) string {
 				fmtPct(statOf(accField(runs, func(a accuracyRun) float64 { return a.meanErr })).med))
 		}
 		rows = append(rows, []string{fmt.Sprintf("accuracy, %d instances, %d tenants at %gx their limits: max / mean error vs the exact bound", a.instances, a.tenants, a.offered),
-			fmt.Sprintf("%s (5 ms timeout); %s (100 ms); redis_rate %s", errs("quotaplane"), errs("quotaplane-100ms"), errs("redis_rate")), "a few %"})
+			fmt.Sprintf("ours %s (5 ms timeout, the default), %s (100 ms); redis_rate %s", errs("quotaplane"), errs("quotaplane-100ms"), errs("redis_rate")), "a few %"})
 	}
 	d.table([]string{"measured by `make bench`", "median [min–max]", "target"}, rows)
 	if inReadme {
-		d.p("Shared 2-core machine, load generator on the same cores; machine, method and every table:")
-		d.p("[docs/BENCHMARKS.md](docs/BENCHMARKS.md).")
+		d.p("Measured %s on a shared 2-core machine (load average %s at the start, %s at the end)", r.start.UTC().Format("2006-01-02"), first(r.machine.loadStart), first(r.machine.loadEnd))
+		d.p("with the load generator on the same cores, so latency tails are the machine's; method,")
+		d.p("every table and what each target's verdict is: [docs/BENCHMARKS.md](docs/BENCHMARKS.md).")
 	}
 	return strings.TrimRight(d.String(), "\n")
+}
+
+// first is the 1-minute figure of a load average.
+func first(load string) string {
+	f, _, _ := strings.Cut(load, ",")
+	return f
 }
 
 func durations(ds []time.Duration) []float64 {
