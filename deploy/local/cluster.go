@@ -42,6 +42,8 @@ type ClusterOptions struct {
 type Cluster struct {
 	// Nodes are the masters; node i serves the i-th of equal ranges of the 16384 slots.
 	Nodes []*Process
+
+	busPorts []int // each node's cluster bus port
 }
 
 // Addrs are the host:port addresses of the nodes, for redis.ClusterOptions.Addrs or
@@ -104,9 +106,10 @@ func slotRange(i, n int) (first, last int) {
 	return first, last
 }
 
-// StartRedisCluster starts opts.Masters redis-server nodes with cluster mode on, assigns
-// each an equal range of slots (CLUSTER ADDSLOTSRANGE, or ADDSLOTS on servers without
-// it), joins them (CLUSTER MEET) and waits until every node reports cluster_state:ok.
+// StartRedisCluster starts opts.Masters redis-server nodes with cluster mode on (Redis 7
+// or later: each node's cluster bus port is chosen free and set with --cluster-port),
+// assigns each an equal range of slots (CLUSTER ADDSLOTSRANGE), joins them (CLUSTER
+// MEET) and waits until every node reports cluster_state:ok.
 // On error, the nodes already started are killed.
 func StartRedisCluster(ctx context.Context, opts ClusterOptions) (*Cluster, error) {
 	if opts.Masters == 0 {
@@ -139,16 +142,17 @@ func StartRedisCluster(ctx context.Context, opts ClusterOptions) (*Cluster, erro
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			return fail(err)
 		}
-		p, err := StartRedis(ctx, RedisOptions{Dir: dir, Args: append([]string{
+		p, bus, err := startClusterNode(ctx, dir, append([]string{
 			"--cluster-enabled", "yes",
 			"--cluster-config-file", filepath.Join(dir, "nodes.conf"),
 			"--cluster-node-timeout", strconv.FormatInt(opts.NodeTimeout.Milliseconds(), 10),
 			"--cluster-require-full-coverage", coverage,
-		}, opts.Args...)})
+		}, opts.Args...))
 		if err != nil {
 			return fail(fmt.Errorf("node %d: %w", i, err))
 		}
 		c.Nodes = append(c.Nodes, p)
+		c.busPorts = append(c.busPorts, bus)
 	}
 	for i, p := range c.Nodes {
 		first, last := c.SlotRange(i)
@@ -158,7 +162,7 @@ func StartRedisCluster(ctx context.Context, opts ClusterOptions) (*Cluster, erro
 	}
 	// Every node meets the first; gossip introduces the rest.
 	for i, p := range c.Nodes[1:] {
-		if err := clusterDo(ctx, p.Addr(), "cluster", "meet", c.Nodes[0].Host, c.Nodes[0].Port); err != nil {
+		if err := clusterDo(ctx, p.Addr(), "cluster", "meet", c.Nodes[0].Host, c.Nodes[0].Port, c.busPorts[0]); err != nil {
 			return fail(fmt.Errorf("node %d meets node 0: %w", i+1, err))
 		}
 	}
@@ -168,6 +172,28 @@ func StartRedisCluster(ctx context.Context, opts ClusterOptions) (*Cluster, erro
 		return fail(err)
 	}
 	return c, nil
+}
+
+// startClusterNode starts one node on a free port with a free cluster bus port of its
+// own (--cluster-port; by default Redis takes port+10000, which another process may
+// hold). A port taken between choosing it and binding it is retried with new ports.
+func startClusterNode(ctx context.Context, dir string, args []string) (*Process, int, error) {
+	var last error
+	for range 5 {
+		bus, err := FreePort()
+		if err != nil {
+			return nil, 0, err
+		}
+		p, err := StartRedis(ctx, RedisOptions{Dir: dir, Args: append([]string{"--cluster-port", strconv.Itoa(bus)}, args...)})
+		if err == nil {
+			return p, bus, nil
+		}
+		if !strings.Contains(err.Error(), "Address already in use") {
+			return nil, 0, err
+		}
+		last = err
+	}
+	return nil, 0, last
 }
 
 // RedisCluster starts a 3-master Redis Cluster for one test and kills it at cleanup.
@@ -183,15 +209,7 @@ func RedisCluster(t testing.TB) *Cluster {
 
 // addSlots assigns slots first..last to the node at addr.
 func addSlots(ctx context.Context, addr string, first, last int) error {
-	err := clusterDo(ctx, addr, "cluster", "addslotsrange", first, last)
-	if err == nil || !strings.Contains(strings.ToLower(err.Error()), "unknown subcommand") {
-		return err
-	}
-	args := []any{"cluster", "addslots"} // Redis before 7.0
-	for s := first; s <= last; s++ {
-		args = append(args, s)
-	}
-	return clusterDo(ctx, addr, args...)
+	return clusterDo(ctx, addr, "cluster", "addslotsrange", first, last)
 }
 
 // clusterDo runs one command on one node over a connection of its own.

@@ -191,11 +191,19 @@ func TestHotKeyAccuracy(t *testing.T) {
 			p := local.Redis(t)
 			rdb := newClient(t, p)
 			r := Request{Tenant: "hot", Route: "r", Limit: regions.Limit{Capacity: capacity, RefillPerSecond: refill}, Shards: shards}
-			run := driveHotKey(t, rdb, instances, 2, 25*refill, duration, r, Options{
+			opts := Options{
 				LeaseThreshold: 100,
 				LeaseFraction:  fraction,
 				Timeout:        time.Second, // this test is about leases, not timeouts
-			})
+			}
+			run := driveHotKey(t, rdb, instances, 2, 25*refill, duration, r, opts)
+			if offered := float64(run.decisions) / run.elapsed.Seconds(); offered < 20*refill {
+				// The box could not run the load (other jobs took the CPUs): the run
+				// says nothing about the limiter. Once more, on a fresh key.
+				t.Logf("offered only %.1fx the refill; running again", offered/refill)
+				r.Tenant = "hot2"
+				run = driveHotKey(t, rdb, instances, 2, 25*refill, duration, r, opts)
+			}
 			bound := float64(capacity) + refill*run.elapsed.Seconds()
 			exact := float64(exactAdmitted(r.Limit, run.arrivals))
 			offered := float64(run.decisions) / run.elapsed.Seconds()

@@ -233,9 +233,11 @@ func TestRedisPausedAnswersWithinTimeout(t *testing.T) {
 		bound = 50 * time.Millisecond // 5 ms timeout + generous noise on a loaded 2-core box
 		// A decision that calls Redis waits for a timer and a socket deadline; on a box
 		// with a load average of 10, under -race, one in a few runs is woken late. A few
-		// may pass bound, none may come near a second.
+		// may pass bound, none may reach a second.
 		lateAllowed = 2
-		hardBound   = 250 * time.Millisecond
+		// Without the timeout a call would wait for go-redis's ReadTimeout (3 s); a
+		// scheduler starved by other jobs has been seen to wake one decision 450 ms late.
+		hardBound = time.Second
 	)
 	p := local.Redis(t)
 	reg := prometheus.NewRegistry()
