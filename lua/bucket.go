@@ -53,10 +53,11 @@ type Result struct {
 	// Remaining is the number of whole tokens left in the bucket after this call.
 	Remaining int64
 	// RetryAfter is zero when Allowed; otherwise how long until the bucket holds the
-	// tokens asked for (for a lease: one token), rounded up to the millisecond.
+	// tokens asked for (for a lease: one token), rounded up to the millisecond and at
+	// most 2^40 ms (35 years, for rules that refill almost never).
 	RetryAfter time.Duration
 	// ResetAfter is how long until the bucket is full again if nothing more is taken,
-	// rounded up to the millisecond.
+	// rounded up to the millisecond, at most 2^40 ms.
 	ResetAfter time.Duration
 }
 

@@ -333,6 +333,49 @@ func TestFractionalRefillAccumulates(t *testing.T) {
 	}
 }
 
+// TestExtremeRulesDoNotOverflow: valid rules whose waits exceed what Redis can return as
+// an integer (past 2^63 it replies -2^63) get the waits capped at 2^40 ms (35 years),
+// never negative, from all three scripts.
+func TestExtremeRulesDoNotOverflow(t *testing.T) {
+	const capped = time.Duration(1<<40) * time.Millisecond
+	rdb := newRedis(t)
+	b := NewTokenBucket(rdb)
+	ctx := context.Background()
+	tests := []struct {
+		name     string
+		capacity int64
+		refill   float64
+	}{
+		{"largest capacity, slowest sane refill", MaxCapacity, 1e-9},
+		{"one token, refill 1e-300", 1, 1e-300},
+	}
+	for i, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			key := Keys{}.Bucket("x"+strconv.Itoa(i), "r")
+			r := mustTake(t, b, key, tt.capacity, tt.refill, tt.capacity) // drain it
+			if !r.Allowed || r.ResetAfter != capped {
+				t.Errorf("draining take: %+v, want allowed with ResetAfter capped at %v", r, capped)
+			}
+			// One token takes 1e12 ms at 1e-9/s (just under the cap), forever at 1e-300/s.
+			r = mustTake(t, b, key, tt.capacity, tt.refill, 1)
+			if r.Allowed || r.RetryAfter <= 0 || r.RetryAfter > capped || r.ResetAfter != capped {
+				t.Errorf("take from the drained bucket: %+v, want rejected, RetryAfter within (0, %v], ResetAfter %v", r, capped, capped)
+			}
+			n, r, err := b.Lease(ctx, key, tt.capacity, tt.refill, 5)
+			if err != nil || n != 0 || r.RetryAfter <= 0 || r.RetryAfter > capped || r.ResetAfter != capped {
+				t.Errorf("lease from the drained bucket: %d, %+v, %v; want 0 granted, waits within (0, %v]", n, r, err, capped)
+			}
+			if err := b.Return(ctx, key, tt.capacity, tt.refill, 0); err != nil {
+				t.Error(err)
+			}
+			cmd := returnScript.Run(ctx, rdb, []string{key}, tt.capacity, tt.refill, 1)
+			if v, err := cmd.Int64Slice(); err != nil || len(v) != 2 || v[1] < 0 || v[1] > int64(1<<40) {
+				t.Errorf("return reply %v, %v: want a reset within [0, 2^40] ms", v, err)
+			}
+		})
+	}
+}
+
 func TestInvalidArguments(t *testing.T) {
 	rdb := newRedis(t)
 	b := NewTokenBucket(rdb)

@@ -13,7 +13,7 @@
 -- Error: "QPINVALID <reason>" for bad arguments; nothing is read or written then.
 local EPS = 1e-9
 local MAX_CAPACITY = 1e15
-local MAX_TTL_MS = 2 ^ 40
+local MAX_TTL_MS = 2 ^ 40 -- also caps the replied waits: Redis turns a Lua number past 2^63 into -2^63
 
 local function finite(v)
   local n = tonumber(v)
@@ -58,7 +58,7 @@ if tokens + EPS >= capacity then
   return {capacity, 0}
 end
 
-local reset = math.ceil((capacity - tokens) * 1000 / refill - EPS)
+local reset = math.min(math.ceil((capacity - tokens) * 1000 / refill - EPS), MAX_TTL_MS)
 if reset < 0 then
   reset = 0
 end

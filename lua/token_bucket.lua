@@ -23,7 +23,7 @@
 -- is read as full, which it is by then, so expiry is exact and idle buckets cost nothing.
 local EPS = 1e-9
 local MAX_CAPACITY = 1e15
-local MAX_TTL_MS = 2 ^ 40
+local MAX_TTL_MS = 2 ^ 40 -- also caps the replied waits: Redis turns a Lua number past 2^63 into -2^63
 
 local function finite(v)
   local n = tonumber(v)
@@ -76,9 +76,9 @@ end
 
 local retry_after = 0
 if allowed == 0 then
-  retry_after = math.ceil((cost - tokens) * 1000 / refill - EPS)
+  retry_after = math.min(math.ceil((cost - tokens) * 1000 / refill - EPS), MAX_TTL_MS)
 end
-local reset = math.ceil((capacity - tokens) * 1000 / refill - EPS)
+local reset = math.min(math.ceil((capacity - tokens) * 1000 / refill - EPS), MAX_TTL_MS)
 if reset < 0 then
   reset = 0
 end
