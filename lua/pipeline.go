@@ -37,6 +37,12 @@ func (s Script) script() (*redis.Script, string) {
 	}
 }
 
+// Source is the script's text, the argument of EVAL and SCRIPT LOAD.
+func (s Script) Source() string {
+	_, src := s.script()
+	return src
+}
+
 // Sha is the SHA1 of the script's text, the argument of EVALSHA.
 func (s Script) Sha() string {
 	sc, _ := s.script()

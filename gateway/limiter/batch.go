@@ -3,6 +3,7 @@ package limiter
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"sync"
@@ -48,7 +49,8 @@ type pipeliner interface {
 // fallback, as without the batcher; a call abandoned while still queued is not sent.
 type batcher struct {
 	rdb         pipeliner
-	tb          *lua.TokenBucket
+	direct      func(ctx context.Context, op lua.Script, key string, lim regions.Limit, n int64) (answer, error)
+	noScript    func() // Redis has lost the scripts: reload them out of band
 	timeout     time.Duration
 	maxBatch    int
 	maxInFlight int
@@ -87,9 +89,10 @@ var callPool = sync.Pool{New: func() any {
 	return &call{done: make(chan struct{}, 1), timer: t}
 }}
 
-func newBatcher(rdb pipeliner, tb *lua.TokenBucket, timeout time.Duration, maxBatch, maxInFlight int, m *redisMetrics) *batcher {
+func newBatcher(l *Redis, rdb pipeliner, maxBatch, maxInFlight int) *batcher {
 	return &batcher{
-		rdb: rdb, tb: tb, timeout: timeout, maxBatch: maxBatch, maxInFlight: maxInFlight, m: m,
+		rdb: rdb, direct: l.direct, noScript: l.reloadScripts, timeout: l.timeout,
+		maxBatch: maxBatch, maxInFlight: maxInFlight, m: l.m,
 		queue: make([]*call, 0, maxBatch),
 	}
 }
@@ -108,7 +111,7 @@ func (b *batcher) do(ctx context.Context, op lua.Script, key string, lim regions
 	if b.inflight < b.maxInFlight { // the queue is empty: go now, alone
 		b.inflight++
 		b.mu.Unlock()
-		a, err := direct(ctx, b.tb, b.timeout, op, key, lim, n)
+		a, err := b.direct(ctx, op, key, lim, n)
 		b.mu.Lock()
 		b.releaseLocked()
 		b.mu.Unlock()
@@ -195,8 +198,10 @@ func (b *batcher) send(batch []*call) {
 	}
 }
 
-// exec runs the calls of batch that are still wanted in one pipeline (and the ones
-// that failed with NOSCRIPT again as EVAL, which reloads the script), then answers them.
+// exec runs the calls of batch that are still wanted in one pipeline, then answers
+// them. Calls that failed with NOSCRIPT (Redis restarted or flushed its scripts) go
+// again as EVAL in one more round trip, if the timeout leaves time for it, and the
+// scripts are reloaded out of band, so later calls find them even when this one cannot.
 func (b *batcher) exec(batch []*call, cmds []*redis.Cmd) []*redis.Cmd {
 	ctx, cancel := context.WithTimeout(context.Background(), b.timeout)
 	defer cancel()
@@ -228,7 +233,7 @@ func (b *batcher) exec(batch []*call, cmds []*redis.Cmd) []*redis.Cmd {
 		}
 	}
 	if retry {
-		b.m.noscript.Inc()
+		b.noScript()
 		_, _ = pipe.Exec(ctx)
 	}
 
@@ -255,21 +260,31 @@ func (b *batcher) exec(batch []*call, cmds []*redis.Cmd) []*redis.Cmd {
 	return cmds
 }
 
-// direct runs one call as a plain EVALSHA bounded by timeout, on the caller's context.
-func direct(ctx context.Context, tb *lua.TokenBucket, timeout time.Duration, op lua.Script, key string, lim regions.Limit, n int64) (answer, error) {
-	cctx, cancel := context.WithTimeout(ctx, timeout)
+// direct runs one call as a plain EVALSHA bounded by the timeout, on the caller's
+// context. After NOSCRIPT it reloads the scripts out of band and retries with EVAL in
+// what is left of the timeout.
+func (l *Redis) direct(ctx context.Context, op lua.Script, key string, lim regions.Limit, n int64) (answer, error) {
+	cctx, cancel := context.WithTimeout(ctx, l.timeout)
 	defer cancel()
+	keys := []string{key}
+	cmd := l.rdb.EvalSha(cctx, op.Sha(), keys, lim.Capacity, lim.RefillPerSecond, n)
+	if lua.IsNoScript(cmd.Err()) {
+		l.reloadScripts()
+		cmd = l.rdb.Eval(cctx, op.Source(), keys, lim.Capacity, lim.RefillPerSecond, n)
+	}
 	var (
 		a   answer
 		err error
 	)
 	switch op {
 	case lua.ScriptLease:
-		a.granted, a.res, err = tb.Lease(cctx, key, lim.Capacity, lim.RefillPerSecond, n)
+		a.granted, a.res, err = lua.LeaseReply(cmd)
 	case lua.ScriptReturn:
-		err = tb.Return(cctx, key, lim.Capacity, lim.RefillPerSecond, n)
+		if err = cmd.Err(); err != nil {
+			err = fmt.Errorf("token bucket return %s: %w", key, err)
+		}
 	default:
-		a.res, err = tb.Take(cctx, key, lim.Capacity, lim.RefillPerSecond, n)
+		a.res, err = lua.TakeReply(cmd)
 		if err == nil && a.res.Allowed {
 			a.granted = n
 		}

@@ -3,6 +3,7 @@ package limiter
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -217,5 +218,44 @@ func TestPipelinedCallerGone(t *testing.T) {
 	}
 	if err := <-first; err != nil {
 		t.Errorf("first call: %v", err)
+	}
+}
+
+// TestNoScriptReloadsAllScripts: after Redis lost its scripts, the first decision that
+// meets NOSCRIPT (alone, or in a pipeline) answers through EVAL and has all three
+// scripts loaded again out of band, so a call that cannot fit an EVAL into its timeout
+// (a slow or starved Redis) does not fail the same way forever.
+func TestNoScriptReloadsAllScripts(t *testing.T) {
+	for _, pipelining := range []bool{false, true} {
+		t.Run(fmt.Sprintf("pipelining=%v", pipelining), func(t *testing.T) {
+			p := local.Redis(t)
+			rdb := newClient(t, p)
+			reg := prometheus.NewRegistry()
+			l := newTestRedis(t, rdb, Options{Region: "test", Registerer: reg, Timeout: time.Second, NoPipelining: !pipelining})
+			ctx := context.Background()
+			if err := l.Load(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if err := rdb.ScriptFlush(ctx).Err(); err != nil {
+				t.Fatal(err)
+			}
+			r := Request{Tenant: "t", Route: "r", Limit: regions.Limit{Capacity: 100, RefillPerSecond: 1}}
+			if pipelining {
+				// Enough concurrent callers that some calls go in pipelines.
+				if sources, _ := decideConcurrently(t, l, 32, 4, func(int) Request { return r }); sources[SourceRedis] != 128 {
+					t.Fatalf("sources %v, want 128 redis decisions", sources)
+				}
+			} else if d := mustDecide(t, l, r); d.Source != SourceRedis || !d.Allowed {
+				t.Fatalf("first decision after SCRIPT FLUSH: %+v, want allowed by redis", d)
+			}
+			shas := []string{lua.ScriptTake.Sha(), lua.ScriptLease.Sha(), lua.ScriptReturn.Sha()}
+			pollUntil(t, 5*time.Second, "all three scripts back in Redis", func() bool {
+				ok, err := rdb.ScriptExists(ctx, shas...).Result()
+				return err == nil && ok[0] && ok[1] && ok[2]
+			})
+			if v := metricValue(t, reg, "ratelimit_redis_noscript_reloads_total", nil); v < 1 {
+				t.Errorf("ratelimit_redis_noscript_reloads_total = %v, want >= 1", v)
+			}
+		})
 	}
 }

@@ -11,7 +11,8 @@
 // then comes from the fallback (Source "fallback").
 //
 // There is no long-lived goroutine and so no Run: lease expiry is lazy (checked on the
-// key's next decision), and the batcher's senders exit when its queue is empty.
+// key's next decision), the batcher's senders exit when its queue is empty, and the
+// script reload after a NOSCRIPT is one goroutine under a deadline.
 //
 // It imports lua (scripts and keys) and regions (Limit, Scale). It must not import
 // gateway, rebalancer or cmd, and knows nothing of HTTP, API keys or shares.

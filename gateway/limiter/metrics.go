@@ -123,7 +123,7 @@ func newRedisMetrics() *redisMetrics {
 	})
 	m.noscript = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "ratelimit_redis_noscript_reloads_total",
-		Help: "Pipelines retried with EVAL because Redis had lost the scripts (NOSCRIPT: a restart or SCRIPT FLUSH).",
+		Help: "Out-of-band reloads of the bucket scripts after Redis answered NOSCRIPT (it restarted or flushed its scripts); the calls that saw it were retried with EVAL.",
 	})
 	m.shardRetries = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "ratelimit_shard_retries_total",

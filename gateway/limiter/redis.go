@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -97,8 +98,10 @@ type Options struct {
 // over sub-buckets; hot keys may be leased (Options.LeaseThreshold).
 //
 // It is safe for concurrent use. It has no goroutine of its own: the pipelining starts
-// short-lived ones that send queued calls and exit when the queue is empty.
+// short-lived ones that send queued calls and exit when the queue is empty, and a
+// NOSCRIPT reply starts one that reloads the scripts under a deadline.
 type Redis struct {
+	rdb       redis.Scripter
 	tb        *lua.TokenBucket
 	batch     *batcher    // nil with NoPipelining
 	leases    *leaseTable // nil with leases off
@@ -110,6 +113,7 @@ type Redis struct {
 	expected  int
 	m         *redisMetrics
 	log       *slog.Logger
+	loading   atomic.Bool // a reloadScripts is running
 }
 
 // errCallerGone marks a call abandoned because the caller's context ended: it says
@@ -186,6 +190,7 @@ func NewRedis(rdb redis.Scripter, opts Options) (*Redis, error) {
 		opts.MaxLeaseSeries = DefaultMaxLeaseSeries
 	}
 	l := &Redis{
+		rdb:       rdb,
 		tb:        lua.NewTokenBucket(rdb),
 		keys:      lua.Keys{Prefix: opts.KeyPrefix},
 		timeout:   opts.Timeout,
@@ -206,7 +211,7 @@ func NewRedis(rdb redis.Scripter, opts Options) (*Redis, error) {
 		OnStateChange: func(_ string, from, to gobreaker.State) { l.stateChanged(from, to) },
 	})
 	if p, ok := rdb.(pipeliner); ok && !opts.NoPipelining {
-		l.batch = newBatcher(p, l.tb, l.timeout, opts.PipelineBatch, opts.PipelineInFlight, l.m)
+		l.batch = newBatcher(l, p, opts.PipelineBatch, opts.PipelineInFlight)
 	}
 	if opts.LeaseThreshold > 0 {
 		l.leases = newLeaseTable(opts.LeaseThreshold, opts.LeaseFraction, opts.LeaseTTL, opts.MaxLeaseKeys, opts.MaxLeaseSeries, opts.Now)
@@ -312,7 +317,7 @@ func (l *Redis) call(ctx context.Context, op lua.Script, key string, lim regions
 	if l.batch != nil && op != lua.ScriptReturn {
 		a, err = l.batch.do(ctx, op, key, lim, n)
 	} else {
-		a, err = direct(ctx, l.tb, l.timeout, op, key, lim, n)
+		a, err = l.direct(ctx, op, key, lim, n)
 	}
 	switch {
 	case err == nil:
@@ -335,6 +340,31 @@ func (l *Redis) call(ctx context.Context, op lua.Script, key string, lim regions
 	l.log.Debug("redis call failed; using fallback", "key", key, "err", err)
 	return answer{}, false, nil
 }
+
+// reloadScripts loads the bucket scripts into Redis again after a call found them
+// missing (NOSCRIPT: Redis restarted, or SCRIPT FLUSH), on a goroutine of its own under
+// a deadline of its own (scriptLoadTimeout), one load at a time. The call that found
+// them missing retries with EVAL within its own timeout, but on a slow Redis that retry
+// may never fit; without the load, every later call would fail the same way.
+func (l *Redis) reloadScripts() {
+	if !l.loading.CompareAndSwap(false, true) {
+		return
+	}
+	l.m.noscript.Inc()
+	go func() {
+		defer l.loading.Store(false)
+		ctx, cancel := context.WithTimeout(context.Background(), max(scriptLoadTimeout, 10*l.timeout))
+		defer cancel()
+		if err := l.tb.Load(ctx); err != nil {
+			l.log.Warn("redis had lost the bucket scripts; reloading them failed", "err", err)
+			return
+		}
+		l.log.Info("redis had lost the bucket scripts; reloaded them")
+	}()
+}
+
+// scriptLoadTimeout bounds an out-of-band SCRIPT LOAD (at least 10 x the call timeout).
+const scriptLoadTimeout = time.Second
 
 // Load loads the bucket scripts into Redis, which also opens a connection, under the
 // caller's deadline rather than Options.Timeout. Call it at startup (and it serves as a
