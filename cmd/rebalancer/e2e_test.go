@@ -357,8 +357,12 @@ routes:
 	}
 	const window = 10 * time.Second
 	time.Sleep(window)
-	if now := pairShares(); now["us-east"] != got["us-east"] {
+	// A move of a few thousandths (a later run refining the split) changes the expected
+	// admissions by less than the bounds below allow; a real move invalidates the window.
+	if now := pairShares(); math.Abs(now["us-east"]-got["us-east"]) > 0.01 {
 		t.Fatalf("shares moved during the measurement: %v -> %v", got, now)
+	} else if now["us-east"] != got["us-east"] {
+		t.Logf("shares refined during the measurement: %v -> %v", got, now)
 	}
 	for _, r := range regs {
 		admitted := float64(drv.ok[r].Load() - before[r])
