@@ -36,6 +36,9 @@ func TestRunStopsCleanly(t *testing.T) {
 	cfg.AdminListen = fmt.Sprintf("127.0.0.1:%d", ap)
 	cfg.HeartbeatInterval = 100 * time.Millisecond
 	cfg.Metrics.TenantInterval = 50 * time.Millisecond
+	// This test is about the lifecycle: a generous timeout keeps a CPU-starved CI box's
+	// stalls from sending the article's third request to the fallback bucket.
+	cfg.Redis.Timeout = 250 * time.Millisecond
 	g, err := New(cfg, Options{Registerer: prometheus.NewRegistry()})
 	if err != nil {
 		t.Fatal(err)
