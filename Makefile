@@ -52,9 +52,9 @@ fuzz: deps
 	$(GO) test -run '^$$' -fuzz '^FuzzParseTrace$$' -fuzztime 10s ./rebalancer/sim/
 	$(GO) test -run '^$$' -fuzz '^FuzzAllocate$$' -fuzztime 20s ./rebalancer/
 
-## bench: benchmarks against real servers; results go to docs/BENCHMARKS.md.
+## bench: the benchmark suite (about 12 min); rewrites docs/BENCHMARKS.md and the README headline.
 bench: deps
-	$(GO) test -run '^$$' -bench . -benchmem -count 1 ./...
+	$(GO) run ./deploy/bench -runs 3
 
 ## demo: the local two-region stack (see README); DURATION=60s runs unattended.
 demo: deps
