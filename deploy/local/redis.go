@@ -60,6 +60,11 @@ func redisPing(ctx context.Context, addr string) error {
 	if err != nil {
 		return err
 	}
+	return pingConn(ctx, conn)
+}
+
+// pingConn sends PING on an open connection (plain or TLS), expects +PONG, and closes it.
+func pingConn(ctx context.Context, conn net.Conn) error {
 	defer conn.Close()
 	if dl, ok := ctx.Deadline(); ok {
 		_ = conn.SetDeadline(dl)

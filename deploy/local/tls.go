@@ -1,7 +1,6 @@
 package local
 
 import (
-	"bufio"
 	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
@@ -17,7 +16,6 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 )
@@ -165,21 +163,7 @@ func redisTLSPing(ctx context.Context, addr string, cfg *tls.Config) error {
 	if err != nil {
 		return err
 	}
-	defer conn.Close()
-	if dl, ok := ctx.Deadline(); ok {
-		_ = conn.SetDeadline(dl)
-	}
-	if _, err := conn.Write([]byte("PING\r\n")); err != nil {
-		return err
-	}
-	line, err := bufio.NewReader(conn).ReadString('\n')
-	if err != nil {
-		return err
-	}
-	if !strings.HasPrefix(line, "+PONG") {
-		return fmt.Errorf("%w: redis answered %q", errNotReady, strings.TrimSpace(line))
-	}
-	return nil
+	return pingConn(ctx, conn)
 }
 
 // StartPostgresTLS starts PostgreSQL with ssl=on and the certificate of files. Plain
