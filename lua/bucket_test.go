@@ -444,8 +444,17 @@ func TestInvalidArguments(t *testing.T) {
 			{"lease", leaseScript, []any{"10", "1", "0"}},
 			{"return", returnScript, nil},
 		}
+		badDebt := [][]any{{"10", "1", "1", "-1"}, {"10", "1", "1", "11"}, {"10", "1", "1", "0.5"}, {"10", "1", "1", "x"}}
 		for _, s := range scripts {
 			cases := tests
+			if s.name != "return" {
+				for _, args := range badDebt {
+					cases = append(cases[:len(cases):len(cases)], struct {
+						name string
+						args []any
+					}{"debt " + fmt.Sprint(args[3]), args})
+				}
+			}
 			if s.bad != nil {
 				cases = append(cases[:len(cases):len(cases)], struct {
 					name string
@@ -531,6 +540,62 @@ func TestLeaseAndReturn(t *testing.T) {
 	}
 	if r := mustTake(t, b, other, capacity, refill, 1); r.Remaining != capacity-1 {
 		t.Errorf("after over-return: %+v, want remaining %d", r, capacity-1)
+	}
+}
+
+// TestDebt: the debt argument of take and lease charges tokens admitted without the
+// bucket (a gateway's fallback) before deciding, and may leave the bucket below empty,
+// never below -capacity; it then refuses until it has refilled past the debt, and a
+// return does not wipe the debt out.
+func TestDebt(t *testing.T) {
+	rdb := newRedis(t)
+	ctx := context.Background()
+	key := Keys{}.Bucket("debt", "r")
+	const capacity, refill = 10, 0.001 // slow: the test's own time adds thousandths of a token
+	take := func(cost, debt int64) Result {
+		t.Helper()
+		r, err := TakeReply(takeScript.Run(ctx, rdb, []string{key}, capacity, refill, cost, debt))
+		if err != nil {
+			t.Fatalf("take cost %d debt %d: %v", cost, debt, err)
+		}
+		return r
+	}
+	if r := take(1, 4); !r.Allowed || r.Remaining != 5 {
+		t.Errorf("full bucket, debt 4, take 1: %+v, want allowed with 5 remaining", r)
+	}
+	r := take(1, 10)
+	if r.Allowed || r.Remaining != 0 {
+		t.Errorf("5 tokens, debt 10, take 1: %+v, want refused with 0 remaining", r)
+	}
+	if got := storedTokens(t, rdb, key); got < -5 || got > -4.99 {
+		t.Errorf("stored tokens %v after a refused take with debt, want -5 (the debt is written)", got)
+	}
+	if want := 6000 * time.Second; r.RetryAfter != want { // 6 tokens at 0.001/s
+		t.Errorf("RetryAfter in debt = %v, want %v", r.RetryAfter, want)
+	}
+	take(1, 10)
+	if got := storedTokens(t, rdb, key); got != -capacity {
+		t.Errorf("stored tokens %v after more debt, want %d: at most one bucket of debt", got, -capacity)
+	}
+	if g, res, err := LeaseReply(leaseScript.Run(ctx, rdb, []string{key}, capacity, refill, 3)); err != nil || g != 0 || res.Remaining != 0 {
+		t.Errorf("lease in debt: granted %d, %+v, %v; want nothing", g, res, err)
+	}
+	b := NewTokenBucket(rdb)
+	if err := b.Return(ctx, key, capacity, refill, 4); err != nil {
+		t.Fatal(err)
+	}
+	if got := storedTokens(t, rdb, key); got < -6 || got > -5.99 {
+		t.Errorf("stored tokens %v after returning 4 in debt, want -6", got)
+	}
+	shiftTS(t, rdb, key, 7000*time.Second) // 7 tokens of refill
+	if r := take(1, 0); !r.Allowed || r.Remaining != 0 {
+		t.Errorf("after refilling past the debt: %+v, want allowed with 0 remaining", r)
+	}
+
+	other := Keys{}.Bucket("debt", "lease")
+	g, res, err := LeaseReply(leaseScript.Run(ctx, rdb, []string{other}, capacity, refill, 5, 3))
+	if err != nil || g != 5 || res.Remaining != 2 {
+		t.Errorf("lease 5 with debt 3 on a full bucket: granted %d, %+v, %v; want 5 granted, 2 remaining", g, res, err)
 	}
 }
 

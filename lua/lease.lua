@@ -7,10 +7,12 @@
 -- ARGV[2]  refill per second; > 0, may be fractional
 -- ARGV[3]  want: the most tokens to take; an integer >= 1 (more than capacity is allowed
 --          and simply cannot all be granted)
+-- ARGV[4]  debt (optional, default 0): charged first, as in token_bucket.lua; an
+--          integer, 0 <= debt <= capacity
 --
 -- Reply (integers): {granted, remaining, retry_after_ms, reset_ms}
---   granted         min(want, floor(tokens)): what the caller may now spend
---   remaining       whole tokens left after this call (floor)
+--   granted         min(want, floor(tokens)), 0 in debt: what the caller may now spend
+--   remaining       whole tokens left after this call (floor; 0 while in debt)
 --   retry_after_ms  0 when granted > 0, else ms (rounded up) until one token exists
 --   reset_ms        ms (rounded up) until the bucket is full again
 -- Error: "QPINVALID <reason>" for bad arguments; nothing is read or written then.
@@ -38,6 +40,13 @@ local want = finite(ARGV[3])
 if want == nil or want < 1 or want ~= math.floor(want) then
   return redis.error_reply('QPINVALID want must be an integer >= 1, got ' .. tostring(ARGV[3]))
 end
+local debt = 0
+if ARGV[4] ~= nil then
+  debt = finite(ARGV[4])
+  if debt == nil or debt < 0 or debt > capacity or debt ~= math.floor(debt) then
+    return redis.error_reply('QPINVALID debt must be an integer between 0 and capacity, got ' .. tostring(ARGV[4]))
+  end
+end
 
 local key = KEYS[1]
 local t = redis.call('TIME')
@@ -54,11 +63,12 @@ end
 if tokens > capacity then
   tokens = capacity
 end
-if tokens < 0 then
-  tokens = 0
+tokens = tokens - debt
+if tokens < -capacity then
+  tokens = -capacity
 end
 
-local granted = math.min(want, math.floor(tokens + EPS))
+local granted = math.max(0, math.min(want, math.floor(tokens + EPS)))
 local retry_after = 0
 if granted > 0 then
   tokens = tokens - granted
@@ -73,10 +83,10 @@ if reset < 0 then
   reset = 0
 end
 
-if granted > 0 then
+if granted > 0 or debt > 0 then
   local ttl = math.min(math.max(2 * reset, 1000), MAX_TTL_MS)
   redis.call('HSET', key, 'tokens', tokens, 'ts', string.format('%d', ts))
   redis.call('PEXPIRE', key, string.format('%d', ttl))
 end
 
-return {granted, math.floor(tokens + EPS), retry_after, reset}
+return {granted, math.max(0, math.floor(tokens + EPS)), retry_after, reset}

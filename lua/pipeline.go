@@ -49,17 +49,24 @@ func (s Script) Sha() string {
 	return sc.Hash()
 }
 
-// EvalShaCmd builds "EVALSHA sha 1 key capacity refill n" (n is cost, want or the tokens
-// returned) without running it.
-func (s Script) EvalShaCmd(ctx context.Context, key string, capacity int64, refill float64, n int64) *redis.Cmd {
+// EvalShaCmd builds "EVALSHA sha 1 key capacity refill n [debt]" (n is cost, want or the
+// tokens returned; debt, for Take and Lease, the tokens to charge first, left out when 0)
+// without running it.
+func (s Script) EvalShaCmd(ctx context.Context, key string, capacity int64, refill float64, n, debt int64) *redis.Cmd {
+	if debt != 0 {
+		return redis.NewCmd(ctx, "evalsha", s.Sha(), 1, key, capacity, refill, n, debt)
+	}
 	return redis.NewCmd(ctx, "evalsha", s.Sha(), 1, key, capacity, refill, n)
 }
 
 // EvalCmd builds the same call as EVAL with the whole script text. Running it also
 // loads the script into that server's cache, so it is the retry of an EvalShaCmd that
 // failed with NOSCRIPT (a restarted or flushed server, a new cluster node).
-func (s Script) EvalCmd(ctx context.Context, key string, capacity int64, refill float64, n int64) *redis.Cmd {
+func (s Script) EvalCmd(ctx context.Context, key string, capacity int64, refill float64, n, debt int64) *redis.Cmd {
 	_, src := s.script()
+	if debt != 0 {
+		return redis.NewCmd(ctx, "eval", src, 1, key, capacity, refill, n, debt)
+	}
 	return redis.NewCmd(ctx, "eval", src, 1, key, capacity, refill, n)
 }
 

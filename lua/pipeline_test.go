@@ -27,9 +27,9 @@ func TestPipelineCommands(t *testing.T) {
 		_ = pipe.BatchProcess(ctx, cmds...)
 		_, _ = pipe.Exec(ctx) // the error of the first failed command; each is read below
 	}
-	take := ScriptTake.EvalShaCmd(ctx, k1, 5, 0.001, 2)
-	lease := ScriptLease.EvalShaCmd(ctx, k2, 10, 0.001, 7)
-	bad := ScriptTake.EvalShaCmd(ctx, k1, 5, 0.001, 6) // cost above capacity
+	take := ScriptTake.EvalShaCmd(ctx, k1, 5, 0.001, 2, 0)
+	lease := ScriptLease.EvalShaCmd(ctx, k2, 10, 0.001, 7, 0)
+	bad := ScriptTake.EvalShaCmd(ctx, k1, 5, 0.001, 6, 0) // cost above capacity
 	exec(take, lease, bad)
 	if r, err := TakeReply(take); err != nil || !r.Allowed || r.Remaining != 3 {
 		t.Errorf("take: %+v, %v; want allowed with 3 remaining", r, err)
@@ -44,17 +44,17 @@ func TestPipelineCommands(t *testing.T) {
 	if err := rdb.ScriptFlush(ctx).Err(); err != nil {
 		t.Fatal(err)
 	}
-	take = ScriptTake.EvalShaCmd(ctx, k1, 5, 0.001, 1)
+	take = ScriptTake.EvalShaCmd(ctx, k1, 5, 0.001, 1, 0)
 	exec(take)
 	if _, err := TakeReply(take); !IsNoScript(take.Err()) || err == nil {
 		t.Fatalf("after SCRIPT FLUSH: %v, want NOSCRIPT", take.Err())
 	}
-	take = ScriptTake.EvalCmd(ctx, k1, 5, 0.001, 1)
+	take = ScriptTake.EvalCmd(ctx, k1, 5, 0.001, 1, 0)
 	exec(take)
 	if r, err := TakeReply(take); err != nil || r.Remaining != 2 {
 		t.Errorf("EVAL retry: %+v, %v; want allowed with 2 remaining", r, err)
 	}
-	take = ScriptTake.EvalShaCmd(ctx, k1, 5, 0.001, 1)
+	take = ScriptTake.EvalShaCmd(ctx, k1, 5, 0.001, 1, 0)
 	exec(take)
 	if r, err := TakeReply(take); err != nil || r.Remaining != 1 {
 		t.Errorf("EVALSHA after the EVAL: %+v, %v; want allowed with 1 remaining", r, err)

@@ -7,7 +7,7 @@
 -- ARGV[2]  refill per second; > 0, may be fractional
 -- ARGV[3]  n: tokens to give back; an integer >= 0
 --
--- Reply (integers): {remaining, reset_ms}: whole tokens in the bucket after the return,
+-- Reply (integers): {remaining, reset_ms}: whole tokens in the bucket after the return (0 in debt),
 -- and ms (rounded up) until it is full. A bucket that the return makes full is deleted
 -- (a missing key is a full bucket).
 -- Error: "QPINVALID <reason>" for bad arguments; nothing is read or written then.
@@ -49,8 +49,8 @@ if now > ts then
   tokens = tokens + (now - ts) * refill / 1000000
   ts = now
 end
-if tokens < 0 then
-  tokens = 0
+if tokens < -capacity then
+  tokens = -capacity -- a debt charged by token_bucket.lua or lease.lua stays owed
 end
 tokens = tokens + n
 if tokens + EPS >= capacity then
@@ -67,4 +67,4 @@ if n > 0 then
   redis.call('HSET', key, 'tokens', tokens, 'ts', string.format('%d', ts))
   redis.call('PEXPIRE', key, string.format('%d', ttl))
 end
-return {math.floor(tokens + EPS), reset}
+return {math.max(0, math.floor(tokens + EPS)), reset}

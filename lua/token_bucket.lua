@@ -5,9 +5,12 @@
 -- ARGV[1]  capacity: the most tokens the bucket holds; an integer, 1 <= capacity <= 1e15
 -- ARGV[2]  refill per second; > 0, may be fractional ("0.3")
 -- ARGV[3]  cost: tokens this request needs; an integer, 1 <= cost <= capacity
+-- ARGV[4]  debt (optional, default 0): tokens a gateway's fallback admitted without this
+--          bucket while Redis could not be reached, charged before the decision; an
+--          integer, 0 <= debt <= capacity
 --
 -- Reply (integers): {allowed (0|1), remaining, retry_after_ms, reset_ms}
---   remaining       whole tokens left after this call (floor)
+--   remaining       whole tokens left after this call (floor; 0 while in debt)
 --   retry_after_ms  0 when allowed, else ms (rounded up) until `cost` tokens exist
 --   reset_ms        ms (rounded up) until the bucket is full again
 -- Error: "QPINVALID <reason>" for bad arguments; nothing is read or written then.
@@ -17,7 +20,9 @@
 -- refill until TIME passes the stored ts again: never more tokens than were due.
 -- Token counts are floats; EPS absorbs the rounding of fractional refills so that, say,
 -- ten refills of 0.3 tokens make 3 tokens, not 2.9999999999999996.
--- A rejected call writes nothing: refilling is a pure function of (tokens, ts, TIME), so
+-- A charged debt may leave the bucket below empty (tokens < 0, never below -capacity): it
+-- refuses until it has refilled past what was admitted without it.
+-- A rejected call without debt writes nothing: refilling is a pure function of (tokens, ts, TIME), so
 -- the stored state already says the same thing. An allowed call writes both fields and
 -- sets PEXPIRE to twice the time until the bucket is full (at least 1 s): an expired key
 -- is read as full, which it is by then, so expiry is exact and idle buckets cost nothing.
@@ -45,6 +50,13 @@ local cost = finite(ARGV[3])
 if cost == nil or cost < 1 or cost > capacity or cost ~= math.floor(cost) then
   return redis.error_reply('QPINVALID cost must be an integer between 1 and capacity, got ' .. tostring(ARGV[3]))
 end
+local debt = 0
+if ARGV[4] ~= nil then
+  debt = finite(ARGV[4])
+  if debt == nil or debt < 0 or debt > capacity or debt ~= math.floor(debt) then
+    return redis.error_reply('QPINVALID debt must be an integer between 0 and capacity, got ' .. tostring(ARGV[4]))
+  end
+end
 
 local key = KEYS[1]
 local t = redis.call('TIME')
@@ -61,8 +73,9 @@ end
 if tokens > capacity then
   tokens = capacity -- refilled past the top, or the rule shrank
 end
-if tokens < 0 then
-  tokens = 0
+tokens = tokens - debt
+if tokens < -capacity then
+  tokens = -capacity
 end
 
 local allowed = 0
@@ -83,10 +96,10 @@ if reset < 0 then
   reset = 0
 end
 
-if allowed == 1 then
+if allowed == 1 or debt > 0 then
   local ttl = math.min(math.max(2 * reset, 1000), MAX_TTL_MS)
   redis.call('HSET', key, 'tokens', tokens, 'ts', string.format('%d', ts))
   redis.call('PEXPIRE', key, string.format('%d', ttl))
 end
 
-return {allowed, math.floor(tokens + EPS), retry_after, reset}
+return {allowed, math.max(0, math.floor(tokens + EPS)), retry_after, reset}

@@ -82,7 +82,7 @@ func (b *bench) redisMemoryRun(ctx context.Context, run int) error {
 			pipe := rdb.Pipeline()
 			cmds := make([]*redis.Cmd, 0, batch)
 			for j := filled; j < filled+batch; j++ {
-				c := lua.ScriptTake.EvalShaCmd(ctx, keys.Bucket(fmt.Sprintf("tenant-%07d", j), "create-order"), capacity, refill, 1)
+				c := lua.ScriptTake.EvalShaCmd(ctx, keys.Bucket(fmt.Sprintf("tenant-%07d", j), "create-order"), capacity, refill, 1, 0)
 				_ = pipe.Process(ctx, c)
 				cmds = append(cmds, c)
 			}

@@ -21,13 +21,15 @@ import (
 // forever). For canonical decimal arguments, the script accepts exactly what the Go
 // checks accept.
 func FuzzLuaArguments(f *testing.F) {
-	for _, s := range [][4]string{
-		{"take", "10", "1", "1"}, {"take", "1000000000000000", "1", "1"}, {"take", "0x10", "0.5", "2"},
-		{"take", "nan", "1", "1"}, {"take", " 5 ", "1", "1"}, {"take", "1", "inf", "1"}, {"take", "5", "1", "6"},
-		{"take", "2.5", "1", "1"}, {"lease", "10", "1", "100"}, {"lease", "10", "1", "0"},
-		{"return", "10", "1", "3"}, {"return", "10", "1", "-1"}, {"return", "1e15", "1e300", "1e15"},
+	for _, s := range [][5]string{
+		{"take", "10", "1", "1", ""}, {"take", "1000000000000000", "1", "1", ""}, {"take", "0x10", "0.5", "2", ""},
+		{"take", "nan", "1", "1", ""}, {"take", " 5 ", "1", "1", ""}, {"take", "1", "inf", "1", ""}, {"take", "5", "1", "6", ""},
+		{"take", "2.5", "1", "1", ""}, {"lease", "10", "1", "100", ""}, {"lease", "10", "1", "0", ""},
+		{"return", "10", "1", "3", ""}, {"return", "10", "1", "-1", ""}, {"return", "1e15", "1e300", "1e15", ""},
+		{"take", "10", "1", "1", "10"}, {"take", "10", "1", "1", "11"}, {"take", "10", "1", "1", "-1"},
+		{"lease", "10", "1", "3", "7"}, {"lease", "10", "1", "3", "0.5"},
 	} {
-		f.Add(s[0], s[1], s[2], s[3], true)
+		f.Add(s[0], s[1], s[2], s[3], s[4], true)
 	}
 	rp := local.Redis(f)
 	rdb := redis.NewClient(&redis.Options{Addr: rp.Addr()})
@@ -39,7 +41,7 @@ func FuzzLuaArguments(f *testing.F) {
 	}
 	ctx := context.Background()
 	const key = "fz:{t}:r"
-	f.Fuzz(func(t *testing.T, op, a1, a2, a3 string, used bool) {
+	f.Fuzz(func(t *testing.T, op, a1, a2, a3, debt string, used bool) {
 		s, ok := scripts[op]
 		if !ok {
 			return
@@ -56,22 +58,26 @@ func FuzzLuaArguments(f *testing.F) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		reply, err := s.Run(ctx, rdb, []string{key}, a1, a2, a3).Result()
+		args := []any{a1, a2, a3}
+		if debt != "" {
+			args = append(args, debt)
+		}
+		reply, err := s.Run(ctx, rdb, []string{key}, args...).Result()
 		accepted := err == nil
 		if err != nil {
 			if !strings.HasPrefix(err.Error(), "QPINVALID") {
-				t.Fatalf("%s(%q, %q, %q): error %v, want QPINVALID or an answer", op, a1, a2, a3, err)
+				t.Fatalf("%s(%q, %q, %q, %q): error %v, want QPINVALID or an answer", op, a1, a2, a3, debt, err)
 			}
 			after, _ := rdb.HGetAll(ctx, key).Result()
 			if !equalMaps(before, after) {
-				t.Fatalf("%s(%q, %q, %q) refused but changed the bucket %v -> %v", op, a1, a2, a3, before, after)
+				t.Fatalf("%s(%q, %q, %q, %q) refused but changed the bucket %v -> %v", op, a1, a2, a3, debt, before, after)
 			}
 		} else {
 			checkReply(t, op, reply)
 			checkBucketState(t, ctx, rdb, key, a1)
 		}
-		if want, known := goAccepts(op, a1, a2, a3); known && want != accepted {
-			t.Fatalf("%s(%q, %q, %q): script accepted %v, the Go checks %v", op, a1, a2, a3, accepted, want)
+		if want, known := goAccepts(op, a1, a2, a3, debt); known && want != accepted {
+			t.Fatalf("%s(%q, %q, %q, %q): script accepted %v, the Go checks %v", op, a1, a2, a3, debt, accepted, want)
 		}
 	})
 }
@@ -108,7 +114,8 @@ func checkReply(t *testing.T, op string, reply any) {
 	}
 }
 
-// checkBucketState: a bucket that exists has finite tokens in [0, capacity] and a TTL.
+// checkBucketState: a bucket that exists has finite tokens in [-capacity, capacity] (below
+// 0 only with a charged debt) and a TTL.
 func checkBucketState(t *testing.T, ctx context.Context, rdb *redis.Client, key, capacity string) {
 	t.Helper()
 	h, err := rdb.HGetAll(ctx, key).Result()
@@ -119,10 +126,10 @@ func checkBucketState(t *testing.T, ctx context.Context, rdb *redis.Client, key,
 		return
 	}
 	tokens, err := strconv.ParseFloat(h["tokens"], 64)
-	if err != nil || math.IsNaN(tokens) || math.IsInf(tokens, 0) || tokens < 0 {
+	if err != nil || math.IsNaN(tokens) || math.IsInf(tokens, 0) {
 		t.Fatalf("bucket tokens %q after a call with capacity %q", h["tokens"], capacity)
 	}
-	if c, err := strconv.ParseFloat(strings.TrimSpace(capacity), 64); err == nil && c >= 1 && tokens > math.Max(c, 10)+1e-6 {
+	if c, err := strconv.ParseFloat(strings.TrimSpace(capacity), 64); err == nil && c >= 1 && math.Abs(tokens) > math.Max(c, 10)+1e-6 {
 		t.Fatalf("bucket holds %v tokens, capacity %q", tokens, capacity)
 	}
 	ttl, err := rdb.PTTL(ctx, key).Result()
@@ -131,15 +138,25 @@ func checkBucketState(t *testing.T, ctx context.Context, rdb *redis.Client, key,
 	}
 }
 
-// goAccepts is what package lua's Go checks accept, for arguments in the canonical form
-// Go sends (integers in decimal, a float as strconv formats it); known is false for any
-// other form, which only a foreign client could send.
-func goAccepts(op, a1, a2, a3 string) (ok, known bool) {
+// goAccepts is what package lua's and the limiter's Go checks accept, for arguments in
+// the canonical form Go sends (integers in decimal, a float as strconv formats it; a debt
+// of "" is no debt argument); known is false for any other form, which only a foreign
+// client could send.
+func goAccepts(op, a1, a2, a3, debt string) (ok, known bool) {
 	capacity, err1 := strconv.ParseInt(a1, 10, 64)
 	refill, err2 := strconv.ParseFloat(a2, 64)
 	n, err3 := strconv.ParseInt(a3, 10, 64)
 	if err1 != nil || err2 != nil || err3 != nil || strconv.FormatFloat(refill, 'f', -1, 64) != a2 {
 		return false, false
+	}
+	if debt != "" && op != "return" { // return.lua reads no fourth argument
+		d, err := strconv.ParseInt(debt, 10, 64)
+		if err != nil {
+			return false, false
+		}
+		if d < 0 || d > capacity {
+			return false, true
+		}
 	}
 	ok = capacity >= 1 && capacity <= lua.MaxCapacity && refill > 0 && !math.IsInf(refill, 0)
 	switch op {
