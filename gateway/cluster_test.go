@@ -77,9 +77,9 @@ func TestRedisClusterConfig(t *testing.T) {
 		t.Fatalf("client %T, want *redis.ClusterClient", g.rdb)
 	}
 	o := cc.Options()
-	if !o.ContextTimeoutEnabled || o.MaxRetries != -1 || o.MaxRedirects != 2 || len(o.Addrs) != 3 {
-		t.Errorf("cluster options: ContextTimeoutEnabled=%v MaxRetries=%d MaxRedirects=%d Addrs=%v",
-			o.ContextTimeoutEnabled, o.MaxRetries, o.MaxRedirects, o.Addrs)
+	if !o.ContextTimeoutEnabled || o.MaxRetries != -1 || o.MaxRedirects != 2 || len(o.Addrs) != 3 || o.MinIdleConns != warmConns {
+		t.Errorf("cluster options: ContextTimeoutEnabled=%v MaxRetries=%d MaxRedirects=%d Addrs=%v MinIdleConns=%d",
+			o.ContextTimeoutEnabled, o.MaxRetries, o.MaxRedirects, o.Addrs, o.MinIdleConns)
 	}
 
 	for _, tt := range []struct{ url, want string }{

@@ -156,8 +156,12 @@ type UnauthLimitConfig struct {
 
 // BreakerConfig is the Redis circuit breaker.
 type BreakerConfig struct {
-	// Failures is how many consecutive failures (errors or timeouts) open it.
+	// Failures is how many consecutive failures (errors or timeouts) open it, once they
+	// have gone on for FailureSpan.
 	Failures uint32 `yaml:"failures"`
+	// FailureSpan is how long calls must have been failing before it opens (default
+	// failures x timeout): calls that time out together in one stall count once.
+	FailureSpan time.Duration `yaml:"failure_span"`
 	// OpenFor is how long it stays open before a probe may close it.
 	OpenFor time.Duration `yaml:"open_for"`
 }
@@ -416,6 +420,7 @@ func (c *Config) normalize() error {
 	}{
 		{"redis.timeout", c.Redis.Timeout},
 		{"redis.breaker.open_for", c.Redis.Breaker.OpenFor},
+		{"redis.breaker.failure_span", c.Redis.Breaker.FailureSpan},
 		{"reload_interval", c.ReloadInterval},
 		{"heartbeat_interval", c.HeartbeatInterval},
 		{"drain_timeout", c.DrainTimeout},
@@ -430,6 +435,9 @@ func (c *Config) normalize() error {
 	}
 	if c.Redis.Breaker.OpenFor < 10*time.Millisecond || c.Redis.Breaker.OpenFor > time.Minute {
 		return bad("redis.breaker.open_for", "must be between 10ms and 1m, got %s", c.Redis.Breaker.OpenFor)
+	}
+	if c.Redis.Breaker.FailureSpan > time.Minute {
+		return bad("redis.breaker.failure_span", "%s is longer than 1m: a Redis that is down would cost every request the timeout for that long", c.Redis.Breaker.FailureSpan)
 	}
 	if c.Redis.Breaker.Failures > 1000 {
 		return bad("redis.breaker.failures", "must be between 1 and 1000, got %d", c.Redis.Breaker.Failures)

@@ -94,6 +94,7 @@ func TestBadConfigs(t *testing.T) {
 		"bad-log-level":                     `log_level: want debug, info, warn or error, got "loud"`,
 		"bad-key-prefix":                    `redis.key_prefix: "rl {x}": only letters, digits, '.', '_', '-' and ':' are allowed`,
 		"breaker-open-for-too-short":        `redis.breaker.open_for: must be between 10ms and 1m, got 1ms`,
+		"breaker-failure-span-too-long":     `redis.breaker.failure_span: 2m0s is longer than 1m: a Redis that is down would cost every request the timeout for that long`,
 		"bad-pattern":                       `routes[0].match: parsing "POST orders": at offset 5: host/path missing /`,
 		"bad-redis-url":                     `redis.url: scheme "http" not supported (want redis, rediss, unix)`,
 		"bad-region-id":                     `region: region id "us east": only letters, digits, '.', '_' and '-' are allowed`,

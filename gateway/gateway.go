@@ -201,15 +201,16 @@ func (g *Gateway) newLimiter() error {
 	}
 	g.rdb = rdb
 	l, err := limiter.NewRedis(g.rdb, limiter.Options{
-		Region:            g.cfg.Region,
-		Timeout:           g.cfg.Redis.Timeout,
-		KeyPrefix:         g.cfg.Redis.KeyPrefix,
-		BreakerFailures:   g.cfg.Redis.Breaker.Failures,
-		BreakerOpenFor:    g.cfg.Redis.Breaker.OpenFor,
-		Instances:         g.liveInstances,
-		ExpectedInstances: g.cfg.ExpectedInstances,
-		Registerer:        g.registerer,
-		Logger:            g.log,
+		Region:             g.cfg.Region,
+		Timeout:            g.cfg.Redis.Timeout,
+		KeyPrefix:          g.cfg.Redis.KeyPrefix,
+		BreakerFailures:    g.cfg.Redis.Breaker.Failures,
+		BreakerFailureSpan: g.cfg.Redis.Breaker.FailureSpan,
+		BreakerOpenFor:     g.cfg.Redis.Breaker.OpenFor,
+		Instances:          g.liveInstances,
+		ExpectedInstances:  g.cfg.ExpectedInstances,
+		Registerer:         g.registerer,
+		Logger:             g.log,
 	})
 	if err != nil {
 		return fmt.Errorf("gateway %s: redis limiter: %w", g.cfg.Region, err) // New closes g.rdb
@@ -218,6 +219,11 @@ func (g *Gateway) newLimiter() error {
 	g.fallback = l.FallbackActive
 	return nil
 }
+
+// warmConns connections are kept open to Redis (per node of a cluster), one per pipeline
+// the limiter may have in flight, so the first burst after a start or an idle spell
+// does not pay for dials within the decision timeout (and get fallback decisions).
+const warmConns = limiter.DefaultPipelineInFlight
 
 // newRedisClient is the client of redis.url: one server, or a Redis Cluster's client with
 // redis.cluster. Either way a dead Redis must not hold a request past the decision
@@ -233,6 +239,9 @@ func (g *Gateway) newRedisClient() (redis.UniversalClient, error) {
 		co.ContextTimeoutEnabled = true
 		co.DialTimeout = dial
 		co.MaxRetries = -1 // a retry would double the latency bound; the fallback answers instead
+		if co.MinIdleConns == 0 {
+			co.MinIdleConns = warmConns
+		}
 		if co.MaxRedirects == 0 {
 			// A MOVED or ASK answer costs a round trip within the decision timeout; after
 			// one the client reloads the slot map, so two is plenty.
@@ -252,6 +261,9 @@ func (g *Gateway) newRedisClient() (redis.UniversalClient, error) {
 	ro.ContextTimeoutEnabled = true
 	ro.DialTimeout = dial
 	ro.MaxRetries = -1 // a retry would double the latency bound; the fallback answers instead
+	if ro.MinIdleConns == 0 {
+		ro.MinIdleConns = warmConns
+	}
 	if ro.TLSConfig != nil {
 		if err := g.cfg.Redis.TLS.apply(ro.TLSConfig); err != nil {
 			return nil, &ConfigError{File: g.cfg.file, Key: "redis.tls", Reason: err.Error()}

@@ -25,6 +25,7 @@ type accuracyRun struct {
 	dur                time.Duration
 	decisions          int64
 	bySource           map[string]int64 // decisions by source (ours: redis, fallback)
+	admittedBySource   map[string]int64
 	// Per tenant, admitted vs capacity + refill x elapsed (the ceiling) and vs one
 	// exact token bucket fed the same arrivals: errors in % of the reference.
 	maxErr, meanErr           float64 // vs the ceiling, |error|
@@ -57,8 +58,8 @@ func (b *bench) accuracyRun(ctx context.Context, run int) error {
 			return err
 		}
 		b.rep.accuracy[name] = append(b.rep.accuracy[name], a)
-		b.logf("accuracy run %d, %s: %d decisions %v; vs capacity+refill x elapsed: max %.2f%% mean %.2f%% (largest over %.2f%%); vs exact bucket: max %.2f%% mean %.2f%%",
-			run+1, name, a.decisions, a.bySource, a.maxErr, a.meanErr, a.maxOver, a.maxErrExact, a.meanErrExact)
+		b.logf("accuracy run %d, %s: %d decisions %v, admitted %v; vs capacity+refill x elapsed: max %.2f%% mean %.2f%% (largest over %.2f%%); vs exact bucket: max %.2f%% mean %.2f%%",
+			run+1, name, a.decisions, a.bySource, a.admittedBySource, a.maxErr, a.meanErr, a.maxOver, a.maxErrExact, a.meanErrExact)
 	}
 	return nil
 }
@@ -72,7 +73,7 @@ type decider func(ctx context.Context, t *accuracyTenant) (allowed bool, source 
 // the instances, for the duration. Ours runs with the gateway's defaults: 5 ms timeout,
 // pipelining on, leases off, fallback 1/N with N = instances.
 func (b *bench) accuracyOnce(ctx context.Context, run int, name string) (accuracyRun, error) {
-	a := accuracyRun{limiter: name, instances: 20, tenants: 100, offered: 3, dur: 10 * time.Second, bySource: map[string]int64{}}
+	a := accuracyRun{limiter: name, instances: 20, tenants: 100, offered: 3, dur: 10 * time.Second, bySource: map[string]int64{}, admittedBySource: map[string]int64{}}
 	if b.opts.quick {
 		a.tenants, a.dur = 10, time.Second
 	}
@@ -83,7 +84,8 @@ func (b *bench) accuracyOnce(ctx context.Context, run int, name string) (accurac
 	defer rd.Kill()
 	deciders := make([]decider, a.instances)
 	for i := range deciders {
-		rdb := redis.NewClient(&redis.Options{Addr: rd.Addr(), ContextTimeoutEnabled: true, MaxRetries: -1})
+		// The gateway's client options: see gateway.newRedisClient.
+		rdb := redis.NewClient(&redis.Options{Addr: rd.Addr(), ContextTimeoutEnabled: true, MaxRetries: -1, MinIdleConns: limiter.DefaultPipelineInFlight})
 		defer rdb.Close()
 		if name == "redis_rate" {
 			rl := redis_rate.NewLimiter(rdb)
@@ -156,6 +158,7 @@ func (b *bench) accuracyOnce(ctx context.Context, run int, name string) (accurac
 		a.bySource[source]++
 		if allowed {
 			t.admitted.Add(1)
+			a.admittedBySource[source]++
 		}
 	}
 	// Each instance paces every tenant at offered x refill / instances, in 1 ms steps

@@ -49,7 +49,7 @@ type pipeliner interface {
 // fallback, as without the batcher; a call abandoned while still queued is not sent.
 type batcher struct {
 	rdb         pipeliner
-	direct      func(ctx context.Context, op lua.Script, key string, lim regions.Limit, n int64) (answer, error)
+	direct      func(ctx context.Context, op lua.Script, key string, lim regions.Limit, n, debt int64) (answer, error)
 	noScript    func() // Redis has lost the scripts: reload them out of band
 	timeout     time.Duration
 	maxBatch    int
@@ -63,17 +63,19 @@ type batcher struct {
 
 // call states.
 const (
-	callWaiting   int32 = iota
-	callAnswered        // the sender wrote the answer and will signal done
-	callAbandoned       // the caller gave up; the sender must not signal
+	callWaiting   int32 = iota // queued
+	callSent                   // in a pipeline on its way to Redis
+	callAnswered               // the sender wrote the answer and will signal done
+	callAbandoned              // the caller gave up; the sender must not signal
 )
 
 // call is one queued script call and, once answered, its answer.
 type call struct {
-	op  lua.Script
-	key string
-	lim regions.Limit
-	n   int64
+	op   lua.Script
+	key  string
+	lim  regions.Limit
+	n    int64
+	debt int64
 
 	state   atomic.Int32
 	granted int64
@@ -102,23 +104,26 @@ type answer struct {
 	granted  int64 // tokens taken: for a Take, n when allowed
 	res      lua.Result
 	timedOut bool // the call ran out of time (with an error)
+	// maybeRan: the call got no answer but may have run on Redis all the same (it was
+	// sent and timed out), so the bucket may have changed.
+	maybeRan bool
 }
 
 // do runs one Take or Lease call. ctx is the caller's; the call is also bounded by the
 // batcher's timeout from now.
-func (b *batcher) do(ctx context.Context, op lua.Script, key string, lim regions.Limit, n int64) (answer, error) {
+func (b *batcher) do(ctx context.Context, op lua.Script, key string, lim regions.Limit, n, debt int64) (answer, error) {
 	b.mu.Lock()
 	if b.inflight < b.maxInFlight { // the queue is empty: go now, alone
 		b.inflight++
 		b.mu.Unlock()
-		a, err := b.direct(ctx, op, key, lim, n)
+		a, err := b.direct(ctx, op, key, lim, n, debt)
 		b.mu.Lock()
 		b.releaseLocked()
 		b.mu.Unlock()
 		return a, err
 	}
 	c := callPool.Get().(*call)
-	c.op, c.key, c.lim, c.n = op, key, lim, n
+	c.op, c.key, c.lim, c.n, c.debt = op, key, lim, n, debt
 	c.state.Store(callWaiting)
 	b.queue = append(b.queue, c)
 	b.mu.Unlock()
@@ -128,8 +133,12 @@ func (b *batcher) do(ctx context.Context, op lua.Script, key string, lim regions
 	case <-c.done:
 		c.timer.Stop()
 	case <-c.timer.C:
+		// c is not reused after it is abandoned: a sender may hold it.
 		if c.state.CompareAndSwap(callWaiting, callAbandoned) {
-			return answer{timedOut: true}, errCallTimeout // c is not reused: a sender may hold it
+			return answer{timedOut: true}, errCallTimeout // never sent
+		}
+		if c.state.CompareAndSwap(callSent, callAbandoned) {
+			return answer{timedOut: true, maybeRan: true}, errCallTimeout
 		}
 		<-c.done // answered just in time
 	case <-ctx.Done():
@@ -137,9 +146,13 @@ func (b *batcher) do(ctx context.Context, op lua.Script, key string, lim regions
 		if c.state.CompareAndSwap(callWaiting, callAbandoned) {
 			return answer{}, ctx.Err()
 		}
+		if c.state.CompareAndSwap(callSent, callAbandoned) {
+			return answer{maybeRan: true}, ctx.Err()
+		}
 		<-c.done
 	}
-	a, err := answer{granted: c.granted, res: c.res, timedOut: isTimeout(c.err)}, c.err
+	timedOut := isTimeout(c.err)
+	a, err := answer{granted: c.granted, res: c.res, timedOut: timedOut, maybeRan: timedOut}, c.err
 	c.key, c.err = "", nil
 	callPool.Put(c)
 	return a, err
@@ -207,11 +220,11 @@ func (b *batcher) exec(batch []*call, cmds []*redis.Cmd) []*redis.Cmd {
 	defer cancel()
 	pipe := b.rdb.Pipeline()
 	for _, c := range batch {
-		if c.state.Load() != callWaiting {
+		if !c.state.CompareAndSwap(callWaiting, callSent) {
 			cmds = append(cmds, nil) // abandoned while queued: not sent
 			continue
 		}
-		cmd := c.op.EvalShaCmd(ctx, c.key, c.lim.Capacity, c.lim.RefillPerSecond, c.n)
+		cmd := c.op.EvalShaCmd(ctx, c.key, c.lim.Capacity, c.lim.RefillPerSecond, c.n, c.debt)
 		cmds = append(cmds, cmd)
 		_ = pipe.Process(ctx, cmd)
 	}
@@ -227,7 +240,7 @@ func (b *batcher) exec(batch []*call, cmds []*redis.Cmd) []*redis.Cmd {
 	for i, cmd := range cmds {
 		if cmd != nil && lua.IsNoScript(cmd.Err()) {
 			c := batch[i]
-			cmds[i] = c.op.EvalCmd(ctx, c.key, c.lim.Capacity, c.lim.RefillPerSecond, c.n)
+			cmds[i] = c.op.EvalCmd(ctx, c.key, c.lim.Capacity, c.lim.RefillPerSecond, c.n, c.debt)
 			_ = pipe.Process(ctx, cmds[i])
 			retry = true
 		}
@@ -253,7 +266,7 @@ func (b *batcher) exec(batch []*call, cmds []*redis.Cmd) []*redis.Cmd {
 				c.granted = 0
 			}
 		}
-		if c.state.CompareAndSwap(callWaiting, callAnswered) {
+		if c.state.CompareAndSwap(callSent, callAnswered) {
 			c.done <- struct{}{}
 		}
 	}
@@ -263,14 +276,17 @@ func (b *batcher) exec(batch []*call, cmds []*redis.Cmd) []*redis.Cmd {
 // direct runs one call as a plain EVALSHA bounded by the timeout, on the caller's
 // context. After NOSCRIPT it reloads the scripts out of band and retries with EVAL in
 // what is left of the timeout.
-func (l *Redis) direct(ctx context.Context, op lua.Script, key string, lim regions.Limit, n int64) (answer, error) {
+func (l *Redis) direct(ctx context.Context, op lua.Script, key string, lim regions.Limit, n, debt int64) (answer, error) {
 	cctx, cancel := context.WithTimeout(ctx, l.timeout)
 	defer cancel()
-	keys := []string{key}
-	cmd := l.rdb.EvalSha(cctx, op.Sha(), keys, lim.Capacity, lim.RefillPerSecond, n)
+	keys, args := []string{key}, []any{lim.Capacity, lim.RefillPerSecond, n}
+	if debt != 0 {
+		args = append(args, debt)
+	}
+	cmd := l.rdb.EvalSha(cctx, op.Sha(), keys, args...)
 	if lua.IsNoScript(cmd.Err()) {
 		l.reloadScripts()
-		cmd = l.rdb.Eval(cctx, op.Source(), keys, lim.Capacity, lim.RefillPerSecond, n)
+		cmd = l.rdb.Eval(cctx, op.Source(), keys, args...)
 	}
 	var (
 		a   answer
@@ -290,5 +306,6 @@ func (l *Redis) direct(ctx context.Context, op lua.Script, key string, lim regio
 		}
 	}
 	a.timedOut = cctx.Err() != nil
+	a.maybeRan = err != nil && a.timedOut
 	return a, err
 }

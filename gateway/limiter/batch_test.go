@@ -116,8 +116,9 @@ func TestPipelineReloadsScripts(t *testing.T) {
 }
 
 // TestPipelinedTimeoutPerDecision: with Redis frozen, each of many concurrent
-// decisions still returns within its own timeout, from the fallback, and the breaker
-// opens; after Redis resumes, decisions come from Redis again.
+// decisions still returns within its own timeout, from the fallback; the breaker takes
+// their timeouts, all at once, for one stall, and opens once Redis has gone on failing
+// for the span; after Redis resumes, decisions come from Redis again.
 func TestPipelinedTimeoutPerDecision(t *testing.T) {
 	const (
 		timeout = 20 * time.Millisecond
@@ -125,8 +126,10 @@ func TestPipelinedTimeoutPerDecision(t *testing.T) {
 	)
 	p := local.Redis(t)
 	reg := prometheus.NewRegistry()
+	clock := newFakeClock() // the breaker's failure span runs on it
 	l := newTestRedis(t, newClient(t, p), Options{
 		Region: "test", Registerer: reg, Timeout: timeout, BreakerOpenFor: 100 * time.Millisecond, PipelineInFlight: 2,
+		Now: clock.Now,
 	})
 	if err := l.Load(context.Background()); err != nil {
 		t.Fatal(err)
@@ -163,13 +166,24 @@ func TestPipelinedTimeoutPerDecision(t *testing.T) {
 	if time.Duration(slowest.Load()) > bound {
 		t.Errorf("slowest decision %v, want within %v", time.Duration(slowest.Load()), bound)
 	}
-	if !l.FallbackActive() {
-		t.Errorf("breaker not open after 64 timeouts")
+	// 64 calls that timed out together, within no time on the breaker's clock, are one
+	// stall: the breaker stays closed.
+	if l.FallbackActive() {
+		t.Errorf("breaker open after 64 timeouts that all happened at once; want it closed until they span %v", DefaultBreakerFailures*timeout)
 	}
-	timeouts := metricValue(t, reg, "ratelimit_redis_errors_total", map[string]string{"reason": "timeout"})
-	open := metricValue(t, reg, "ratelimit_redis_errors_total", map[string]string{"reason": "breaker_open"})
-	if timeouts < DefaultBreakerFailures || timeouts+open != 64 {
-		t.Errorf("%v timeouts and %v refused by the breaker, want >= %d and 64 in all", timeouts, open, DefaultBreakerFailures)
+	if timeouts := metricValue(t, reg, "ratelimit_redis_errors_total", map[string]string{"reason": "timeout"}); timeouts != 64 {
+		t.Errorf("%v timeouts, want 64", timeouts)
+	}
+	// Failing for the span opens it.
+	clock.Advance(DefaultBreakerFailures * timeout)
+	if d := mustDecide(t, l, lots(0)); d.Source != SourceFallback {
+		t.Errorf("Redis frozen: %+v, want a fallback decision", d)
+	}
+	if !l.FallbackActive() {
+		t.Errorf("breaker not open after Redis failed for %v", DefaultBreakerFailures*timeout)
+	}
+	if open := metricValue(t, reg, "ratelimit_redis_errors_total", map[string]string{"reason": "breaker_open"}); open != 0 {
+		t.Errorf("%v calls refused by the breaker before it opened, want 0", open)
 	}
 	if err := p.Resume(); err != nil {
 		t.Fatal(err)

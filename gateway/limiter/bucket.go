@@ -26,17 +26,8 @@ type Bucket struct {
 // earlier than the last call (a clock stepping back) refills nothing, so a bucket
 // never holds more tokens than were due.
 func (b *Bucket) Take(now time.Time, capacity int64, refill float64, cost int64) Decision {
-	t := now.UnixNano()
 	c := float64(capacity)
-	if b.last == 0 {
-		b.tokens, b.last = c, t
-	} else if t > b.last {
-		b.tokens += float64(t-b.last) * refill / 1e9
-		b.last = t
-	}
-	if b.tokens > c {
-		b.tokens = c
-	}
+	b.refill(now, c, refill)
 	d := Decision{Limit: capacity}
 	if b.tokens+eps >= float64(cost) {
 		d.Allowed = true
@@ -47,6 +38,28 @@ func (b *Bucket) Take(now time.Time, capacity int64, refill float64, cost int64)
 	d.Remaining = int64(math.Floor(b.tokens + eps))
 	d.ResetAfter = secondsUp((c - b.tokens) / refill)
 	return d
+}
+
+// refill brings the bucket up to now and clips it to capacity c.
+func (b *Bucket) refill(now time.Time, c, refill float64) {
+	t := now.UnixNano()
+	if b.last == 0 {
+		b.tokens, b.last = c, t
+	} else if t > b.last {
+		b.tokens += float64(t-b.last) * refill / 1e9
+		b.last = t
+	}
+	if b.tokens > c {
+		b.tokens = c
+	}
+}
+
+// lower refills the bucket up to now and then clips it to at most tokens (not below 0).
+func (b *Bucket) lower(now time.Time, capacity int64, refill float64, tokens float64) {
+	b.refill(now, float64(capacity), refill)
+	if b.tokens > tokens {
+		b.tokens = max(tokens, 0)
+	}
 }
 
 // fullAt is when the bucket will be full if nothing more is taken (Unix nanoseconds):

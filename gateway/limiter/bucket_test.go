@@ -101,3 +101,25 @@ func TestBucketFullAt(t *testing.T) {
 		t.Errorf("fullAt = %d, want %d", got, want)
 	}
 }
+
+// TestBucketLower: lowering refills first and never raises; a missing (full) bucket is
+// lowered from its capacity.
+func TestBucketLower(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	var b Bucket
+	b.lower(t0, 10, 1, 4)
+	if b.tokens != 4 {
+		t.Fatalf("full bucket lowered to 4: %v tokens", b.tokens)
+	}
+	b.lower(t0.Add(2*time.Second), 10, 1, 8) // refilled to 6 first: stays 6
+	if b.tokens != 6 {
+		t.Errorf("6 tokens after refill, lowered to 8: %v, want 6 (never raised)", b.tokens)
+	}
+	b.lower(t0.Add(2*time.Second), 10, 1, -3)
+	if b.tokens != 0 {
+		t.Errorf("lowered below 0: %v, want 0", b.tokens)
+	}
+	if d := b.Take(t0.Add(3*time.Second), 10, 1, 1); !d.Allowed || d.Remaining != 0 {
+		t.Errorf("one second after lowering to 0: %+v, want the refilled token", d)
+	}
+}

@@ -301,7 +301,7 @@ func (l *Redis) decideLease(ctx context.Context, r Request, cost int64, shards i
 		}
 		if !l.refillLocked(ctx, s, k, r.Limit, shards, b) {
 			s.mu.Unlock()
-			return l.decideFallback(r, cost), true
+			return l.decideFallback(r, cost, true), true
 		}
 		now = t.now().UnixNano()
 	}
@@ -363,7 +363,14 @@ func (l *Redis) refillLocked(ctx context.Context, s *leaseShard, k *hotKey, lim 
 		key, slim = l.keys.Shard(k.tenant, k.route, first), ShardLimit(lim, shards, first)
 	}
 	l.m.leaseCalls.Inc()
-	a, answered, _ := l.call(ctx, lua.ScriptLease, key, slim, want)
+	r := Request{Tenant: k.tenant, Route: k.route, Limit: lim}
+	debt := l.owed(r, slim)
+	a, answered, _ := l.call(ctx, lua.ScriptLease, key, slim, want, debt)
+	if !answered && !a.maybeRan {
+		l.stillOwed(r, debt)
+	} else if answered {
+		l.m.repaid.Add(float64(debt))
+	}
 	granted, calls := a.granted, 1
 	if answered && 2*granted < want && shards > 1 {
 		// Less than half a batch: the next shard may have more. (At half or more, a
@@ -371,7 +378,7 @@ func (l *Redis) refillLocked(ctx context.Context, s *leaseShard, k *hotKey, lim 
 		calls++
 		key2, lim2 := l.keys.Shard(k.tenant, k.route, second), ShardLimit(lim, shards, second)
 		l.m.leaseCalls.Inc()
-		if a2, ok2, _ := l.call(ctx, lua.ScriptLease, key2, lim2, want-granted); ok2 {
+		if a2, ok2, _ := l.call(ctx, lua.ScriptLease, key2, lim2, want-granted, 0); ok2 {
 			if granted == 0 || a2.granted > 0 {
 				key, slim = key2, lim2 // give back to a shard that had tokens
 			}
@@ -379,6 +386,10 @@ func (l *Redis) refillLocked(ctx context.Context, s *leaseShard, k *hotKey, lim 
 			a.res.Remaining += a2.res.Remaining
 			a.res.RetryAfter = min(a.res.RetryAfter, a2.res.RetryAfter)
 		}
+	}
+	if answered {
+		// What the shards asked hold, spread over all of them: the rule's estimate.
+		l.observe(r, min(lim.Capacity, a.res.Remaining*int64(max(shards, 1))/int64(calls)))
 	}
 
 	s.mu.Lock()
@@ -431,7 +442,7 @@ func backoff(granted, want int64, res lua.Result, shards, calls, instances int, 
 // bucket refills them), which can only under-admit; it is counted with the others.
 func (l *Redis) giveBack(ctx context.Context, key string, lim regions.Limit, n int64) {
 	l.m.returnCalls.Inc()
-	if _, ok, _ := l.call(context.WithoutCancel(ctx), lua.ScriptReturn, key, lim, n); ok {
+	if _, ok, _ := l.call(context.WithoutCancel(ctx), lua.ScriptReturn, key, lim, n, 0); ok {
 		l.m.leaseReturned.Add(float64(n))
 	}
 }

@@ -88,6 +88,11 @@ type shard struct {
 type entry struct {
 	b      Bucket
 	fullAt int64 // Unix ns from which b is full, so evicting it is exact
+	// owed is what a fallback bucket admitted while Redis could not be asked: tokens the
+	// shared bucket has yet to be charged (see Redis.repay). Once b is full again the
+	// debt is void (the shared bucket would have refilled as well), so eviction at
+	// fullAt stays exact. Always 0 in a Local limiter of its own.
+	owed int64
 }
 
 // NewLocal returns a Local limiter. It starts no goroutines.
@@ -173,11 +178,26 @@ func (l *Local) key(tenant, route string) (uint64, *shard) {
 
 // take is the decision of every local bucket, at now, with a validated limit and cost.
 func (l *Local) take(now time.Time, tenant, route string, lim regions.Limit, cost int64) Decision {
+	var d Decision
+	l.update(now, tenant, route, lim, func(e *entry) bool {
+		d = e.b.Take(now, lim.Capacity, lim.RefillPerSecond, cost)
+		return true
+	})
+	return d
+}
+
+// update runs f on the bucket of (tenant, route), a full one if there is none, under its
+// shard's lock, and stores the result unless f returns false (then a missing bucket
+// stays missing). It keeps the shard bounded as described on Local.
+func (l *Local) update(now time.Time, tenant, route string, lim regions.Limit, f func(e *entry) bool) {
 	t := now.UnixNano()
 	k, s := l.key(tenant, route)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	e, ok := s.m[k]
+	if !f(&e) && !ok {
+		return
+	}
 	idle, forced := 0, 0
 	if !ok {
 		idle += s.sample(t, sampleOnInsert)
@@ -188,7 +208,6 @@ func (l *Local) take(now time.Time, tenant, route string, lim regions.Limit, cos
 	} else if s.hits++; s.hits%sampleEvery == 0 {
 		idle += s.sample(t, sampleOnHit)
 	}
-	d := e.b.Take(now, lim.Capacity, lim.RefillPerSecond, cost)
 	e.fullAt = e.b.fullAt(lim.Capacity, lim.RefillPerSecond)
 	s.m[k] = e
 	if len(s.m) > s.peak {
@@ -200,7 +219,6 @@ func (l *Local) take(now time.Time, tenant, route string, lim regions.Limit, cos
 		l.m.evicted(evictIdle, idle)
 		l.m.evicted(evictCapacity, forced)
 	}
-	return d
 }
 
 // sample inspects up to n buckets of the shard, a random sample, and deletes the full

@@ -74,6 +74,7 @@ type redisMetrics struct {
 	active      prometheus.Gauge
 	state       prometheus.Gauge
 	minCapacity prometheus.Counter
+	repaid      prometheus.Counter
 
 	pipelines    prometheus.Counter
 	pipelined    prometheus.Counter
@@ -106,6 +107,10 @@ func newRedisMetrics() *redisMetrics {
 		minCapacity: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "ratelimit_fallback_min_capacity_total",
 			Help: "Fallback decisions whose rule had fewer tokens than there are instances, so each instance kept 1 token (the region may admit up to N).",
+		}),
+		repaid: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "ratelimit_fallback_repaid_tokens_total",
+			Help: "Tokens the fallback admitted that were charged to the shared bucket in Redis once it answered again.",
 		}),
 	}
 	m.timeout = m.errors.WithLabelValues(reasonTimeout)
@@ -151,7 +156,7 @@ func newRedisMetrics() *redisMetrics {
 // collectors are what a Redis limiter registers; leases adds the per-key bound series
 // (nil when leases are off).
 func (m *redisMetrics) collectors(leases *leaseTable) []prometheus.Collector {
-	cs := []prometheus.Collector{m.errors, m.active, m.state, m.minCapacity,
+	cs := []prometheus.Collector{m.errors, m.active, m.state, m.minCapacity, m.repaid,
 		m.pipelines, m.pipelined, m.noscript, m.shardRetries, m.leaseOps, m.leaseTokens, m.leaseRejected}
 	if leases != nil {
 		cs = append(cs, &leaseCollector{t: leases})

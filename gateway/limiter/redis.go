@@ -37,8 +37,14 @@ type Options struct {
 	// this much latency.
 	Timeout time.Duration
 	// BreakerFailures consecutive failures (errors or timeouts) open the breaker
-	// (default 5). While it is open no call goes to Redis.
+	// (default 5), once they have gone on for BreakerFailureSpan. While it is open no
+	// call goes to Redis.
 	BreakerFailures uint32
+	// BreakerFailureSpan is how long calls must have been failing, with no success in
+	// between, before the breaker opens (default BreakerFailures x Timeout). Calls that
+	// time out together, in one pipeline or one stall of a busy machine, then count as
+	// one failure rather than as many; a Redis that is down opens it within the span.
+	BreakerFailureSpan time.Duration
 	// BreakerOpenFor is how long the breaker stays open before it half-opens and lets
 	// probes through (default 1 s).
 	BreakerOpenFor time.Duration
@@ -114,6 +120,10 @@ type Redis struct {
 	m         *redisMetrics
 	log       *slog.Logger
 	loading   atomic.Bool // a reloadScripts is running
+	// failingSince is the Unix ns of the first failure since the last success, 0 when
+	// the last call succeeded (see Options.BreakerFailureSpan).
+	failingSince atomic.Int64
+	now          func() time.Time
 }
 
 // errCallerGone marks a call abandoned because the caller's context ended: it says
@@ -135,9 +145,9 @@ func NewRedis(rdb redis.Scripter, opts Options) (*Redis, error) {
 	if err := checkContextTimeouts(rdb); err != nil {
 		return nil, fmt.Errorf("new redis limiter: %w", err)
 	}
-	if opts.Timeout < 0 || opts.BreakerOpenFor < 0 || opts.ExpectedInstances < 0 {
-		return nil, fmt.Errorf("new redis limiter: negative Timeout %v, BreakerOpenFor %v or ExpectedInstances %d",
-			opts.Timeout, opts.BreakerOpenFor, opts.ExpectedInstances)
+	if opts.Timeout < 0 || opts.BreakerOpenFor < 0 || opts.BreakerFailureSpan < 0 || opts.ExpectedInstances < 0 {
+		return nil, fmt.Errorf("new redis limiter: negative Timeout %v, BreakerOpenFor %v, BreakerFailureSpan %v or ExpectedInstances %d",
+			opts.Timeout, opts.BreakerOpenFor, opts.BreakerFailureSpan, opts.ExpectedInstances)
 	}
 	if opts.PipelineBatch < 0 || opts.PipelineInFlight < 0 || opts.LeaseTTL < 0 || opts.MaxLeaseKeys < 0 || opts.MaxLeaseSeries < 0 {
 		return nil, fmt.Errorf("new redis limiter: negative PipelineBatch %d, PipelineInFlight %d, LeaseTTL %v, MaxLeaseKeys %d or MaxLeaseSeries %d",
@@ -152,6 +162,9 @@ func NewRedis(rdb redis.Scripter, opts Options) (*Redis, error) {
 	}
 	if opts.BreakerFailures == 0 {
 		opts.BreakerFailures = DefaultBreakerFailures
+	}
+	if opts.BreakerFailureSpan == 0 {
+		opts.BreakerFailureSpan = time.Duration(opts.BreakerFailures) * opts.Timeout
 	}
 	if opts.BreakerOpenFor == 0 {
 		opts.BreakerOpenFor = DefaultBreakerOpenFor
@@ -199,14 +212,18 @@ func NewRedis(rdb redis.Scripter, opts Options) (*Redis, error) {
 		expected:  opts.ExpectedInstances,
 		m:         newRedisMetrics(),
 		log:       opts.Logger.With("region", opts.Region),
+		now:       opts.Now,
 	}
-	failures := opts.BreakerFailures
+	failures, span := opts.BreakerFailures, opts.BreakerFailureSpan.Nanoseconds()
 	l.cb = gobreaker.NewTwoStepCircuitBreaker[struct{}](gobreaker.Settings{
 		Name:        "redis",
 		MaxRequests: opts.BreakerProbes,
 		Timeout:     opts.BreakerOpenFor,
-		ReadyToTrip: func(c gobreaker.Counts) bool { return c.ConsecutiveFailures >= failures },
-		IsExcluded:  func(err error) bool { return errors.Is(err, errCallerGone) },
+		ReadyToTrip: func(c gobreaker.Counts) bool {
+			since := l.failingSince.Load()
+			return c.ConsecutiveFailures >= failures && since != 0 && l.now().UnixNano()-since >= span
+		},
+		IsExcluded: func(err error) bool { return errors.Is(err, errCallerGone) },
 		// Called under the breaker's lock, only on a change: cheap, and the only log.
 		OnStateChange: func(_ string, from, to gobreaker.State) { l.stateChanged(from, to) },
 	})
@@ -281,17 +298,26 @@ func (l *Redis) Decide(ctx context.Context, r Request) (Decision, error) {
 // fallback when Redis does not answer. A shard's answer is scaled back to the whole
 // rule: Limit is the rule's capacity and Remaining the shard's times the shards.
 func (l *Redis) take(ctx context.Context, r Request, cost int64, key string, lim regions.Limit) (Decision, error) {
-	a, ok, err := l.call(ctx, lua.ScriptTake, key, lim, cost)
+	debt := l.owed(r, lim)
+	a, ok, err := l.call(ctx, lua.ScriptTake, key, lim, cost, debt)
+	if !ok && !a.maybeRan {
+		l.stillOwed(r, debt)
+	}
 	if err != nil {
 		return Decision{}, fmt.Errorf("decide %s/%s: %w", r.Tenant, r.Route, err)
 	}
 	if !ok {
-		return l.decideFallback(r, cost), nil
+		// A call that timed out after it was sent has most likely run (Redis was slow,
+		// or paused and will run it when it resumes): it took this request's tokens,
+		// if there were any, and charged the debt. The fallback decides without owing.
+		return l.decideFallback(r, cost, !a.maybeRan), nil
 	}
+	l.m.repaid.Add(float64(debt))
 	remaining := a.res.Remaining
 	if lim.Capacity != r.Limit.Capacity && lim.Capacity > 0 {
 		remaining = min(r.Limit.Capacity, remaining*(r.Limit.Capacity/lim.Capacity))
 	}
+	l.observe(r, remaining)
 	return Decision{
 		Allowed:    a.res.Allowed,
 		Limit:      r.Limit.Capacity,
@@ -305,9 +331,10 @@ func (l *Redis) take(ctx context.Context, r Request, cost int64, key string, lim
 // call runs one script call on Redis behind the breaker and the timeout, pipelined
 // with concurrent calls unless pipelining is off. ok reports that Redis answered; when
 // it did not, the failure is counted (and fed to the breaker) and the caller uses the
-// fallback. err is non-nil only when the arguments were invalid (ErrInvalidRequest) or
+// fallback; the answer then says only whether the call may have run all the same
+// (maybeRan). err is non-nil only when the arguments were invalid (ErrInvalidRequest) or
 // ctx ended: then Redis is not to blame.
-func (l *Redis) call(ctx context.Context, op lua.Script, key string, lim regions.Limit, n int64) (answer, bool, error) {
+func (l *Redis) call(ctx context.Context, op lua.Script, key string, lim regions.Limit, n, debt int64) (answer, bool, error) {
 	done, err := l.cb.Allow()
 	if err != nil { // open, or half-open with its probes already out
 		l.m.breakerOpen.Inc()
@@ -315,30 +342,42 @@ func (l *Redis) call(ctx context.Context, op lua.Script, key string, lim regions
 	}
 	var a answer
 	if l.batch != nil && op != lua.ScriptReturn {
-		a, err = l.batch.do(ctx, op, key, lim, n)
+		a, err = l.batch.do(ctx, op, key, lim, n, debt)
 	} else {
-		a, err = l.direct(ctx, op, key, lim, n)
+		a, err = l.direct(ctx, op, key, lim, n, debt)
 	}
 	switch {
 	case err == nil:
+		l.succeeded()
 		done(nil)
 		return a, true, nil
 	case errors.Is(err, lua.ErrInvalidArgument):
+		l.succeeded()
 		done(nil) // Redis answered, so it is healthy; the request is what is wrong
 		l.m.invalid.Inc()
 		return answer{}, false, fmt.Errorf("%w: %w", ErrInvalidRequest, err)
 	case ctx.Err() != nil:
 		done(errCallerGone)
-		return answer{}, false, ctx.Err()
+		return answer{maybeRan: a.maybeRan}, false, ctx.Err()
 	case a.timedOut:
+		l.failingSince.CompareAndSwap(0, l.now().UnixNano())
 		done(err)
 		l.m.timeout.Inc()
 	default:
+		l.failingSince.CompareAndSwap(0, l.now().UnixNano())
 		done(err)
 		l.m.failed.Inc()
 	}
 	l.log.Debug("redis call failed; using fallback", "key", key, "err", err)
-	return answer{}, false, nil
+	return answer{maybeRan: a.maybeRan}, false, nil
+}
+
+// succeeded ends a run of failures. It writes only when there was one, so concurrent
+// successes do not contend on the cache line.
+func (l *Redis) succeeded() {
+	if l.failingSince.Load() != 0 {
+		l.failingSince.Store(0)
+	}
 }
 
 // reloadScripts loads the bucket scripts into Redis again after a call found them
@@ -382,25 +421,6 @@ func (l *Redis) instanceCount() int {
 		return n
 	}
 	return l.expected
-}
-
-// decideFallback decides with this instance's 1/N of the rule. A rule too small to split
-// keeps one token per instance (regions.Scale), which is counted; a cost above the
-// scaled capacity is clipped to it, so a request the regional rule admits can still pass.
-func (l *Redis) decideFallback(r Request, cost int64) Decision {
-	n := l.instanceCount()
-	lim := r.Limit
-	if n > 1 {
-		lim = regions.Scale(r.Limit.Capacity, r.Limit.RefillPerSecond, 1/float64(n))
-		if r.Limit.Capacity < int64(n) {
-			// Fewer tokens than instances: together they may admit up to n, not capacity.
-			l.m.minCapacity.Inc()
-		}
-	}
-	cost = min(cost, lim.Capacity)
-	d := l.fallback.take(l.fallback.now(), r.Tenant, r.Route, lim, cost)
-	d.Source = SourceFallback
-	return d
 }
 
 func (l *Redis) stateChanged(from, to gobreaker.State) {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -144,7 +145,7 @@ func TestRedisCallerGoneDoesNotTripBreaker(t *testing.T) {
 func TestRedisKilledFallsBackAndRecovers(t *testing.T) {
 	p := local.Redis(t)
 	reg := prometheus.NewRegistry()
-	var logs bytes.Buffer
+	var logs lockedBuffer // the script reload logs from a goroutine of its own
 	l := newTestRedis(t, newClient(t, p), Options{
 		Region:         "test",
 		BreakerOpenFor: 100 * time.Millisecond,
@@ -210,7 +211,7 @@ func TestRedisKilledFallsBackAndRecovers(t *testing.T) {
 // TestRedisLogsOnlyStateChanges: many failing decisions, one breaker change, one line.
 func TestRedisLogsOnlyStateChanges(t *testing.T) {
 	p := local.Redis(t)
-	var logs bytes.Buffer
+	var logs lockedBuffer
 	l := newTestRedis(t, newClient(t, p), Options{
 		Region: "test", BreakerOpenFor: time.Hour, Logger: slog.New(slog.NewTextHandler(&logs, nil)),
 	})
@@ -374,4 +375,23 @@ func BenchmarkRedisDecide(b *testing.B) {
 		}
 		i++
 	}
+}
+
+// lockedBuffer is a bytes.Buffer safe for concurrent writes and reads: a log sink
+// that a test reads while the limiter's goroutines may still write.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }

@@ -1,0 +1,112 @@
+package limiter
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/quotaplane/quotaplane/deploy/local"
+	"github.com/quotaplane/quotaplane/lua"
+	"github.com/quotaplane/quotaplane/regions"
+)
+
+// TestFallbackKnowsWhatRedisAdmitted: while Redis is frozen, the fallback refuses a
+// tenant Redis had already emptied (it does not start full), and what it admits is
+// charged to the shared bucket once Redis answers again, into debt if need be, so the
+// episode does not hand out a second allowance. Two instances (N = 2) on one Redis.
+func TestFallbackKnowsWhatRedisAdmitted(t *testing.T) {
+	p := local.Redis(t)
+	rdb := newClient(t, p)
+	reg := prometheus.NewRegistry()
+	opts := Options{
+		Timeout: 50 * time.Millisecond, BreakerOpenFor: 50 * time.Millisecond, BreakerFailureSpan: time.Nanosecond,
+		Instances: func() int { return 2 },
+	}
+	a := newTestRedis(t, newClient(t, p), opts)
+	opts.Region, opts.Registerer = "test", reg
+	b := newTestRedis(t, newClient(t, p), opts)
+	for _, l := range []*Redis{a, b} {
+		if err := l.Load(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Refill slow enough that neither clock adds a token during the test.
+	lim := regions.Limit{Capacity: 10, RefillPerSecond: 0.001}
+	req := func(route string) Request { return Request{Tenant: "t", Route: route, Limit: lim} }
+	keys := lua.Keys{}
+
+	// "empty": b empties it through Redis. "some": a takes 5 of 10, b one more and sees
+	// 4 left. "fresh": a empties it; b never asked Redis about it.
+	for range 10 {
+		mustDecide(t, b, req("empty"))
+		mustDecide(t, a, req("fresh"))
+	}
+	for range 5 {
+		mustDecide(t, a, req("some"))
+	}
+	if d := mustDecide(t, b, req("some")); !d.Allowed || d.Source != SourceRedis || d.Remaining != 4 {
+		t.Fatalf("6th token of some: %+v, want allowed by redis with 4 left", d)
+	}
+
+	if err := p.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Resume() })
+	count := func(route string, n int) (admitted int) {
+		t.Helper()
+		for range n {
+			d := mustDecide(t, b, req(route))
+			if d.Source != SourceFallback {
+				t.Fatalf("%s with Redis frozen: %+v, want a fallback decision", route, d)
+			}
+			if d.Allowed {
+				admitted++
+			}
+		}
+		return admitted
+	}
+	if n := count("empty", 3); n != 0 {
+		t.Errorf("fallback admitted %d on a rule Redis had emptied, want 0", n)
+	}
+	if n := count("some", 4); n != 2 {
+		t.Errorf("fallback admitted %d on a rule with 4 tokens left, want 2 (b's half of them)", n)
+	}
+	if n := count("fresh", 8); n != 5 {
+		t.Errorf("fallback admitted %d on a rule b had not seen, want 5 (its 1/2 of capacity 10)", n)
+	}
+	if err := p.Resume(); err != nil {
+		t.Fatal(err)
+	}
+	pollUntil(t, 10*time.Second, "redis decisions after resume", func() bool {
+		return mustDecide(t, b, req("probe")).Source == SourceRedis
+	})
+	probes := metricValue(t, reg, "ratelimit_fallback_repaid_tokens_total", nil) // the probes' own debt
+
+	// "some": the fallback's 2 tokens are charged, so Redis admits the 2 left of 4:
+	// 10 admitted in all.
+	for i, want := range []bool{true, true, false} {
+		if d := mustDecide(t, b, req("some")); d.Allowed != want || d.Source != SourceRedis {
+			t.Errorf("some after the episode, decision %d: %+v, want allowed %v by redis", i, d, want)
+		}
+	}
+	// "fresh": a had emptied it, the fallback admitted 5 more: Redis holds 5 tokens of
+	// debt and refuses until it has refilled them.
+	if d := mustDecide(t, b, req("fresh")); d.Allowed || d.Source != SourceRedis {
+		t.Errorf("fresh after the episode: %+v, want refused by redis", d)
+	}
+	if got, err := rdb.HGet(context.Background(), keys.Bucket("t", "fresh"), "tokens").Float64(); err != nil || got > -4.99 || got < -5 {
+		t.Errorf("fresh's tokens in Redis = %v, %v; want -5 (the fallback's admissions, charged as debt)", got, err)
+	}
+	if v := metricValue(t, reg, "ratelimit_fallback_repaid_tokens_total", nil) - probes; v != 7 {
+		t.Errorf("tokens repaid for some and fresh = %v, want 7", v)
+	}
+	// A debt is charged once.
+	if d := mustDecide(t, b, req("some")); d.Allowed {
+		t.Errorf("some, again: %+v, want refused", d)
+	}
+	if v := metricValue(t, reg, "ratelimit_fallback_repaid_tokens_total", nil) - probes; v != 7 {
+		t.Errorf("tokens repaid for some and fresh = %v after more decisions, want still 7", v)
+	}
+}
