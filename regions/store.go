@@ -1,11 +1,12 @@
 package regions
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"net/url"
-	"regexp"
+	"slices"
 	"strings"
 	"time"
 
@@ -32,12 +33,22 @@ const defaultConnectTimeout = 5 * time.Second
 
 // Open parses url (a postgres:// URL or key=value string), connects and pings. Errors name
 // the server (RedactURL) and never contain the password; a malformed url wraps ErrInvalid.
+//
+// Of a URL whose userinfo pgx may split elsewhere than the password ends (an unencoded '/',
+// '?' or '@' in it), pgx may have taken part of the password for the host, port or database
+// it names in its errors: the errors then show only RedactURL and hide pgx's text.
 func Open(ctx context.Context, url string) (*Store, error) {
 	secrets := urlSecrets(url)
+	ambiguous := ambiguousUserinfo(url)
+	const hidden = "details hidden: the url may hold an unencoded '/', '?' or '@' in its password; percent-encode them"
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		// The parse error may quote the input: keep only a scrubbed message, no chain.
-		return nil, fmt.Errorf("%w database url %s: %s", ErrInvalid, RedactURL(url), scrub(err.Error(), secrets))
+		detail := scrub(err.Error(), secrets)
+		if ambiguous {
+			detail = hidden
+		}
+		return nil, fmt.Errorf("%w database url %s: %s", ErrInvalid, RedactURL(url), detail)
 	}
 	if cfg.ConnConfig.Password != "" {
 		secrets = append(secrets, cfg.ConnConfig.Password)
@@ -45,14 +56,19 @@ func Open(ctx context.Context, url string) (*Store, error) {
 	if cfg.ConnConfig.ConnectTimeout == 0 {
 		cfg.ConnConfig.ConnectTimeout = defaultConnectTimeout
 	}
-	where := serverName(cfg.ConnConfig)
+	fail := func(op string, err error) error {
+		if ambiguous {
+			return &redactedError{msg: fmt.Sprintf("%s %s: %s", op, RedactURL(url), hidden), err: err}
+		}
+		return redactErr(fmt.Errorf("%s %s: %w", op, serverName(cfg.ConnConfig), err), secrets)
+	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
-		return nil, redactErr(fmt.Errorf("open database %s: %w", where, err), secrets)
+		return nil, fail("open database", err)
 	}
 	if err := pool.Ping(ctx); err != nil {
 		pool.Close()
-		return nil, redactErr(fmt.Errorf("connect to database %s: %w", where, err), secrets)
+		return nil, fail("connect to database", err)
 	}
 	return &Store{pool: pool}, nil
 }
@@ -71,61 +87,218 @@ func (s *Store) Migrate(ctx context.Context) error {
 	return migrations.Up(ctx, db)
 }
 
-// RedactURL is url fit for messages: the password of a URL or key=value string replaced
-// by "xxxxx". Host, port, user and database stay.
+// RedactURL is url fit for messages: every stretch of it that may hold a password replaced
+// by "xxxxx". Host, port, user and database stay where they can be told apart from the
+// password; of a string that does not parse, or parses in more than one way, it hides more
+// than the password, never less (see secretSpans).
 func RedactURL(url string) string {
-	if u, err := parseURL(url); err == nil {
-		if q := u.Query(); q.Has("password") {
-			q.Set("password", "xxxxx")
-			u.RawQuery = q.Encode()
-		}
-		return u.Redacted()
+	var b strings.Builder
+	last := 0
+	for _, sp := range secretSpans(url) {
+		b.WriteString(url[last:sp.from])
+		b.WriteString("xxxxx")
+		last = sp.to
 	}
-	if strings.Contains(url, "://") {
-		// A URL we cannot parse: show nothing of it but the scheme.
-		scheme, _, _ := strings.Cut(url, "://")
-		return scheme + "://(unparsable)"
-	}
-	return kvPassword.ReplaceAllString(url, "${1}xxxxx")
+	b.WriteString(url[last:])
+	return b.String()
 }
 
-// kvPassword matches password=VALUE in a key=value connection string (quoted or not).
-var kvPassword = regexp.MustCompile(`(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S*)`)
+// span is the byte range [from, to) of a connection string.
+type span struct{ from, to int }
 
-func parseURL(s string) (*url.URL, error) {
-	if !strings.HasPrefix(s, "postgres://") && !strings.HasPrefix(s, "postgresql://") {
-		return nil, errors.New("not a url")
+// secretSpans is every stretch of s that may hold a password, sorted and merged. It reads s
+// both as a URL and as a key=value string and, where a malformed string can be read in more
+// than one way, takes the widest reading, so a password stays hidden however pgx, net/url
+// or the person who wrote it split the string:
+//
+//   - URL userinfo: a password may hold an unencoded '/', '?', '#', '@' or ':', and each
+//     parser then ends the userinfo elsewhere (pgx at the first '@' before a '/', net/url at
+//     the last '@' before the first '/', '?' or '#'; postgres://u:s3cr/et@host has no
+//     userinfo at all for either). So everything from the first ':' after "://" to the last
+//     '@' counts, whenever there is such a ':'.
+//   - URL query: the value of a password or sslpassword parameter (percent-encoded names
+//     too) runs to the end of s, since an unencoded '&' or '#' may sit inside it.
+//   - key=value: the value of every key ending in "password" (to the end of s if its quote
+//     is unterminated), and the words after it that no '=' follows, which an unquoted
+//     password with a space leaves behind (password=abc def host=h).
+func secretSpans(s string) []span {
+	spans := append(urlSpans(s), kvSpans(s)...)
+	slices.SortFunc(spans, func(a, b span) int { return cmp.Compare(a.from, b.from) })
+	var out []span
+	for _, sp := range spans {
+		if n := len(out); n > 0 && sp.from <= out[n-1].to {
+			out[n-1].to = max(out[n-1].to, sp.to)
+			continue
+		}
+		out = append(out, sp)
 	}
-	return url.Parse(s)
+	return out
 }
 
-// urlSecrets is every password-like value in url that we can find without a full parse.
-func urlSecrets(s string) []string {
-	var out []string
-	if u, err := parseURL(s); err == nil {
-		if p, ok := u.User.Password(); ok && p != "" {
-			out = append(out, p, url.QueryEscape(p), url.PathEscape(p))
-		}
-		for _, p := range u.Query()["password"] {
-			if p != "" {
-				out = append(out, p, url.QueryEscape(p))
-			}
-		}
-	} else if strings.Contains(s, "://") {
-		// Unparsable URL: treat whatever sits between "user:" and "@" as the password.
-		rest := s[strings.Index(s, "://")+3:]
-		if at := strings.LastIndex(rest, "@"); at >= 0 {
-			if _, p, ok := strings.Cut(rest[:at], ":"); ok && p != "" {
-				out = append(out, p)
-			}
+func urlSpans(s string) []span {
+	i := strings.Index(s, "://")
+	if i < 0 {
+		return nil
+	}
+	base := i + len("://")
+	rest := s[base:]
+	var out []span
+	if at := strings.LastIndexByte(rest, '@'); at >= 0 {
+		if colon := strings.IndexByte(rest[:at], ':'); colon >= 0 {
+			out = append(out, span{base + colon + 1, base + at})
 		}
 	}
-	for _, m := range kvPassword.FindAllStringSubmatch(s, -1) {
-		if v := strings.Trim(m[2], "'"); v != "" {
-			out = append(out, v, m[2])
+	for j := 0; j < len(rest); j++ {
+		if rest[j] != '?' && rest[j] != '&' {
+			continue
+		}
+		name, _, ok := strings.Cut(rest[j+1:], "=")
+		if !ok {
+			break
+		}
+		if strings.ContainsAny(name, "?&") {
+			continue // not a parameter name; the next '?' or '&' starts one
+		}
+		decoded, err := url.PathUnescape(name)
+		if err != nil {
+			decoded = name
+		}
+		if isPasswordKey(decoded) {
+			out = append(out, span{base + j + 1 + len(name) + 1, len(s)})
+			break
 		}
 	}
 	return out
+}
+
+// kvSpans follows pgx's key=value grammar (values quoted with ' or bare, backslash escapes)
+// but reads on past the errors that make pgx reject a string.
+func kvSpans(s string) []span {
+	var out []span
+	afterPassword := false
+	i := 0
+	for {
+		eq := strings.IndexByte(s[i:], '=')
+		if eq < 0 {
+			if end := len(strings.TrimRight(s, kvSpace)); afterPassword && end > i {
+				out = append(out, span{i, end})
+			}
+			return out
+		}
+		name := strings.TrimRight(s[i:i+eq], kvSpace)
+		k := strings.LastIndexAny(name, kvSpace)
+		if afterPassword && k >= 0 {
+			out = append(out, span{i, i + k}) // words between the password and the next key
+		}
+		name = name[k+1:]
+		v := i + eq + 1
+		for v < len(s) && strings.IndexByte(kvSpace, s[v]) >= 0 {
+			v++
+		}
+		end := kvValueEnd(s, v)
+		afterPassword = isPasswordKey(name)
+		if afterPassword {
+			out = append(out, span{v, end})
+		}
+		i = end
+	}
+}
+
+const kvSpace = " \t\n\r\v\f"
+
+// kvValueEnd is where the key=value value starting at s[v] ends: after its closing quote,
+// at the next unescaped space, or at the end of s.
+func kvValueEnd(s string, v int) int {
+	if v < len(s) && s[v] == '\'' {
+		for j := v + 1; j < len(s); j++ {
+			switch s[j] {
+			case '\\':
+				j++
+			case '\'':
+				return j + 1
+			}
+		}
+		return len(s) // unterminated: the rest may all be password
+	}
+	j := v
+	for ; j < len(s) && strings.IndexByte(kvSpace, s[j]) < 0; j++ {
+		if s[j] == '\\' {
+			j++
+		}
+	}
+	return min(j, len(s))
+}
+
+// isPasswordKey is whether a parameter of this name holds a secret (password, sslpassword).
+func isPasswordKey(name string) bool {
+	return strings.HasSuffix(strings.ToLower(strings.TrimSpace(name)), "password")
+}
+
+// ambiguousUserinfo is whether pgx ends the userinfo of URL s elsewhere than the last '@'
+// after a ':' (secretSpans): pgx may then take part of the password for the host, port or
+// database, which its errors and serverName show.
+func ambiguousUserinfo(s string) bool {
+	rest, ok := strings.CutPrefix(s, "postgresql://")
+	if !ok {
+		if rest, ok = strings.CutPrefix(s, "postgres://"); !ok {
+			return false
+		}
+	}
+	at := strings.LastIndexByte(rest, '@')
+	if at < 0 || !strings.Contains(rest[:at], ":") {
+		return false
+	}
+	return strings.IndexAny(rest, "@/") != at
+}
+
+// urlSecrets is every password-like value in url that we can find without a full parse:
+// the text of each secretSpans stretch, raw and decoded.
+func urlSecrets(s string) []string {
+	var out []string
+	add := func(v string) {
+		if v != "" && !slices.Contains(out, v) {
+			out = append(out, v)
+		}
+	}
+	for _, sp := range secretSpans(s) {
+		raw := s[sp.from:sp.to]
+		add(raw)
+		if p, err := url.PathUnescape(raw); err == nil {
+			add(p)
+		}
+		if p, err := url.QueryUnescape(raw); err == nil {
+			add(p)
+		}
+		q := strings.Trim(raw, "'")
+		add(q)
+		add(kvUnescape(q))
+	}
+	if u, err := url.Parse(s); err == nil && strings.Contains(s, "://") {
+		if p, ok := u.User.Password(); ok {
+			add(p)
+			add(url.QueryEscape(p))
+			add(url.PathEscape(p))
+		}
+		for _, p := range u.Query()["password"] {
+			add(p)
+			add(url.QueryEscape(p))
+		}
+	}
+	return out
+}
+
+// kvUnescape undoes the backslash escapes of a key=value value, as pgx does.
+func kvUnescape(v string) string {
+	var b strings.Builder
+	for i := 0; i < len(v); i++ {
+		if v[i] == '\\' {
+			if i++; i == len(v) {
+				break
+			}
+		}
+		b.WriteByte(v[i])
+	}
+	return b.String()
 }
 
 func scrub(msg string, secrets []string) string {
