@@ -23,6 +23,7 @@ import (
 
 	"github.com/quotaplane/quotaplane/deploy/loadgen"
 	"github.com/quotaplane/quotaplane/deploy/stack"
+	"github.com/quotaplane/quotaplane/rebalancer/demand"
 	"github.com/quotaplane/quotaplane/regions"
 )
 
@@ -158,21 +159,19 @@ func share(ctx context.Context, s *stack.Stack, region string) float64 {
 }
 
 func printTable(ctx context.Context, out io.Writer, s *stack.Stack, api promv1.API, el time.Duration, shifted bool) {
-	q := func(expr string) map[string]float64 {
-		v, _, _, err := api.Query(ctx, expr, time.Now())
-		res := map[string]float64{}
-		if err != nil {
-			return res
-		}
+	// The rebalancer's own offered-demand query, so the table shows what it acts on;
+	// a failed query shows zeros, as the table is only a live view.
+	rates := map[string]demand.Rates{}
+	if v, _, _, err := api.Query(ctx, demand.RegionOfferedQuery(10*time.Second, ""), time.Now()); err == nil {
 		if vec, ok := v.(model.Vector); ok {
 			for _, smp := range vec {
-				res[string(smp.Metric["region"])] = float64(smp.Value)
+				region := string(smp.Metric["region"])
+				r := rates[region]
+				r.Add(string(smp.Metric["decision"]), float64(smp.Value))
+				rates[region] = r
 			}
 		}
-		return res
 	}
-	allowed := q(`sum by (region) (rate(ratelimit_requests_total{decision="allowed"}[10s]))`)
-	throttled := q(`sum by (region) (rate(ratelimit_requests_total{decision="throttled"}[10s]))`)
 	snap, _ := s.Store.LoadSnapshot(ctx, 3*time.Second)
 	phase := "70/30"
 	if shifted {
@@ -180,14 +179,15 @@ func printTable(ctx context.Context, out io.Writer, s *stack.Stack, api promv1.A
 	}
 	fmt.Fprintf(out, "t=%-4s  %s demand %s\n", el.Truncate(time.Second), shifting, phase)
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "region\tallowed/s\tthrottled/s\tshare "+shifting+"\tsource\tdefault share\t")
+	fmt.Fprintln(tw, "region\toffered/s\tallowed/s\tthrottled/s\tshare "+shifting+"\tsource\tdefault share\t")
 	for _, r := range s.Regions {
 		sh, src, def := 0.0, regions.Source("?"), 0.0
 		if snap != nil {
 			sh, src = snap.EffectiveShare(r, shifting, stack.Route, time.Now())
 			def, _ = snap.EffectiveShare(r, regions.Wildcard, regions.Wildcard, time.Now())
 		}
-		fmt.Fprintf(tw, "%s\t%.1f\t%.1f\t%.3f\t%s\t%.3f\t\n", r, allowed[r], throttled[r], sh, src, def)
+		rt := rates[r]
+		fmt.Fprintf(tw, "%s\t%.1f\t%.1f\t%.1f\t%.3f\t%s\t%.3f\t\n", r, rt.Offered(), rt.Allowed, rt.Throttled, sh, src, def)
 	}
 	_ = tw.Flush()
 	fmt.Fprintln(out)

@@ -12,5 +12,6 @@
 //	3  a dependency is unreachable: PostgreSQL, Prometheus or Redis
 //
 // The database URL, passwords and API key secrets never appear in its errors or logs.
-// It imports regions, migrations, lua and rebalancer/sim; nothing imports it.
+// It imports regions, migrations, lua, rebalancer/sim and rebalancer/demand (the
+// offered-demand query it shares with the rebalancer); nothing imports it.
 package main

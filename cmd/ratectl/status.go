@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/common/model"
 	"github.com/spf13/cobra"
 
+	"github.com/quotaplane/quotaplane/rebalancer/demand"
 	"github.com/quotaplane/quotaplane/regions"
 )
 
@@ -35,7 +36,11 @@ type regionStatus struct {
 	Region             string   `json:"region"`
 	AllowedPerSecond   *float64 `json:"allowed_per_second"`
 	ThrottledPerSecond *float64 `json:"throttled_per_second"`
-	// ThrottleRatio is throttled / (allowed + throttled); null without traffic.
+	// shadowThrottled is the rate a shadow rule would have refused but let through; it
+	// is offered traffic, counted in the ratio, not shown on its own.
+	shadowThrottled *float64
+	// ThrottleRatio is throttled / offered, offered being allowed + throttled +
+	// shadow_throttled as the rebalancer counts it; null without traffic.
 	ThrottleRatio *float64 `json:"throttle_ratio"`
 	// FallbackActive: at least one gateway of the region decides locally (Redis down).
 	FallbackActive *bool `json:"fallback_active"`
@@ -64,7 +69,8 @@ func newStatusCmd(a *app) *cobra.Command {
 		Use:   "status",
 		Short: "Live per-region figures from Prometheus: allowed/s, throttled/s, fallback, gateways, reloads, shares",
 		Long: `Live per-region figures from Prometheus, from the gateways' metrics:
-allowed and throttled requests per second over --window, the throttled percentage,
+allowed and throttled requests per second over --window, the throttled percentage of
+the offered traffic (allowed + throttled + shadow_throttled, as the rebalancer counts it),
 whether any gateway is on its local fallback (Redis unreachable), the live gateways,
 the age of the oldest successful rule reload, and the effective share of the default
 scope. With --tenant, the request figures are that tenant's (ratelimit_tenant_requests_total).
@@ -128,34 +134,39 @@ func (a *app) status(cmd *cobra.Command, o statusOptions) error {
 		}
 	}
 	rep := buildStatus(res, known, o, at)
-	if o.tenant != "" && rep.Total.AllowedPerSecond == nil && rep.Total.ThrottledPerSecond == nil {
+	if o.tenant != "" && !hasRequests(rep.Total) {
 		a.warnf("tenant %s has no series of its own in the window (gateways export only the busiest tenants; the rest count as _other)", o.tenant)
 	}
 	return a.render(cmd, rep, func(w io.Writer) { statusTable(w, rep) })
 }
 
-// statusQueries are the PromQL queries behind status, by figure, each "by (region)".
+// figOffered names the request-rate query; its result is split by decision into the
+// figures demand.DecisionAllowed, DecisionThrottled and DecisionShadowThrottled.
+const figOffered = "offered"
+
+// statusQueries are the PromQL queries behind status, by figure, each "by (region)"
+// except figOffered, the rebalancer's own offered-demand query (by region and decision,
+// with --tenant also by route).
 func statusQueries(o statusOptions) map[string]string {
-	win := model.Duration(o.window).String()
-	req := `sum by (region) (rate(ratelimit_requests_total{decision="%s"}[` + win + `]))`
+	offered := demand.RegionOfferedQuery(o.window, "")
 	share := `avg by (region) (ratelimit_region_share_ratio{scope="*"})`
 	if o.tenant != "" {
-		req = `sum by (region) (rate(ratelimit_tenant_requests_total{tenant="` + o.tenant + `",decision="%s"}[` + win + `]))`
+		offered = demand.TenantOfferedQuery(o.window, "", o.tenant)
 		// The tenant's own scopes (TENANT, TENANT/ROUTE) when the gateways export them.
 		t := strings.ReplaceAll(regexp.QuoteMeta(o.tenant), `\`, `\\`) // "." is the only metacharacter an id may hold
 		share = `avg by (region) (ratelimit_region_share_ratio{scope=~"` + t + `|` + t + `/.*"}) or ` + share
 	}
 	return map[string]string{
-		"allowed":   fmt.Sprintf(req, "allowed"),
-		"throttled": fmt.Sprintf(req, "throttled"),
-		"fallback":  `max by (region) (ratelimit_fallback_active)`,
-		"gateways":  `max by (region) (ratelimit_gateway_instances)`,
-		"reload":    `time() - min by (region) (ratelimit_rules_last_reload_success_timestamp_seconds)`,
-		"share":     share,
+		figOffered: offered,
+		"fallback": `max by (region) (ratelimit_fallback_active)`,
+		"gateways": `max by (region) (ratelimit_gateway_instances)`,
+		"reload":   `time() - min by (region) (ratelimit_rules_last_reload_success_timestamp_seconds)`,
+		"share":    share,
 	}
 }
 
-// queryStatus runs the status queries concurrently and returns value by figure and region.
+// queryStatus runs the status queries concurrently and returns value by figure and region;
+// the offered query gives one figure per decision, summed over routes.
 func queryStatus(ctx context.Context, p promv1.API, o statusOptions, at time.Time) (map[string]map[string]float64, error) {
 	qs := statusQueries(o)
 	var (
@@ -181,13 +192,20 @@ func queryStatus(ctx context.Context, p promv1.API, o statusOptions, at time.Tim
 				errs = append(errs, fmt.Errorf("%s: unexpected result type %s", name, v.Type()))
 				return
 			}
-			m := make(map[string]float64, len(vec))
 			for _, s := range vec {
-				if r := string(s.Metric["region"]); r != "" {
-					m[r] = float64(s.Value)
+				r := string(s.Metric["region"])
+				if r == "" {
+					continue
 				}
+				fig := name
+				if name == figOffered {
+					fig = string(s.Metric["decision"])
+				}
+				if out[fig] == nil {
+					out[fig] = map[string]float64{}
+				}
+				out[fig][r] += float64(s.Value)
 			}
-			out[name] = m
 		})
 	}
 	wg.Wait()
@@ -209,7 +227,7 @@ func buildStatus(res map[string]map[string]float64, known []string, o statusOpti
 		}
 	}
 	rep := statusReport{At: at.UTC().Truncate(time.Millisecond), WindowSeconds: o.window.Seconds(), Tenant: o.tenant, Regions: []regionStatus{}}
-	var totAllowed, totThrottled *float64
+	var totAllowed, totThrottled, totShadow *float64
 	add := func(dst **float64, v *float64) {
 		if v == nil {
 			return
@@ -231,12 +249,13 @@ func buildStatus(res map[string]map[string]float64, known []string, o statusOpti
 		}
 		st := regionStatus{
 			Region:               r,
-			AllowedPerSecond:     get("allowed"),
-			ThrottledPerSecond:   get("throttled"),
+			AllowedPerSecond:     get(demand.DecisionAllowed),
+			ThrottledPerSecond:   get(demand.DecisionThrottled),
+			shadowThrottled:      get(demand.DecisionShadowThrottled),
 			RuleReloadAgeSeconds: get("reload"),
 			Share:                get("share"),
 		}
-		st.ThrottleRatio = throttleRatio(st.AllowedPerSecond, st.ThrottledPerSecond)
+		st.ThrottleRatio = throttleRatio(st)
 		if v := get("fallback"); v != nil {
 			b := *v > 0
 			st.FallbackActive = &b
@@ -256,15 +275,17 @@ func buildStatus(res map[string]map[string]float64, known []string, o statusOpti
 		rep.Regions = append(rep.Regions, st)
 		add(&totAllowed, st.AllowedPerSecond)
 		add(&totThrottled, st.ThrottledPerSecond)
+		add(&totShadow, st.shadowThrottled)
 	}
 	rep.Total = regionStatus{
 		Region:             "total",
 		AllowedPerSecond:   totAllowed,
 		ThrottledPerSecond: totThrottled,
-		ThrottleRatio:      throttleRatio(totAllowed, totThrottled),
+		shadowThrottled:    totShadow,
 		FallbackActive:     anyFallback,
 		LiveGateways:       totGateways,
 	}
+	rep.Total.ThrottleRatio = throttleRatio(rep.Total)
 	rep.Total.State = "ok"
 	for _, st := range rep.Regions {
 		if st.State != "ok" {
@@ -274,21 +295,28 @@ func buildStatus(res map[string]map[string]float64, known []string, o statusOpti
 	return rep
 }
 
-func throttleRatio(allowed, throttled *float64) *float64 {
-	if allowed == nil && throttled == nil {
+// hasRequests reports whether st has any request rate (allowed, throttled or shadow).
+func hasRequests(st regionStatus) bool {
+	return st.AllowedPerSecond != nil || st.ThrottledPerSecond != nil || st.shadowThrottled != nil
+}
+
+// throttleRatio is throttled / offered (allowed + throttled + shadow_throttled).
+func throttleRatio(st regionStatus) *float64 {
+	if !hasRequests(st) {
 		return nil
 	}
-	var a, t float64
-	if allowed != nil {
-		a = *allowed
+	val := func(v *float64) float64 {
+		if v == nil {
+			return 0
+		}
+		return *v
 	}
-	if throttled != nil {
-		t = *throttled
-	}
-	if a+t <= 0 {
+	t := val(st.ThrottledPerSecond)
+	offered := val(st.AllowedPerSecond) + t + val(st.shadowThrottled)
+	if offered <= 0 {
 		return nil
 	}
-	r := roundTo(t/(a+t), 4)
+	r := roundTo(t/offered, 4)
 	return &r
 }
 
@@ -300,7 +328,7 @@ func roundTo(v float64, digits int) float64 {
 
 func regionState(st regionStatus, staleAfter time.Duration) string {
 	var s []string
-	if st.AllowedPerSecond == nil && st.ThrottledPerSecond == nil && st.LiveGateways == nil && st.RuleReloadAgeSeconds == nil {
+	if !hasRequests(st) && st.LiveGateways == nil && st.RuleReloadAgeSeconds == nil {
 		s = append(s, "no-data")
 	}
 	if st.FallbackActive != nil && *st.FallbackActive {

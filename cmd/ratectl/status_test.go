@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -88,6 +89,11 @@ func (e *gatewayExporter) Collect(ch chan<- prometheus.Metric) {
 	counter(e.tenantRequests, 5, "eu-west", "shop-a", "create-order", "allowed")
 	counter(e.tenantRequests, 5, "eu-west", "shop-a", "create-order", "throttled")
 	counter(e.tenantRequests, 40, "us-east", "_other", "_other", "allowed")
+	// shop-b runs under a shadow rule on one of its routes in us-east: 8/s the rule would
+	// have refused but let through. They are offered traffic, as the rebalancer counts it.
+	counter(e.tenantRequests, 6, "us-east", "shop-b", "create-order", "allowed")
+	counter(e.tenantRequests, 2, "us-east", "shop-b", "create-order", "throttled")
+	counter(e.tenantRequests, 8, "us-east", "shop-b", "default", "shadow_throttled")
 }
 
 // startExporter serves the registry on 127.0.0.1 and returns host:port.
@@ -162,6 +168,27 @@ func TestStatusAgainstPrometheus(t *testing.T) {
 		d.clock = c.clock
 		r := d.ok("status", "--window", "5s")
 		golden(t, "status_with_db.table", normTimes(r.stdout))
+	})
+	t.Run("shadow_throttled is offered traffic", func(t *testing.T) {
+		// throttled / offered = 2 / (6 + 2 + 8); leaving shadow_throttled out of offered,
+		// as ratectl once did, would give 2 / 8.
+		r := c.ok("status", "--window", "5s", "--tenant", "shop-b", "-o", "json")
+		var rep statusReport
+		if err := json.Unmarshal([]byte(r.stdout), &rep); err != nil {
+			t.Fatalf("%v:\n%s", err, r.stdout)
+		}
+		ratios := map[string]*float64{"total": rep.Total.ThrottleRatio}
+		for _, st := range rep.Regions {
+			ratios[st.Region] = st.ThrottleRatio
+		}
+		for _, region := range []string{"us-east", "total"} {
+			if got := ratios[region]; got == nil || *got != 0.125 {
+				t.Errorf("%s throttle_ratio = %s, want 12.5%% (shadow_throttled counts as offered):\n%s", region, optPercent(got), r.stdout)
+			}
+		}
+		if r.stderr != "" {
+			t.Errorf("stderr: %s", r.stderr)
+		}
 	})
 	t.Run("unknown tenant warns", func(t *testing.T) {
 		r := c.ok("status", "--window", "5s", "--tenant", "nobody")

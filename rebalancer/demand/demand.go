@@ -317,25 +317,18 @@ type seriesKey struct {
 	region string
 }
 
-const offeredDecisions = DecisionAllowed + "|" + DecisionThrottled + "|" + DecisionShadowThrottled
-
 // queries returns the six PromQL expressions for one source: rates over the long and
 // short windows and the newest sample time, for the region totals and the tenant pairs.
 func (r *Reader) queries(region string) (total, pair [3]string) {
-	sel := `decision=~"` + offeredDecisions + `"`
-	if region != "" {
-		sel += `,region="` + region + `"`
-	}
-	tsel := sel + `,tenant!="` + OtherTenant + `"`
-	long, short := model.Duration(r.cfg.LongWindow).String(), model.Duration(r.cfg.ShortWindow).String()
+	sel, tsel := offeredSelector(region), tenantSelector(region, "")
 	total = [3]string{
-		fmt.Sprintf(`sum by (region, decision) (rate(%s{%s}[%s]))`, RequestsMetric, sel, long),
-		fmt.Sprintf(`sum by (region, decision) (rate(%s{%s}[%s]))`, RequestsMetric, sel, short),
+		RegionOfferedQuery(r.cfg.LongWindow, region),
+		RegionOfferedQuery(r.cfg.ShortWindow, region),
 		fmt.Sprintf(`max by (region) (timestamp(%s{%s}))`, RequestsMetric, sel),
 	}
 	pair = [3]string{
-		fmt.Sprintf(`sum by (region, tenant, route, decision) (rate(%s{%s}[%s]))`, TenantRequestsMetric, tsel, long),
-		fmt.Sprintf(`sum by (region, tenant, route, decision) (rate(%s{%s}[%s]))`, TenantRequestsMetric, tsel, short),
+		TenantOfferedQuery(r.cfg.LongWindow, region, ""),
+		TenantOfferedQuery(r.cfg.ShortWindow, region, ""),
 		fmt.Sprintf(`max by (region, tenant, route) (timestamp(%s{%s}))`, TenantRequestsMetric, tsel),
 	}
 	return total, pair
@@ -410,14 +403,7 @@ func rates(vec model.Vector) map[seriesKey]Rates {
 			continue
 		}
 		r := out[k]
-		switch smp.Metric["decision"] {
-		case DecisionAllowed:
-			r.Allowed += v
-		case DecisionThrottled:
-			r.Throttled += v
-		case DecisionShadowThrottled:
-			r.ShadowThrottled += v
-		}
+		r.Add(string(smp.Metric["decision"]), v)
 		out[k] = r
 	}
 	return out

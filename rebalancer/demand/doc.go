@@ -8,6 +8,10 @@
 // fresh sample is absent from the result — unknown, never zero. A Prometheus that cannot
 // be queried is an error, so the caller skips its run instead of acting on a guess.
 //
+// The PromQL of offered demand lives here only (RegionOfferedQuery, TenantOfferedQuery,
+// split with Rates.Add): the status page, ratectl status and the demo query it too, so
+// every reader of per-region traffic agrees on what offered is.
+//
 // A source URL may carry user:password@ (sent as basic auth); Source.String and every
 // error show it with the password hidden.
 //

@@ -281,10 +281,10 @@ func (h *Handler) build(now time.Time, db storeData, pd promData) (*Status, erro
 		}
 		defaults[name] = rg.Share
 		if r, ok := pd.rates[name]; ok {
-			offered := r.allowed + r.throttled + r.shadow
-			rg.OfferedRPS, rg.AllowedRPS, rg.ThrottledRPS = &offered, &r.allowed, &r.throttled
+			offered := r.Offered()
+			rg.OfferedRPS, rg.AllowedRPS, rg.ThrottledRPS = &offered, &r.Allowed, &r.Throttled
 			if offered > 0 {
-				ratio := r.throttled / offered
+				ratio := r.Throttled / offered
 				rg.ThrottleRatio = &ratio
 			}
 		}

@@ -15,10 +15,10 @@ import (
 	"github.com/quotaplane/quotaplane/rebalancer/demand"
 )
 
-// The PromQL behind the page, on the gateways' metrics contract.
+// The PromQL behind the page, on the gateways' metrics contract. The live rates are
+// demand.RegionOfferedQuery, the rebalancer's own, so the page shows the offered demand
+// the rebalancer acts on.
 const (
-	// ratesQuery: requests per second by region and decision over the rate window.
-	ratesQuery = `sum by (region, decision) (rate(` + demand.RequestsMetric + `[%s]))`
 	// throttledQuery: the throttled rate per region (the throttle chart).
 	throttledQuery = `sum by (region) (rate(` + demand.RequestsMetric + `{decision="` + demand.DecisionThrottled + `"}[%s]))`
 	// shareQuery: the default share the region's gateways enforce (the share chart).
@@ -27,14 +27,12 @@ const (
 
 // promData is what one view read from Prometheus; a failed server's data is absent.
 type promData struct {
-	rates     map[string]rates
+	rates     map[string]demand.Rates
 	throttled map[string][]Point
 	share     map[string][]Point
 	failed    []string // "*" or the region of each server that failed
 	err       error    // the first failure, for the log
 }
-
-type rates struct{ allowed, throttled, shadow float64 }
 
 // chartStep is the step of a chart's range query: chartPoints steps over the range.
 func chartStep(r time.Duration) time.Duration {
@@ -43,7 +41,7 @@ func chartStep(r time.Duration) time.Duration {
 
 // queryPrometheus runs the three queries on every server concurrently.
 func (h *Handler) queryPrometheus(ctx context.Context, now time.Time) promData {
-	d := promData{rates: map[string]rates{}, throttled: map[string][]Point{}, share: map[string][]Point{}}
+	d := promData{rates: map[string]demand.Rates{}, throttled: map[string][]Point{}, share: map[string][]Point{}}
 	win := model.Duration(h.cfg.RateWindow).String()
 	step := chartStep(h.cfg.ChartRange)
 	// Align the range to the step so consecutive views draw the same points.
@@ -61,7 +59,7 @@ func (h *Handler) queryPrometheus(ctx context.Context, now time.Time) promData {
 		var errs [3]error
 		var sw sync.WaitGroup
 		sw.Go(func() {
-			v, _, _, err := src.API.Query(ctx, fmt.Sprintf(ratesQuery, win), now)
+			v, _, _, err := src.API.Query(ctx, demand.RegionOfferedQuery(h.cfg.RateWindow, src.Region), now)
 			errs[0] = err
 			if err != nil {
 				return
@@ -79,17 +77,9 @@ func (h *Handler) queryPrometheus(ctx context.Context, now time.Time) promData {
 					continue
 				}
 				r := d.rates[region]
-				switch string(s.Metric["decision"]) {
-				case demand.DecisionAllowed:
-					r.allowed += float64(s.Value)
-				case demand.DecisionThrottled:
-					r.throttled += float64(s.Value)
-				case demand.DecisionShadowThrottled:
-					r.shadow += float64(s.Value)
-				default:
-					continue
+				if r.Add(string(s.Metric["decision"]), float64(s.Value)) {
+					d.rates[region] = r
 				}
-				d.rates[region] = r
 			}
 		})
 		for i, q := range []struct {
