@@ -56,6 +56,7 @@ type options struct {
 	shortWindow   time.Duration
 	reloadWait    time.Duration
 	instanceTTL   time.Duration
+	expireAfter   int // full runs; -1 never
 	once, dryRun  bool
 	adminListen   string
 	logLevel      string
@@ -73,6 +74,7 @@ func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (op
 	fs.DurationVar(&o.shortWindow, "short-window", demand.DefaultShortWindow, "short rate window (fast path, peak reserve)")
 	fs.DurationVar(&o.reloadWait, "reload-wait", job.DefaultReloadWait, "pause between writing share decreases and increases (one gateway reload)")
 	fs.DurationVar(&o.instanceTTL, "instance-ttl", job.DefaultInstanceTTL, "a gateway unseen for longer is not live; a region with none is dark")
+	fs.IntVar(&o.expireAfter, "expire-after-runs", job.DefaultExpireAfterRuns, "delete a tenant/route pair's rebalancer shares after this many full runs without its demand (history reason \"expired\"); -1 never")
 	fs.BoolVar(&o.once, "once", false, "run once and exit: takes the leader lock (fails while another rebalancer holds it); non-zero if the run was skipped")
 	fs.BoolVar(&o.dryRun, "dry-run", false, "compute and log the shares, write nothing")
 	fs.StringVar(&o.adminListen, "admin-listen", "127.0.0.1:9102", "admin address for /metrics, /healthz and the status page (/ and /status.json); empty disables it")
@@ -97,6 +99,8 @@ func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (op
 		return o, fmt.Errorf("--check-interval %s: must be > 0", o.checkInterval)
 	case o.reloadWait <= 0 || o.instanceTTL <= 0 || o.shortWindow < time.Second:
 		return o, errors.New("--reload-wait and --instance-ttl must be > 0, --short-window at least 1s")
+	case o.expireAfter < 1 && o.expireAfter != -1:
+		return o, fmt.Errorf("--expire-after-runs %d: must be at least 1, or -1 to never expire", o.expireAfter)
 	}
 	var l slog.Level
 	if err := l.UnmarshalText([]byte(o.logLevel)); err != nil {
@@ -138,7 +142,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	cfg := job.Config{
 		Interval: o.interval, CheckInterval: o.checkInterval, ReloadWait: o.reloadWait,
-		InstanceTTL: o.instanceTTL, DryRun: o.dryRun, Logger: log, Registerer: reg,
+		InstanceTTL: o.instanceTTL, ExpireAfterRuns: o.expireAfter, DryRun: o.dryRun, Logger: log, Registerer: reg,
 	}
 	var elector *job.Elector
 	if !o.dryRun { // a dry run writes nothing, so it needs no lock and takes none
@@ -180,7 +184,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 		log.Info("admin listening", "addr", ln.Addr().String())
 	}
 	log.Info("rebalancer started", "interval", o.interval.String(), "check_interval", o.checkInterval.String(),
-		"prometheus", sourcesString(sources), "database", regions.RedactURL(o.databaseURL), "dry_run", o.dryRun)
+		"prometheus", sourcesString(sources), "database", regions.RedactURL(o.databaseURL), "expire_after_runs", o.expireAfter, "dry_run", o.dryRun)
 	runErr := j.Run(ctx)
 	if srv != nil {
 		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)

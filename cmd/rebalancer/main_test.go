@@ -18,6 +18,7 @@ import (
 	"github.com/quotaplane/quotaplane/deploy/local"
 	"github.com/quotaplane/quotaplane/rebalancer/demand"
 	"github.com/quotaplane/quotaplane/rebalancer/demand/demandtest"
+	"github.com/quotaplane/quotaplane/rebalancer/job"
 	"github.com/quotaplane/quotaplane/regions"
 )
 
@@ -33,8 +34,14 @@ func TestParseFlags(t *testing.T) {
 		args    []string
 		env     map[string]string
 		wantErr string
+		expire  int // --expire-after-runs, when no error
 	}{
-		{name: "ok", args: base},
+		{name: "ok", args: base, expire: job.DefaultExpireAfterRuns},
+		{name: "expire after 10 runs", args: append(base, "--expire-after-runs", "10"), expire: 10},
+		{name: "never expire", args: append(base, "--expire-after-runs", "-1"), expire: -1},
+		{name: "zero expire runs", args: append(base, "--expire-after-runs", "0"), wantErr: "--expire-after-runs 0: must be at least 1, or -1"},
+		{name: "negative expire runs", args: append(base, "--expire-after-runs", "-2"), wantErr: "--expire-after-runs -2: must be at least 1, or -1"},
+		{name: "malformed expire runs", args: append(base, "--expire-after-runs", "three"), wantErr: "-expire-after-runs"},
 		{name: "database url from env", args: []string{"--prometheus-url", "http://p"}, env: map[string]string{EnvDatabaseURL: "postgres://e/db"}},
 		{name: "no database url", args: []string{"--prometheus-url", "http://p"}, wantErr: "--database-url"},
 		{name: "no prometheus", args: []string{"--database-url", "postgres://x/db"}, wantErr: "--prometheus-url is required"},
@@ -52,6 +59,9 @@ func TestParseFlags(t *testing.T) {
 				}
 				if o.databaseURL == "" || len(o.prometheus) != 1 {
 					t.Errorf("options = %+v", o)
+				}
+				if tc.expire != 0 && o.expireAfter != tc.expire {
+					t.Errorf("expireAfter = %d, want %d", o.expireAfter, tc.expire)
 				}
 				return
 			}
