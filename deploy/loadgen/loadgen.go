@@ -29,7 +29,8 @@ type Stream struct {
 	URL    string // must be on a loopback address
 	Header http.Header
 	// Rate is the request rate at a point of the run, in requests per second. It is read
-	// about every 100 ms, so a step change takes effect within that.
+	// about every 100 ms, so a step change takes effect within that. At 0 (or below) the
+	// stream sends nothing.
 	Rate func(elapsed time.Duration) float64
 }
 
@@ -99,7 +100,8 @@ func (c *Counts) add(name string, code int, lat time.Duration) {
 }
 
 // Run sends every stream's load for d (at most MaxDuration) or until ctx ends, and
-// returns per-stream results. live, if not nil, is updated as responses arrive.
+// returns per-stream results (none for a stream that sent nothing, its rate 0 throughout).
+// live, if not nil, is updated as responses arrive.
 func Run(ctx context.Context, streams []Stream, d time.Duration, live *Counts) ([]Result, error) {
 	if d <= 0 || d > MaxDuration {
 		return nil, fmt.Errorf("load duration %v must be in (0, %v]", d, MaxDuration)
@@ -136,7 +138,7 @@ func attack(ctx context.Context, s Stream, d time.Duration, live *Counts) {
 	}
 	target := vegeta.Target{Method: method, URL: s.URL, Header: s.Header}
 	a := vegeta.NewAttacker(vegeta.Timeout(5*time.Second), vegeta.KeepAlive(true), vegeta.Redirects(vegeta.NoFollow), vegeta.MaxWorkers(256))
-	ch := a.Attack(vegeta.NewStaticTargeter(target), &pacer{rate: s.Rate}, d, s.Name)
+	ch := a.Attack(vegeta.NewStaticTargeter(target), &pacer{rate: s.Rate, end: d}, d, s.Name)
 	for {
 		select {
 		case <-ctx.Done():
@@ -154,10 +156,12 @@ func attack(ctx context.Context, s Stream, d time.Duration, live *Counts) {
 }
 
 // pacer turns a rate function into vegeta's Pacer: the wait before the next hit given
-// how many hits have gone out. It integrates the rate in 100 ms steps, remembering the
-// sum so far, since elapsed only grows.
+// how many hits have gone out. Hit n is due when the rate, integrated in 100 ms steps from
+// the start, reaches n; the sum up to the step holding elapsed is remembered, since
+// elapsed only grows.
 type pacer struct {
 	rate func(time.Duration) float64
+	end  time.Duration // the attack's duration: no hit is due after it
 	mu   sync.Mutex
 	t    time.Duration // integrated up to here
 	sum  float64       // hits due by t
@@ -165,22 +169,39 @@ type pacer struct {
 
 const paceStep = 100 * time.Millisecond
 
+// Pace returns the wait until hit hits+1 is due. vegeta (v12 lib/attack.go) sleeps that
+// long and then sends the hit without asking again, so the wait reaches across any stretch
+// at rate 0 (or below) to the moment the hit is due. When none is due by the end of the
+// attack, it stops the attack: a wait past the end would still send one hit.
 func (p *pacer) Pace(elapsed time.Duration, hits uint64) (time.Duration, bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for p.t+paceStep <= elapsed {
-		p.sum += p.rate(p.t) * paceStep.Seconds()
+		p.sum += p.rateAt(p.t) * paceStep.Seconds()
 		p.t += paceStep
 	}
-	r := p.rate(p.t)
-	due := p.sum + r*(elapsed-p.t).Seconds()
-	if float64(hits) < due {
-		return 0, false
+	want := float64(hits) + 1
+	// Look ahead step by step, from the one holding elapsed, for where the sum reaches want.
+	for t, sum := p.t, p.sum; t <= p.end; t += paceStep {
+		r := p.rateAt(t)
+		if from := max(elapsed, t); sum+r*(from-t).Seconds() >= want {
+			return from - elapsed, false // due already (behind schedule)
+		}
+		if dt := (want - sum) / r; dt < paceStep.Seconds() { // r > 0 here, or dt is +Inf
+			at := t + time.Duration(dt*float64(time.Second))
+			return max(at-elapsed, 0), at > p.end
+		}
+		sum += r * paceStep.Seconds()
 	}
-	if r <= 0 {
-		return paceStep - (elapsed - p.t), false
+	return 0, true
+}
+
+// rateAt is the rate at t; a negative or NaN rate sends nothing.
+func (p *pacer) rateAt(t time.Duration) float64 {
+	if r := p.rate(t); r > 0 {
+		return r
 	}
-	return time.Duration((float64(hits) + 1 - due) / r * float64(time.Second)), false
+	return 0
 }
 
 func (p *pacer) Rate(elapsed time.Duration) float64 { return p.rate(elapsed) }
