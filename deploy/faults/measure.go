@@ -3,7 +3,6 @@ package faults
 import (
 	"context"
 	"fmt"
-	"sort"
 	"strings"
 	"time"
 
@@ -94,22 +93,19 @@ type Figures struct {
 	WithinBound float64
 	// SlowDecisions took longer than the histogram's last bound (50 ms).
 	SlowDecisions float64
-	// HotAdmitted are the hot tenant's 200s across the cluster; HotLimit the plain
-	// token-bucket limit over the window (sum over regions of capacity + refill x
-	// elapsed); HotBound the exact bound with the fault's extra terms (Bound).
+	// HotAdmitted are the hot tenant's 200s across the cluster; HotLimit the token-bucket
+	// limit over the window (Limit).
 	HotAdmitted uint64
 	HotLimit    float64
-	HotBound    float64
-	BoundTerms  string
 	Recovery    time.Duration
 }
 
-// Ratio is admitted over the exact bound.
+// Ratio is admitted over the limit.
 func (f Figures) Ratio() float64 {
-	if f.HotBound == 0 {
+	if f.HotLimit == 0 {
 		return 0
 	}
-	return float64(f.HotAdmitted) / f.HotBound
+	return float64(f.HotAdmitted) / f.HotLimit
 }
 
 // Evaluate computes the figures of a finished window.
@@ -152,7 +148,7 @@ func (e *Env) Evaluate(w *Window) Figures {
 		f.SlowDecisions = hist.Total - hist.Counts[n-1]
 	}
 	f.WithinBound = hist.AtMost((e.opts.RedisTimeout + time.Millisecond).Seconds())
-	f.HotLimit, f.HotBound, f.BoundTerms = e.Bound(w, f.Elapsed)
+	f.HotLimit = e.Limit(w, f.Elapsed)
 	return f
 }
 
@@ -166,69 +162,20 @@ func delta(before, after Scrape, name string, match ...string) float64 {
 	return a - b
 }
 
-// Bound is the hot tenant's admission limit over a window of length w, plain and exact.
+// Limit is the hot tenant's admission limit over a window of length elapsed: each
+// region's bucket admits at most capacity + refill x elapsed, summed over the regions.
 //
-// Plain: each region's bucket admits at most capacity + refill x elapsed, summed over
-// the regions. Exact: the plain limit plus what the fallback mechanism may add, per
-// region r with capacity C, refill R and N gateways:
-//
-//   - if r's gateways fell back (decisions with source "fallback" in the window), each
-//     fallback bucket starts full: + N x C_N, C_N = max(1, round(C/N)) (regions.Scale),
-//     which is about C.
-//   - the Redis bucket cannot be drained while Redis is unreachable, so it comes back
-//     full, and a Redis restarted empty starts every bucket full: + C, once per outage
-//     or restart (the larger of the two counts).
-//   - partial fallback: while some gateways decide with Redis (which still refills at
-//     R for the region) and others with their fallback buckets (R/N each), the region
-//     admits more than R. That happens while breakers close one by one after a fault,
-//     and whenever a breaker trips on its own (a timeout under CPU starvation). The
-//     term is R/N x (the gateway-seconds spent in fallback beyond the N x outage when
-//     Redis admitted nothing at all), the gateway-seconds measured as each gateway's
-//     fallback decisions over its decision rate in the window.
-//
-// Everything else is the token buckets themselves. Not counted: a fallback bucket that
-// refills between two separate episodes of one gateway (up to C_N more per extra
-// episode), and requests in flight at the window's edges.
-func (e *Env) Bound(w *Window, elapsed time.Duration) (plain, exact float64, terms string) {
-	n := len(e.Gateways) / len(e.Regions)
-	var parts []string
-	regs := append([]string(nil), e.Regions...)
-	sort.Strings(regs)
-	for _, r := range regs {
+// Nothing is added for the fallback: what a gateway's fallback admits while Redis cannot
+// be reached is charged to the Redis bucket when it answers again (gateway/limiter), and
+// every answer from Redis lowers the fallback bucket to the gateway's share of what is
+// left, so a fault is to cost latency, not accuracy.
+func (e *Env) Limit(w *Window, elapsed time.Duration) float64 {
+	limit := 0.0
+	for _, r := range e.Regions {
 		lim := w.HotLimits[r]
-		c, rate := float64(lim.Capacity), lim.RefillPerSecond
-		p := c + rate*elapsed.Seconds()
-		plain += p
-		x := p
-		fallbackSeconds := 0.0
-		for _, g := range e.GatewaysOf(r) {
-			before, after := w.Before.Gateways[g.ID], w.After.Gateways[g.ID]
-			fb := delta(before, after, "ratelimit_requests_total", "source", "fallback")
-			all := delta(before, after, "ratelimit_decision_duration_seconds")
-			if fb > 0 && all > 0 {
-				fallbackSeconds += fb / (all / elapsed.Seconds())
-			}
-		}
-		outages := w.RedisRestarts
-		if fallbackSeconds > 0 {
-			outages = max(outages, 1)
-			share := regions.Scale(lim.Capacity, lim.RefillPerSecond, 1/float64(n))
-			fill := float64(n) * float64(share.Capacity)
-			out := 0.0
-			if r == w.Region {
-				out = w.Outage.Seconds()
-			}
-			partial := rate / float64(n) * max(0, fallbackSeconds-float64(n)*out)
-			x += fill + partial
-			parts = append(parts, fmt.Sprintf("%s: fallback fill %.0f, partial fallback %.1f (%.1f gateway-s)", r, fill, partial, fallbackSeconds))
-		}
-		if outages > 0 {
-			x += float64(outages) * c
-			parts = append(parts, fmt.Sprintf("%s: Redis bucket back full %d x %.0f", r, outages, c))
-		}
-		exact += x
+		limit += float64(lim.Capacity) + lim.RefillPerSecond*elapsed.Seconds()
 	}
-	return plain, exact, strings.Join(parts, "; ")
+	return limit
 }
 
 // WaitRedis waits until every gateway of region has its breaker closed and has made a
