@@ -46,10 +46,10 @@ func (l *Redis) decideFallback(r Request, cost int64, owe bool) Decision {
 	cost = min(cost, lim.Capacity)
 	now := l.fallback.now()
 	var d Decision
-	l.fallback.update(now, r.Tenant, r.Route, lim, func(e *entry) bool {
+	l.fallback.update(now, r.Tenant, r.Route, lim, func(e *entry, owed *int64) bool {
 		d = e.b.Take(now, lim.Capacity, lim.RefillPerSecond, cost)
 		if d.Allowed && owe {
-			e.owed += cost
+			*owed += cost
 		}
 		return true
 	})
@@ -67,7 +67,7 @@ func (l *Redis) observe(r Request, remaining int64) {
 		return // a missing bucket is full: nothing to lower
 	}
 	now := l.fallback.now()
-	l.fallback.update(now, r.Tenant, r.Route, lim, func(e *entry) bool {
+	l.fallback.update(now, r.Tenant, r.Route, lim, func(e *entry, _ *int64) bool {
 		e.b.lower(now, lim.Capacity, lim.RefillPerSecond, share)
 		return true
 	})
@@ -80,11 +80,11 @@ func (l *Redis) observe(r Request, remaining int64) {
 func (l *Redis) owed(r Request, lim regions.Limit) int64 {
 	now := l.fallback.now()
 	var debt int64
-	l.fallback.update(now, r.Tenant, r.Route, fallbackLimit(r.Limit, l.instanceCount()), func(e *entry) bool {
-		if e.owed > 0 && e.fullAt > now.UnixNano() {
-			debt = min(e.owed, lim.Capacity)
+	l.fallback.update(now, r.Tenant, r.Route, fallbackLimit(r.Limit, l.instanceCount()), func(e *entry, owed *int64) bool {
+		if *owed > 0 && e.fullAt > now.UnixNano() {
+			debt = min(*owed, lim.Capacity)
 		}
-		e.owed = 0
+		*owed = 0
 		return false
 	})
 	return debt
@@ -97,8 +97,8 @@ func (l *Redis) stillOwed(r Request, debt int64) {
 	if debt == 0 {
 		return
 	}
-	l.fallback.update(l.fallback.now(), r.Tenant, r.Route, fallbackLimit(r.Limit, l.instanceCount()), func(e *entry) bool {
-		e.owed += debt
+	l.fallback.update(l.fallback.now(), r.Tenant, r.Route, fallbackLimit(r.Limit, l.instanceCount()), func(_ *entry, owed *int64) bool {
+		*owed += debt
 		return false
 	})
 }

@@ -82,17 +82,18 @@ type shard struct {
 	m    map[uint64]entry
 	peak int
 	hits uint32
-	_    [32]byte // 32 + 32 bytes: each shard on its own 64-byte cache line
+	// owed is, for a fallback, what a bucket admitted while Redis could not be asked:
+	// tokens the shared bucket has yet to be charged (fallback.go). Once the bucket is
+	// full again its debt is void (the shared bucket would have refilled as well), so it
+	// goes with the bucket. nil unless some bucket owes, and always in a Local limiter
+	// of its own, so a bucket costs no more for it.
+	owed map[uint64]int64
+	_    [24]byte // 40 + 24 bytes: each shard on its own 64-byte cache line
 }
 
 type entry struct {
 	b      Bucket
 	fullAt int64 // Unix ns from which b is full, so evicting it is exact
-	// owed is what a fallback bucket admitted while Redis could not be asked: tokens the
-	// shared bucket has yet to be charged (see Redis.repay). Once b is full again the
-	// debt is void (the shared bucket would have refilled as well), so eviction at
-	// fullAt stays exact. Always 0 in a Local limiter of its own.
-	owed int64
 }
 
 // NewLocal returns a Local limiter. It starts no goroutines.
@@ -157,7 +158,7 @@ func (l *Local) Sweep() int {
 		s.mu.Lock()
 		for k, e := range s.m {
 			if e.fullAt <= now {
-				delete(s.m, k)
+				s.remove(k)
 				n++
 			}
 		}
@@ -179,23 +180,41 @@ func (l *Local) key(tenant, route string) (uint64, *shard) {
 // take is the decision of every local bucket, at now, with a validated limit and cost.
 func (l *Local) take(now time.Time, tenant, route string, lim regions.Limit, cost int64) Decision {
 	var d Decision
-	l.update(now, tenant, route, lim, func(e *entry) bool {
+	l.update(now, tenant, route, lim, func(e *entry, _ *int64) bool {
 		d = e.b.Take(now, lim.Capacity, lim.RefillPerSecond, cost)
 		return true
 	})
 	return d
 }
 
-// update runs f on the bucket of (tenant, route), a full one if there is none, under its
-// shard's lock, and stores the result unless f returns false (then a missing bucket
-// stays missing). It keeps the shard bounded as described on Local.
-func (l *Local) update(now time.Time, tenant, route string, lim regions.Limit, f func(e *entry) bool) {
+// update runs f on the bucket of (tenant, route), a full one if there is none, and its
+// debt (see shard.owed), under its shard's lock, and stores both unless f returns false
+// for a missing bucket (then it stays missing, owing nothing). It keeps the shard
+// bounded as described on Local.
+func (l *Local) update(now time.Time, tenant, route string, lim regions.Limit, f func(e *entry, owed *int64) bool) {
 	t := now.UnixNano()
 	k, s := l.key(tenant, route)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	e, ok := s.m[k]
-	if !f(&e) && !ok {
+	var owed int64
+	if s.owed != nil {
+		owed = s.owed[k]
+	}
+	keep := f(&e, &owed)
+	if !keep && !ok {
+		owed = 0
+	}
+	switch {
+	case owed != 0:
+		if s.owed == nil {
+			s.owed = make(map[uint64]int64)
+		}
+		s.owed[k] = owed
+	case s.owed != nil:
+		s.forgive(k)
+	}
+	if !keep && !ok {
 		return
 	}
 	idle, forced := 0, 0
@@ -227,7 +246,7 @@ func (s *shard) sample(now int64, n int) int {
 	seen, deleted := 0, 0
 	for k, e := range s.m {
 		if e.fullAt <= now {
-			delete(s.m, k)
+			s.remove(k)
 			deleted++
 		}
 		if seen++; seen >= n {
@@ -246,7 +265,7 @@ func (s *shard) makeRoom(now int64) (idle, forced int) {
 	victimAt, found := int64(0), false
 	for k, e := range s.m {
 		if e.fullAt <= now {
-			delete(s.m, k)
+			s.remove(k)
 			idle++
 		} else if !found || e.fullAt < victimAt {
 			victim, victimAt, found = k, e.fullAt, true
@@ -256,10 +275,26 @@ func (s *shard) makeRoom(now int64) (idle, forced int) {
 		}
 	}
 	if idle == 0 && found {
-		delete(s.m, victim)
+		s.remove(victim)
 		forced = 1
 	}
 	return idle, forced
+}
+
+// remove evicts the bucket k, and its debt with it.
+func (s *shard) remove(k uint64) {
+	delete(s.m, k)
+	if s.owed != nil {
+		s.forgive(k)
+	}
+}
+
+// forgive drops k's debt, and the debt map once it is empty.
+func (s *shard) forgive(k uint64) {
+	delete(s.owed, k)
+	if len(s.owed) == 0 {
+		s.owed = nil
+	}
 }
 
 // maybeShrink rebuilds the map once it holds a small part of its peak, so the memory of
