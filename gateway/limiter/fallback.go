@@ -1,8 +1,6 @@
 package limiter
 
-import (
-	"github.com/quotaplane/quotaplane/regions"
-)
+import "github.com/quotaplane/quotaplane/regions"
 
 // The fallback of a Redis limiter is a Local whose bucket for a rule holds this
 // instance's 1/N of it. Two things keep it close to the shared bucket, so that a
@@ -15,7 +13,9 @@ import (
 //     to Redis for that rule charges it first, in the same script call, into debt if
 //     need be (the debt argument of lua/token_bucket.lua and lua/lease.lua). The
 //     shared bucket, which went on refilling while Redis was not asked, does not admit
-//     those tokens a second time.
+//     those tokens a second time. A call that timed out after it was sent has most
+//     likely run (Redis was slow, or paused and runs it on resume): its debt is not
+//     kept, and what the fallback admits in its place is not owed.
 //
 // So a fallback episode costs latency, not accuracy: what the N fallback buckets admit
 // is taken off what Redis admits afterwards. What is left is the case where the
