@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"hash/maphash"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -21,7 +22,11 @@ import (
 // in, at most len(candidates) pairs change per interval, and memory is bounded by
 // max + candidate slots whatever the number of tenants.
 //
-// The hot path for a tracked pair is a read lock, a map lookup and two atomic adds.
+// The hot path takes no tracker-wide lock: a tracked pair is a lock-free sync.Map lookup
+// and two atomic adds; an untracked pair once the table is full is that lookup and one
+// shard of the sketch, locked on its own (the sketch is split by the pair's hash, each
+// shard a space-saving sketch of its pairs with an equal part of the slots). mu is taken
+// only while the table changes: warm-up admissions, rotate and refreshShares.
 type tenantTracker struct {
 	vec      *prometheus.CounterVec // region, tenant, route, decision
 	share    *prometheus.GaugeVec   // scope
@@ -30,13 +35,21 @@ type tenantTracker struct {
 	shareFor func(tenant, route string) (float64, bool)
 
 	mu      sync.RWMutex
-	tracked map[pairKey]*pairSeries
+	tracked map[pairKey]*pairSeries // guarded by mu; series mirrors it for the hot path
+	series  sync.Map                // pairKey -> *pairSeries, written only with mu held
 	full    atomic.Bool
 	other   *pairSeries
 
-	cmu     sync.Mutex
+	seed   maphash.Seed
+	shards []sketchShard
+}
+
+// sketchShard is one part of the candidate sketch: the pairs whose hash falls in it.
+type sketchShard struct {
+	mu      sync.Mutex
 	cands   map[pairKey]*candidate
 	candMax int
+	_       [40]byte // a cache line of its own: shards are locked from every core
 }
 
 type pairKey struct{ tenant, route string }
@@ -50,8 +63,12 @@ type pairSeries struct {
 // candidate is a space-saving counter: count overestimates the true count by at most err.
 type candidate struct{ count, err int64 }
 
-// maxCandidates bounds the sketch; a replacement scans it, so it stays small.
+// maxCandidates bounds the sketch; a replacement scans its shard, so it stays small.
 const maxCandidates = 64
+
+// maxSketchShards bounds the shards of the sketch; each has maxCandidates/maxSketchShards
+// slots at most.
+const maxSketchShards = 8
 
 // newTenantTracker builds a tracker; shareFor reports a pair's effective share for
 // ratelimit_region_share_ratio (false while no snapshot is loaded).
@@ -63,8 +80,17 @@ func newTenantTracker(m *metrics, region string, max int, shareFor func(tenant, 
 		max:      max,
 		shareFor: shareFor,
 		tracked:  make(map[pairKey]*pairSeries, max),
-		cands:    make(map[pairKey]*candidate, min(max, maxCandidates)),
-		candMax:  min(max, maxCandidates),
+		seed:     maphash.MakeSeed(),
+	}
+	// Slots: min(max, maxCandidates) in all, split evenly, one per shard at least.
+	slots := min(max, maxCandidates)
+	if slots < 1 {
+		slots = 1
+	}
+	t.shards = make([]sketchShard, min(slots, maxSketchShards))
+	for i := range t.shards {
+		n := slots / len(t.shards)
+		t.shards[i] = sketchShard{cands: make(map[pairKey]*candidate, n), candMax: n}
 	}
 	t.other = t.newSeries(pairKey{labelOther, labelOther})
 	return t
@@ -81,10 +107,10 @@ func (t *tenantTracker) newSeries(k pairKey) *pairSeries {
 // count records one decided request of tenant on route.
 func (t *tenantTracker) count(tenant, route string, d decision) {
 	k := pairKey{tenant, route}
-	t.mu.RLock()
-	s := t.tracked[k]
-	t.mu.RUnlock()
-	if s == nil {
+	var s *pairSeries
+	if v, ok := t.series.Load(k); ok {
+		s = v.(*pairSeries)
+	} else {
 		s = t.admit(k)
 	}
 	s.counters[d].Inc()
@@ -98,9 +124,7 @@ func (t *tenantTracker) admit(k pairKey) *pairSeries {
 		t.mu.Lock()
 		s := t.tracked[k]
 		if s == nil && len(t.tracked) < t.max {
-			s = t.newSeries(k)
-			t.tracked[k] = s
-			t.setShare(k)
+			s = t.track(k)
 		}
 		if len(t.tracked) >= t.max {
 			t.full.Store(true)
@@ -110,49 +134,61 @@ func (t *tenantTracker) admit(k pairKey) *pairSeries {
 			return s
 		}
 	}
-	t.cmu.Lock()
-	t.note(k)
-	t.cmu.Unlock()
+	sh := t.shard(k)
+	sh.mu.Lock()
+	sh.note(k)
+	sh.mu.Unlock()
 	return t.other
 }
 
-// note counts k in the space-saving sketch. Called with cmu held.
-func (t *tenantTracker) note(k pairKey) {
-	if c := t.cands[k]; c != nil {
+// shard is the part of the sketch that counts k.
+func (t *tenantTracker) shard(k pairKey) *sketchShard {
+	if len(t.shards) == 1 {
+		return &t.shards[0]
+	}
+	return &t.shards[maphash.Comparable(t.seed, k)%uint64(len(t.shards))]
+}
+
+// note counts k in the shard's space-saving sketch. Called with sh.mu held.
+func (sh *sketchShard) note(k pairKey) {
+	if c := sh.cands[k]; c != nil {
 		c.count++
 		return
 	}
-	if len(t.cands) < t.candMax {
-		t.cands[k] = &candidate{count: 1}
+	if len(sh.cands) < sh.candMax {
+		sh.cands[k] = &candidate{count: 1}
 		return
 	}
 	var minK pairKey
 	var minC *candidate
-	for ck, c := range t.cands {
+	for ck, c := range sh.cands {
 		if minC == nil || c.count < minC.count {
 			minK, minC = ck, c
 		}
 	}
-	delete(t.cands, minK)
+	delete(sh.cands, minK)
 	minC.err = minC.count
 	minC.count++
-	t.cands[k] = minC
+	sh.cands[k] = minC
 }
 
 // rotate lets the busiest candidates of the last interval replace the quietest tracked
 // pairs, then starts a new interval.
 func (t *tenantTracker) rotate() {
-	t.cmu.Lock()
 	type cand struct {
 		k     pairKey
 		count int64 // guaranteed: count - err
 	}
-	cands := make([]cand, 0, len(t.cands))
-	for k, c := range t.cands {
-		cands = append(cands, cand{k, c.count - c.err})
+	var cands []cand
+	for i := range t.shards {
+		sh := &t.shards[i]
+		sh.mu.Lock()
+		for k, c := range sh.cands {
+			cands = append(cands, cand{k, c.count - c.err})
+		}
+		clear(sh.cands)
+		sh.mu.Unlock()
 	}
-	clear(t.cands)
-	t.cmu.Unlock()
 	sort.Slice(cands, func(i, j int) bool { return cands[i].count > cands[j].count })
 
 	t.mu.Lock()
@@ -172,8 +208,7 @@ func (t *tenantTracker) rotate() {
 			continue
 		}
 		if len(t.tracked) < t.max {
-			t.tracked[cands[i].k] = t.newSeries(cands[i].k)
-			t.setShare(cands[i].k)
+			t.track(cands[i].k)
 			continue
 		}
 		if len(tracked) == 0 || cands[i].count <= tracked[0].window {
@@ -181,15 +216,24 @@ func (t *tenantTracker) rotate() {
 		}
 		t.evict(tracked[0].k)
 		tracked = tracked[1:]
-		t.tracked[cands[i].k] = t.newSeries(cands[i].k)
-		t.setShare(cands[i].k)
+		t.track(cands[i].k)
 	}
 	t.full.Store(len(t.tracked) >= t.max)
+}
+
+// track gives k series of its own and returns them. Called with mu held.
+func (t *tenantTracker) track(k pairKey) *pairSeries {
+	s := t.newSeries(k)
+	t.tracked[k] = s
+	t.series.Store(k, s)
+	t.setShare(k)
+	return s
 }
 
 // evict deletes a tracked pair and its series. Called with mu held.
 func (t *tenantTracker) evict(k pairKey) {
 	delete(t.tracked, k)
+	t.series.Delete(k)
 	for d := range decUnauthenticated {
 		t.vec.DeleteLabelValues(t.region, k.tenant, k.route, decisionNames[d])
 	}

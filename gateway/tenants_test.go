@@ -108,10 +108,14 @@ func TestTenantTrackerBounded(t *testing.T) {
 	if n := testutil.CollectAndCount(reg, "ratelimit_tenant_requests_total"); n > (max+1)*3 {
 		t.Fatalf("%d tenant series, cap is %d", n, (max+1)*3)
 	}
-	tr.cmu.Lock()
-	defer tr.cmu.Unlock()
-	if len(tr.cands) > maxCandidates {
-		t.Fatalf("%d candidates, cap %d", len(tr.cands), maxCandidates)
+	cands := 0
+	for i := range tr.shards {
+		tr.shards[i].mu.Lock()
+		cands += len(tr.shards[i].cands)
+		tr.shards[i].mu.Unlock()
+	}
+	if cands > maxCandidates {
+		t.Fatalf("%d candidates, cap %d", cands, maxCandidates)
 	}
 }
 
@@ -124,6 +128,58 @@ func BenchmarkTenantTrackerCount(b *testing.B) {
 		names[i] = fmt.Sprintf("tenant-%d", i)
 	}
 	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		i := 0
+		for pb.Next() {
+			tr.count(names[i%len(names)], "create-order", decAllowed)
+			i++
+		}
+	})
+}
+
+// benchTracker is a full tracker of 1000 pairs (tenant-0..999 on create-order) and the
+// names of 100000 tenants, as many as a large deployment has.
+func benchTracker(b *testing.B) (*tenantTracker, []string) {
+	b.Helper()
+	m, err := newMetrics(prometheus.NewRegistry(), "r1", nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	tr := newTenantTracker(m, "r1", 1000, func(string, string) (float64, bool) { return 1, true })
+	names := make([]string, 100000)
+	for i := range names {
+		names[i] = fmt.Sprintf("tenant-%d", i)
+	}
+	for _, n := range names[:1000] {
+		tr.count(n, "create-order", decAllowed)
+	}
+	if tr.trackedPairs() != 1000 {
+		b.Fatalf("%d tracked pairs, want 1000", tr.trackedPairs())
+	}
+	return tr, names
+}
+
+// BenchmarkTenantTrackerTracked: every request is of a tracked pair.
+func BenchmarkTenantTrackerTracked(b *testing.B) {
+	tr, names := benchTracker(b)
+	names = names[:1000]
+	b.ReportAllocs()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		i := 0
+		for pb.Next() {
+			tr.count(names[i%len(names)], "create-order", decAllowed)
+			i++
+		}
+	})
+}
+
+// BenchmarkTenantTrackerUntracked: every request is of an untracked pair, the set full.
+func BenchmarkTenantTrackerUntracked(b *testing.B) {
+	tr, names := benchTracker(b)
+	names = names[1000:]
+	b.ReportAllocs()
+	b.ResetTimer()
 	b.RunParallel(func(pb *testing.PB) {
 		i := 0
 		for pb.Next() {
