@@ -22,6 +22,7 @@ import (
 	"github.com/goccy/go-yaml/parser"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/quotaplane/quotaplane/lua"
 	"github.com/quotaplane/quotaplane/regions"
 )
 
@@ -36,7 +37,7 @@ const (
 	DefaultListen            = "127.0.0.1:8080"
 	DefaultAdminListen       = "127.0.0.1:9100"
 	DefaultRedisTimeout      = 5 * time.Millisecond
-	DefaultKeyPrefix         = "rl"
+	DefaultKeyPrefix         = lua.DefaultPrefix
 	DefaultBreakerFailures   = 5
 	DefaultBreakerOpenFor    = time.Second
 	DefaultReloadInterval    = 30 * time.Second
@@ -60,7 +61,7 @@ const maxUnauthClients = 1 << 20
 // Route ids the gateway uses as metric labels of its own; a configured route may not take them.
 const (
 	routeUnmatched = "_unmatched"
-	labelOther     = "_other"
+	labelOther     = regions.OtherLabel
 )
 
 // Config is the gateway's configuration file (YAML). docs/configuration.md documents every

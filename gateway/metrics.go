@@ -83,7 +83,7 @@ func newMetrics(reg prometheus.Registerer, region string, extraBounds []float64)
 		}, []string{"region", "route", "decision", "source"}),
 		tenantRequests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "ratelimit_tenant_requests_total",
-			Help: "Requests of the busiest (tenant, route) pairs, at most metrics.max_tenants of them; the rest count as tenant=\"_other\", route=\"_other\".",
+			Help: "Requests of the busiest (tenant, route) pairs, at most metrics.max_tenants of them; the rest count as tenant=\"" + labelOther + "\", route=\"" + labelOther + "\".",
 		}, []string{"region", "tenant", "route", "decision"}),
 		shareRatio: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name:        "ratelimit_region_share_ratio",

@@ -14,6 +14,10 @@ import (
 // Wildcard is the tenant or route id of a default rule, and the scope of a region-wide share.
 const Wildcard = "*"
 
+// OtherLabel is the tenant and route label of ratelimit_tenant_requests_total under which
+// gateways count the pairs without series of their own; it has no scope.
+const OtherLabel = "_other"
+
 // ErrInvalid is wrapped by every validation error of this package, so callers can tell
 // bad input from a failed operation.
 var ErrInvalid = errors.New("invalid")

@@ -24,7 +24,7 @@ const (
 	RequestsMetric       = "ratelimit_requests_total"        // {region,route,decision,source}
 	TenantRequestsMetric = "ratelimit_tenant_requests_total" // {region,tenant,route,decision}
 	// OtherTenant is the tenant label of the folded, uncapped remainder; it has no scope.
-	OtherTenant = "_other"
+	OtherTenant = regions.OtherLabel
 )
 
 // Decision label values that count as offered traffic.
