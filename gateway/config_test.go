@@ -116,7 +116,7 @@ func TestBadConfigs(t *testing.T) {
 		"negative-max-tenants":              `metrics.max_tenants: must be between 1 and 100000, got -1`,
 		"no-routes":                         `routes: at least one route is required`,
 		"redis-timeout-too-long":            `redis.timeout: 10s is longer than 1s: a slow Redis would become a slow gateway`,
-		"reserved-route-id":                 `routes[0].id: "_other" is reserved for metrics`,
+		"reserved-route-id":                 `routes[0].id: route id "_other": reserved for metrics (the series of untracked tenants)`,
 		"rule-unknown-route":                `tenants[0].rules[0].route: no route has id "delete-order"`,
 		"rule-zero-refill":                  `tenants[0].rules[0].refill_per_second: must be > 0, got 0`,
 		"syntax-error":                      `line 2: ',' or ']' must be specified`,

@@ -37,7 +37,8 @@ var (
 const NotifyChannel = migrations.NotifyChannel
 
 // ValidateID checks a tenant, route or region id: [A-Za-z0-9._-]{1,64}. kind names the id
-// in the error ("tenant", "route", "region").
+// in the error ("tenant", "route", "region"). A tenant or route may not be OtherLabel:
+// its series would merge with those of every untracked pair.
 func ValidateID(kind, id string) error {
 	if id == "" {
 		return fmt.Errorf("%w %s id: empty", ErrInvalid, kind)
@@ -50,6 +51,9 @@ func ValidateID(kind, id string) error {
 		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-') {
 			return fmt.Errorf("%w %s id %q: only letters, digits, '.', '_' and '-' are allowed", ErrInvalid, kind, id)
 		}
+	}
+	if id == OtherLabel && (kind == "tenant" || kind == "route") {
+		return fmt.Errorf("%w %s id %q: reserved for metrics (the series of untracked tenants)", ErrInvalid, kind, id)
 	}
 	return nil
 }

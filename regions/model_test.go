@@ -45,6 +45,11 @@ func TestValidateID(t *testing.T) {
 		{"semicolon", "a;b", false},
 		{"regex meta", "a+b", false},
 		{"backslash", `a\b`, false},
+		{"the metrics' remainder label", OtherLabel, false},
+		{"like it, not it", "_other2", true},
+	}
+	if err := ValidateID("region", OtherLabel); err != nil {
+		t.Errorf("ValidateID(region, %q) = %v: only tenants and routes reserve it", OtherLabel, err)
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
