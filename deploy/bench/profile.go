@@ -37,7 +37,7 @@ var costClasses = []costClass{
 		"Follows the bytes allocated. The largest allocation per request, the proxy's 32 KB copy buffer (about 80% of the bytes), now comes from a pool (gateway/handler.go); what remains is spread over net/http and go-redis."},
 	{"metrics (Prometheus counters, the decision histogram, per-tenant series)",
 		regexp.MustCompile(`prometheus/client_golang|gateway\.\(\*tenantTracker\)`),
-		"Counters are resolved per route, decision and source once at start (no WithLabelValues per request); a tracked tenant costs a read lock, a map lookup and two atomic adds; per-tenant series are capped (metrics.max_tenants)."},
+		"Counters are resolved per route, decision and source once at start (no WithLabelValues per request); a tracked tenant costs a lock-free map lookup and two atomic adds, an untracked one a lock on one of 8 candidate parts; per-tenant series are capped (metrics.max_tenants)."},
 	{"API-key hash (SHA-256)",
 		regexp.MustCompile(`crypto/sha256|crypto/internal/fips140/sha256`),
 		"One SHA-256 of the key from a stack buffer (hashKey), no heap copy; the hash is the snapshot's map key, so there is no second lookup."},
