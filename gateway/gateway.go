@@ -526,10 +526,14 @@ func (g *Gateway) warmRedis(ctx context.Context) {
 	}
 }
 
-// closeClients closes the database pool, the upstream connections and the Redis client.
+// closeClients closes the database pool, the upstream connections, the limiter's
+// background script reload if one is running, and the Redis client.
 func (g *Gateway) closeClients() {
 	g.closeStore()
 	g.transport.CloseIdleConnections()
+	if c, ok := g.lim.(interface{ Close() }); ok {
+		c.Close()
+	}
 	if g.rdb != nil {
 		_ = g.rdb.Close()
 	}

@@ -106,6 +106,7 @@ func (b *bench) accuracyOnce(ctx context.Context, run int, name string) (accurac
 		if err != nil {
 			return a, err
 		}
+		defer l.Close()
 		if err := l.Load(ctx); err != nil {
 			return a, err
 		}

@@ -12,7 +12,8 @@
 //
 // There is no long-lived goroutine and so no Run: lease expiry is lazy (checked on the
 // key's next decision), the batcher's senders exit when its queue is empty, and the
-// script reload after a NOSCRIPT is one goroutine under a deadline.
+// script reload after a failed call or a NOSCRIPT is one goroutine under a deadline,
+// which Redis.Close stops.
 //
 // It imports lua (scripts and keys) and regions (Limit, Scale). It must not import
 // gateway, rebalancer or cmd, and knows nothing of HTTP, API keys or shares.

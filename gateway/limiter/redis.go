@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -104,8 +105,9 @@ type Options struct {
 // over sub-buckets; hot keys may be leased (Options.LeaseThreshold).
 //
 // It is safe for concurrent use. It has no goroutine of its own: the pipelining starts
-// short-lived ones that send queued calls and exit when the queue is empty, and a
-// NOSCRIPT reply starts one that reloads the scripts under a deadline.
+// short-lived ones that send queued calls and exit when the queue is empty, and a failed
+// call or a NOSCRIPT reply starts one that reloads the scripts under a deadline (rewarm),
+// which Close stops.
 type Redis struct {
 	rdb       redis.Scripter
 	tb        *lua.TokenBucket
@@ -119,7 +121,15 @@ type Redis struct {
 	expected  int
 	m         *redisMetrics
 	log       *slog.Logger
-	loading   atomic.Bool // a reloadScripts is running
+	loading   atomic.Bool // a rewarm is running
+	rewarmFor time.Duration
+	// life guards closed and the rewarm goroutines' WaitGroup (see Close).
+	life struct {
+		sync.Mutex
+		closed bool
+		stop   chan struct{}
+		wg     sync.WaitGroup
+	}
 	// failingSince is the Unix ns of the first failure since the last success, 0 when
 	// the last call succeeded (see Options.BreakerFailureSpan).
 	failingSince atomic.Int64
@@ -213,7 +223,9 @@ func NewRedis(rdb redis.Scripter, opts Options) (*Redis, error) {
 		m:         newRedisMetrics(),
 		log:       opts.Logger.With("region", opts.Region),
 		now:       opts.Now,
+		rewarmFor: max(scriptLoadTimeout, 10*opts.Timeout, opts.BreakerOpenFor),
 	}
+	l.life.stop = make(chan struct{})
 	failures, span := opts.BreakerFailures, opts.BreakerFailureSpan.Nanoseconds()
 	l.cb = gobreaker.NewTwoStepCircuitBreaker[struct{}](gobreaker.Settings{
 		Name:        "redis",
@@ -367,6 +379,7 @@ func (l *Redis) call(ctx context.Context, op lua.Script, key string, lim regions
 		l.failingSince.CompareAndSwap(0, l.now().UnixNano())
 		done(err)
 		l.m.failed.Inc()
+		l.rewarm("a redis call failed", slog.LevelDebug)
 	}
 	l.log.Debug("redis call failed; using fallback", "key", key, "err", err)
 	return answer{maybeRan: a.maybeRan}, false, nil
@@ -381,29 +394,76 @@ func (l *Redis) succeeded() {
 }
 
 // reloadScripts loads the bucket scripts into Redis again after a call found them
-// missing (NOSCRIPT: Redis restarted, or SCRIPT FLUSH), on a goroutine of its own under
-// a deadline of its own (scriptLoadTimeout), one load at a time. The call that found
-// them missing retries with EVAL within its own timeout, but on a slow Redis that retry
-// may never fit; without the load, every later call would fail the same way.
+// missing (NOSCRIPT: Redis restarted, or SCRIPT FLUSH), out of band (rewarm). The call
+// that found them missing retries with EVAL within its own timeout, but on a slow Redis
+// that retry may never fit; without the load, every later call would fail the same way.
 func (l *Redis) reloadScripts() {
-	if !l.loading.CompareAndSwap(false, true) {
-		return
+	if l.rewarm("redis had lost the bucket scripts", slog.LevelInfo) {
+		l.m.noscript.Inc()
 	}
-	l.m.noscript.Inc()
-	go func() {
-		defer l.loading.Store(false)
-		ctx, cancel := context.WithTimeout(context.Background(), max(scriptLoadTimeout, 10*l.timeout))
-		defer cancel()
-		if err := l.tb.Load(ctx); err != nil {
-			l.log.Warn("redis had lost the bucket scripts; reloading them failed", "err", err)
-			return
-		}
-		l.log.Info("redis had lost the bucket scripts; reloaded them")
-	}()
 }
 
-// scriptLoadTimeout bounds an out-of-band SCRIPT LOAD (at least 10 x the call timeout).
-const scriptLoadTimeout = time.Second
+// rewarm loads the bucket scripts into Redis, which also opens a connection, on a
+// goroutine of its own, one at a time, trying every rewarmEvery until it succeeds or
+// rewarmFor has passed (the breaker's open interval, at least scriptLoadTimeout and 10
+// x the call timeout). It runs after a call found the scripts missing, and after a call
+// that failed for another reason than its timeout (a refused or dropped connection):
+// then, once Redis is back, the breaker's next probe finds a connection open and the
+// scripts loaded, instead of paying for a dial and an EVAL within the call timeout and
+// failing again on a busy machine, which would keep the breaker open another interval.
+// It logs its success at level, and a failure at debug (the breaker logs the outage).
+// It reports whether it started.
+func (l *Redis) rewarm(why string, level slog.Level) bool {
+	l.life.Lock()
+	defer l.life.Unlock()
+	if l.life.closed || !l.loading.CompareAndSwap(false, true) {
+		return false
+	}
+	l.life.wg.Add(1)
+	go func() {
+		defer l.life.wg.Done()
+		defer l.loading.Store(false)
+		ctx, cancel := context.WithTimeout(context.Background(), l.rewarmFor)
+		defer cancel()
+		tick := time.NewTicker(rewarmEvery)
+		defer tick.Stop()
+		for {
+			err := l.tb.Load(ctx)
+			if err == nil {
+				l.log.Log(ctx, level, why+"; loaded the bucket scripts again")
+				return
+			}
+			select {
+			case <-ctx.Done():
+				l.log.Debug(why+"; loading the bucket scripts failed", "err", err)
+				return
+			case <-l.life.stop:
+				return
+			case <-tick.C:
+			}
+		}
+	}()
+	return true
+}
+
+// Close stops a rewarm in progress, if any, and waits for it; no rewarm starts after it.
+// Decisions go on working (they need no goroutine of their own). It does not close the
+// Redis client, which the caller owns.
+func (l *Redis) Close() {
+	l.life.Lock()
+	if !l.life.closed {
+		l.life.closed = true
+		close(l.life.stop)
+	}
+	l.life.Unlock()
+	l.life.wg.Wait()
+}
+
+// scriptLoadTimeout is the least time rewarm goes on trying; rewarmEvery is its pace.
+const (
+	scriptLoadTimeout = time.Second
+	rewarmEvery       = 50 * time.Millisecond
+)
 
 // Load loads the bucket scripts into Redis, which also opens a connection, under the
 // caller's deadline rather than Options.Timeout. Call it at startup (and it serves as a

@@ -33,6 +33,7 @@ func newTestRedis(t testing.TB, rdb redis.Scripter, opts Options) *Redis {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(l.Close)
 	return l
 }
 
