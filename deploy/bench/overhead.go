@@ -104,7 +104,7 @@ func (b *bench) startOverhead(ctx context.Context) (_ *overhead, err error) {
 	}{
 		{"b", "gateway, local limiter", "gateway, no Redis: the standalone in-process limiter (a never-throttling rule: limiting cost ~0)",
 			gatewaySpec{name: "gw-local", upstream: upstream}},
-		{"c", "gateway + Redis", "gateway deciding every request on Redis (one EVALSHA, pipelined) with the defaults: 5 ms timeout, breaker opens for 1 s after 5 failures",
+		{"c", "gateway + Redis", "gateway deciding every request on Redis (one EVALSHA, pipelined) with the defaults: 5 ms timeout, breaker opens for 1 s after 5 failures over 25 ms",
 			gatewaySpec{name: "gw-redis", upstream: upstream, redisURL: local.RedisURL(rd)}},
 		{"e", "gateway + Redis, 100 ms timeout", "the same with a 100 ms timeout, so that Redis decides unless a call stalls for 100 ms: (e) − (b) is the cost of deciding on Redis",
 			gatewaySpec{name: "gw-redis-100ms", upstream: upstream, redisURL: local.RedisURL(rd), timeout: 100 * time.Millisecond}},

@@ -326,9 +326,8 @@ func (r *report) renderOverhead(d *doc) {
 	d.p("decision that costs well under a microsecond (`BenchmarkLocalDecide` below). (b) − (a)")
 	d.p("is the proxy's cost, (e) − (b) the cost of deciding on Redis, and (c) is what a gateway")
 	d.p("with the default 5 ms timeout does here: when Redis is not scheduled within 5 ms (this")
-	d.p("machine's load makes that common), the call times out and, with pipelining, the calls of")
-	d.p("one batch fail together, so one slow batch of 5 or more opens the breaker for a second")
-	d.p("and the fallback decides (the \"fallback decisions\" column).")
+	d.p("machine's load makes that happen), the call times out and the fallback decides (the")
+	d.p("\"fallback decisions\" column); the breaker opens once calls have failed for 25 ms.")
 	d.p("")
 	for _, rate := range ov.rates {
 		d.p("**%s requests/s**", fmtInt(rate))
@@ -645,12 +644,13 @@ func (r *report) renderAccuracy(d *doc) {
 	}
 	d.table([]string{"limiter", "max error vs bound", "mean error vs bound", "largest over-admission vs bound", "max error vs exact bucket", "mean error vs exact bucket", "decisions", "fallback decisions"}, rows)
 	d.p("A negative over-admission means no tenant got more than the bound. A decision taken by")
-	d.p("the fallback (a Redis call over its timeout, or the breaker open after five such calls,")
-	d.p("which one slow pipelined batch makes) comes from a local bucket holding 1/N of the rule,")
-	d.p("started full and unaware of what Redis admitted: while the instances flap between Redis")
-	d.p("and the fallback the region admits both, up to about twice the bound. That is the error")
-	d.p("of the 5 ms row on a machine that often leaves Redis or the caller unscheduled for more")
-	d.p("than 5 ms; the 100 ms row is the bucket itself.")
+	d.p("the fallback (a Redis call over its timeout, or the breaker open) comes from a local")
+	d.p("bucket holding 1/N of the rule that every Redis answer lowers to this instance's share of")
+	d.p("what is left, and what it admits is charged to Redis with the next call for the rule")
+	d.p("(gateway/limiter/fallback.go): so the 5 ms row stays close to the 100 ms row, which is")
+	d.p("the bucket itself, even when the machine leaves Redis or the caller unscheduled for more")
+	d.p("than 5 ms. (Before that change the 5 ms row was 40% / 32% on a loaded run: the fallback")
+	d.p("buckets started full, and the region admitted both them and Redis.)")
 	d.p("")
 }
 
