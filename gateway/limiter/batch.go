@@ -105,7 +105,8 @@ type answer struct {
 	res      lua.Result
 	timedOut bool // the call ran out of time (with an error)
 	// maybeRan: the call got no answer but may have run on Redis all the same (it was
-	// sent and timed out), so the bucket may have changed.
+	// handed to a pipeline, or written, before it timed out), so the bucket may have
+	// changed.
 	maybeRan bool
 }
 
@@ -151,8 +152,7 @@ func (b *batcher) do(ctx context.Context, op lua.Script, key string, lim regions
 		}
 		<-c.done
 	}
-	timedOut := isTimeout(c.err)
-	a, err := answer{granted: c.granted, res: c.res, timedOut: timedOut, maybeRan: timedOut}, c.err
+	a, err := answer{granted: c.granted, res: c.res, timedOut: isTimeout(c.err), maybeRan: mayHaveRun(c.err)}, c.err
 	c.key, c.err = "", nil
 	callPool.Put(c)
 	return a, err
@@ -167,6 +167,28 @@ func isTimeout(err error) bool {
 	var ne net.Error
 	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, os.ErrDeadlineExceeded) ||
 		(errors.As(err, &ne) && ne.Timeout())
+}
+
+// mayHaveRun reports whether a call that failed with err may have run on Redis all the
+// same: it timed out while its command was written or its reply awaited (the socket
+// deadline go-redis derives from the context). A call that timed out waiting for a pool
+// connection, or failed to dial, was never written.
+func mayHaveRun(err error) bool {
+	if err == nil || errors.Is(err, redis.ErrPoolTimeout) {
+		return false
+	}
+	var op *net.OpError
+	if errors.As(err, &op) && op.Op == "dial" {
+		return false
+	}
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		return true
+	}
+	if errors.Is(err, context.DeadlineExceeded) {
+		return false // the context's own error: it ended before any I/O timed out
+	}
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
 }
 
 // errCallTimeout is the error of a queued call not answered within the timeout.
@@ -306,6 +328,6 @@ func (l *Redis) direct(ctx context.Context, op lua.Script, key string, lim regio
 		}
 	}
 	a.timedOut = cctx.Err() != nil
-	a.maybeRan = err != nil && a.timedOut
+	a.maybeRan = a.timedOut && mayHaveRun(err)
 	return a, err
 }

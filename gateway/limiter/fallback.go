@@ -1,6 +1,10 @@
 package limiter
 
-import "github.com/quotaplane/quotaplane/regions"
+import (
+	"math"
+
+	"github.com/quotaplane/quotaplane/regions"
+)
 
 // The fallback of a Redis limiter is a Local whose bucket for a rule holds this
 // instance's 1/N of it. Two things keep it close to the shared bucket, so that a
@@ -18,11 +22,8 @@ import "github.com/quotaplane/quotaplane/regions"
 //     kept, and what the fallback admits in its place is not owed.
 //
 // So a fallback episode costs latency, not accuracy: what the N fallback buckets admit
-// is taken off what Redis admits afterwards. What is left is the case where the
-// fallback buckets admit more than the shared bucket would have in the whole episode
-// plus the following refill (one bucket of debt at most), and a debt whose fallback
-// bucket refilled to full before Redis answered again (forgiven: by then the shared
-// bucket would be full too).
+// beyond their refill is taken off what Redis admits afterwards (see owed for the
+// bound), down to one bucket of debt at the most.
 
 // fallbackLimit is this instance's 1/N of lim (n = instances). A rule too small to split
 // keeps one token per instance (regions.Scale).
@@ -46,19 +47,22 @@ func (l *Redis) decideFallback(r Request, cost int64, owe bool) Decision {
 	cost = min(cost, lim.Capacity)
 	now := l.fallback.now()
 	var d Decision
-	l.fallback.update(now, r.Tenant, r.Route, lim, func(e *entry, owed *int64) bool {
+	l.fallback.update(now, r.Tenant, r.Route, lim, func(e entry, owed int64) (entry, int64, bool) {
 		d = e.b.Take(now, lim.Capacity, lim.RefillPerSecond, cost)
 		if d.Allowed && owe {
-			*owed += cost
+			owed += cost
 		}
-		return true
+		return e, owed, true
 	})
 	d.Source = SourceFallback
 	return d
 }
 
 // observe lowers the fallback bucket of r to this instance's share of remaining, the
-// whole rule's tokens left as Redis just reported them. It never raises the bucket.
+// whole rule's tokens left as Redis just reported them. It never raises the bucket. A
+// missing (full) bucket is added only when the share is at most half of it, so a healthy
+// gateway does not hold a fallback bucket for every key it decides; the tokens a bucket
+// so left full may admit in an outage are charged back like any others.
 func (l *Redis) observe(r Request, remaining int64) {
 	n := l.instanceCount()
 	lim := fallbackLimit(r.Limit, n)
@@ -66,39 +70,52 @@ func (l *Redis) observe(r Request, remaining int64) {
 	if share >= float64(lim.Capacity) {
 		return // a missing bucket is full: nothing to lower
 	}
+	add := 2*share <= float64(lim.Capacity)
 	now := l.fallback.now()
-	l.fallback.update(now, r.Tenant, r.Route, lim, func(e *entry, _ *int64) bool {
+	l.fallback.update(now, r.Tenant, r.Route, lim, func(e entry, owed int64) (entry, int64, bool) {
 		e.b.lower(now, lim.Capacity, lim.RefillPerSecond, share)
-		return true
+		return e, owed, add
 	})
 }
 
 // owed takes what the fallback admitted for r since Redis last answered, to be charged
-// to the shared bucket (holding lim) by the next call: at most lim.Capacity, the most
-// debt a bucket holds. A debt whose fallback bucket has refilled to full since is void:
-// the shared bucket would have refilled as well.
+// to the shared bucket (holding lim: the rule's, or one shard's) by the next call.
+//
+// The debt is at most what the fallback bucket is short of full: the fallback refills
+// at this instance's share of the rule while it admits, and admissions that its refill
+// has covered since are no more than the shared bucket would have admitted for this
+// instance meanwhile. So a debt decays as the bucket refills, and is void once it is
+// full; N instances together never charge more than their admissions beyond the rule.
+// Past lim.Capacity (the most debt a bucket holds) the rest stays owed, for the next
+// call (another shard of a sharded rule).
 func (l *Redis) owed(r Request, lim regions.Limit) int64 {
+	if l.fallback.owing.Load() == 0 {
+		return 0 // the usual case: no bucket owes anything
+	}
 	now := l.fallback.now()
+	flim := fallbackLimit(r.Limit, l.instanceCount())
 	var debt int64
-	l.fallback.update(now, r.Tenant, r.Route, fallbackLimit(r.Limit, l.instanceCount()), func(e *entry, owed *int64) bool {
-		if *owed > 0 && e.fullAt > now.UnixNano() {
-			debt = min(*owed, lim.Capacity)
+	l.fallback.update(now, r.Tenant, r.Route, flim, func(e entry, owed int64) (entry, int64, bool) {
+		if owed <= 0 {
+			return e, 0, false
 		}
-		*owed = 0
-		return false
+		c := float64(flim.Capacity)
+		e.b.refill(now, c, flim.RefillPerSecond)
+		short := int64(math.Ceil(c - e.b.tokens - eps))
+		owed = max(0, min(owed, short))
+		debt = min(owed, lim.Capacity)
+		return e, owed - debt, false
 	})
 	return debt
 }
 
-// stillOwed puts back a debt that owed took when the call that was to charge it got no
-// answer. (The call may have run all the same: then the debt is charged twice, which
-// errs on the side of refusing.)
+// stillOwed puts back a debt that owed took when the call that was to charge it did not
+// reach Redis (refused, dropped before it was written, or never sent; see mayHaveRun).
 func (l *Redis) stillOwed(r Request, debt int64) {
 	if debt == 0 {
 		return
 	}
-	l.fallback.update(l.fallback.now(), r.Tenant, r.Route, fallbackLimit(r.Limit, l.instanceCount()), func(_ *entry, owed *int64) bool {
-		*owed += debt
-		return false
+	l.fallback.update(l.fallback.now(), r.Tenant, r.Route, fallbackLimit(r.Limit, l.instanceCount()), func(e entry, owed int64) (entry, int64, bool) {
+		return e, owed + debt, false
 	})
 }

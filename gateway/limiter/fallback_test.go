@@ -117,3 +117,49 @@ func TestFallbackKnowsWhatRedisAdmitted(t *testing.T) {
 		t.Errorf("tokens repaid for some and fresh = %v after more decisions, want still 7", v)
 	}
 }
+
+// TestFallbackDebtIsWhatExceedsItsRefill: in an outage longer than a bucket's fill time
+// the fallback's refill covers most of what it admits, which the shared bucket would
+// have admitted for this instance anyway; only what the fallback bucket is short of full
+// is charged. (Charging every admission would leave Redis a bucket of debt per instance
+// after a long outage, refusing a tenant that kept to its limit.)
+func TestFallbackDebtIsWhatExceedsItsRefill(t *testing.T) {
+	p := local.Redis(t)
+	clock := newFakeClock()
+	reg := prometheus.NewRegistry()
+	l := newTestRedis(t, newClient(t, p), Options{
+		Region: "test", Registerer: reg, Now: clock.Now, Timeout: time.Second,
+		BreakerFailures: 1, BreakerOpenFor: time.Hour, BreakerFailureSpan: time.Nanosecond,
+		Instances: func() int { return 2 },
+	})
+	// The fallback holds 5 tokens refilled at 0.5/s.
+	r := Request{Tenant: "t", Route: "r", Limit: regions.Limit{Capacity: 10, RefillPerSecond: 1}}
+	if err := p.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	admitted := 0
+	for range 40 { // 20 s of fake time, two requests a second: more than it may admit
+		for range 2 {
+			d := mustDecide(t, l, r)
+			if d.Source != SourceFallback {
+				t.Fatalf("Redis down: %+v, want a fallback decision", d)
+			}
+			if d.Allowed {
+				admitted++
+			}
+		}
+		clock.Advance(500 * time.Millisecond)
+	}
+	if admitted < 14 || admitted > 16 { // 5 + 0.5/s x 20 s
+		t.Errorf("fallback admitted %d in 20 s, want about 15", admitted)
+	}
+	// Take the debt as the next call to Redis would (TestFallbackKnowsWhatRedisAdmitted
+	// shows that call charging it).
+	debt := l.owed(r, r.Limit)
+	if debt < 4 || debt > 6 {
+		t.Errorf("debt after a 20 s outage = %d, want what the 5-token fallback bucket is short of full (about 5), not the %d it admitted", debt, admitted)
+	}
+	if l.owed(r, r.Limit) != 0 {
+		t.Errorf("a debt taken once is still owed")
+	}
+}

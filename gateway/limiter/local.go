@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"hash/maphash"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -75,6 +76,7 @@ type Local struct {
 	perShard int
 	shards   [localShards]shard
 	m        *localMetrics
+	owing    atomic.Int64 // buckets with a debt (shard.owed), so a fallback with none skips the lookup
 }
 
 type shard struct {
@@ -87,8 +89,9 @@ type shard struct {
 	// full again its debt is void (the shared bucket would have refilled as well), so it
 	// goes with the bucket. nil unless some bucket owes, and always in a Local limiter
 	// of its own, so a bucket costs no more for it.
-	owed map[uint64]int64
-	_    [24]byte // 40 + 24 bytes: each shard on its own 64-byte cache line
+	owed  map[uint64]int64
+	owing *atomic.Int64 // the Local's count of buckets with a debt
+	_     [16]byte      // 48 + 16 bytes: each shard on its own 64-byte cache line
 }
 
 type entry struct {
@@ -115,6 +118,7 @@ func newLocal(opts LocalOptions) *Local {
 	l := &Local{now: opts.Now, seed: maphash.MakeSeed(), perShard: max(1, opts.MaxBuckets/localShards), m: newLocalMetrics()}
 	for i := range l.shards {
 		l.shards[i].m = make(map[uint64]entry)
+		l.shards[i].owing = &l.owing
 	}
 	return l
 }
@@ -180,18 +184,19 @@ func (l *Local) key(tenant, route string) (uint64, *shard) {
 // take is the decision of every local bucket, at now, with a validated limit and cost.
 func (l *Local) take(now time.Time, tenant, route string, lim regions.Limit, cost int64) Decision {
 	var d Decision
-	l.update(now, tenant, route, lim, func(e *entry, _ *int64) bool {
+	l.update(now, tenant, route, lim, func(e entry, owed int64) (entry, int64, bool) {
 		d = e.b.Take(now, lim.Capacity, lim.RefillPerSecond, cost)
-		return true
+		return e, owed, true
 	})
 	return d
 }
 
 // update runs f on the bucket of (tenant, route), a full one if there is none, and its
-// debt (see shard.owed), under its shard's lock, and stores both unless f returns false
-// for a missing bucket (then it stays missing, owing nothing). It keeps the shard
-// bounded as described on Local.
-func (l *Local) update(now time.Time, tenant, route string, lim regions.Limit, f func(e *entry, owed *int64) bool) {
+// debt (see shard.owed), under its shard's lock, and stores what f returns unless f
+// says not to keep a missing bucket (then it stays missing, owing nothing). It keeps the
+// shard bounded as described on Local. (Values in and out, not pointers: a pointer
+// handed to f would put the entry on the heap on every decision.)
+func (l *Local) update(now time.Time, tenant, route string, lim regions.Limit, f func(e entry, owed int64) (entry, int64, bool)) {
 	t := now.UnixNano()
 	k, s := l.key(tenant, route)
 	s.mu.Lock()
@@ -201,7 +206,8 @@ func (l *Local) update(now time.Time, tenant, route string, lim regions.Limit, f
 	if s.owed != nil {
 		owed = s.owed[k]
 	}
-	keep := f(&e, &owed)
+	was := owed
+	e, owed, keep := f(e, owed)
 	if !keep && !ok {
 		owed = 0
 	}
@@ -211,7 +217,10 @@ func (l *Local) update(now time.Time, tenant, route string, lim regions.Limit, f
 			s.owed = make(map[uint64]int64)
 		}
 		s.owed[k] = owed
-	case s.owed != nil:
+		if was == 0 {
+			l.owing.Add(1)
+		}
+	case was != 0:
 		s.forgive(k)
 	}
 	if !keep && !ok {
@@ -285,13 +294,16 @@ func (s *shard) makeRoom(now int64) (idle, forced int) {
 func (s *shard) remove(k uint64) {
 	delete(s.m, k)
 	if s.owed != nil {
-		s.forgive(k)
+		if _, owed := s.owed[k]; owed {
+			s.forgive(k)
+		}
 	}
 }
 
-// forgive drops k's debt, and the debt map once it is empty.
+// forgive drops k's debt, which must exist, and the debt map once it is empty.
 func (s *shard) forgive(k uint64) {
 	delete(s.owed, k)
+	s.owing.Add(-1)
 	if len(s.owed) == 0 {
 		s.owed = nil
 	}

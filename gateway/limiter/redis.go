@@ -58,8 +58,9 @@ type Options struct {
 	Instances func() int
 	// ExpectedInstances is N while Instances does not know (default 1).
 	ExpectedInstances int
-	// Now is the clock of the fallback buckets and of leases (rates, expiry); nil means
-	// time.Now. The shared bucket itself runs on Redis TIME.
+	// Now is the clock of the fallback buckets, of leases (rates, expiry) and of the
+	// breaker's failure span; nil means time.Now. The shared bucket itself runs on
+	// Redis TIME.
 	Now func() time.Time
 	// MaxFallbackBuckets caps the fallback's buckets (LocalOptions.MaxBuckets).
 	MaxFallbackBuckets int
@@ -127,13 +128,17 @@ type Redis struct {
 	life struct {
 		sync.Mutex
 		closed bool
-		stop   chan struct{}
+		ctx    context.Context // ended by Close
+		stop   context.CancelFunc
 		wg     sync.WaitGroup
 	}
-	// failingSince is the Unix ns of the first failure since the last success, 0 when
-	// the last call succeeded (see Options.BreakerFailureSpan).
+	// failingSince is when the first failure since the last success happened, in ns
+	// since origin plus 1, 0 when the last call succeeded (Options.BreakerFailureSpan).
+	// Durations from origin use the monotonic clock when Now is time.Now, so a wall
+	// clock step cannot stop the breaker from opening.
 	failingSince atomic.Int64
 	now          func() time.Time
+	origin       time.Time
 }
 
 // errCallerGone marks a call abandoned because the caller's context ended: it says
@@ -223,9 +228,10 @@ func NewRedis(rdb redis.Scripter, opts Options) (*Redis, error) {
 		m:         newRedisMetrics(),
 		log:       opts.Logger.With("region", opts.Region),
 		now:       opts.Now,
+		origin:    opts.Now(),
 		rewarmFor: max(scriptLoadTimeout, 10*opts.Timeout, opts.BreakerOpenFor),
 	}
-	l.life.stop = make(chan struct{})
+	l.life.ctx, l.life.stop = context.WithCancel(context.Background())
 	failures, span := opts.BreakerFailures, opts.BreakerFailureSpan.Nanoseconds()
 	l.cb = gobreaker.NewTwoStepCircuitBreaker[struct{}](gobreaker.Settings{
 		Name:        "redis",
@@ -233,7 +239,7 @@ func NewRedis(rdb redis.Scripter, opts Options) (*Redis, error) {
 		Timeout:     opts.BreakerOpenFor,
 		ReadyToTrip: func(c gobreaker.Counts) bool {
 			since := l.failingSince.Load()
-			return c.ConsecutiveFailures >= failures && since != 0 && l.now().UnixNano()-since >= span
+			return c.ConsecutiveFailures >= failures && since != 0 && l.sinceOrigin()-since >= span
 		},
 		IsExcluded: func(err error) bool { return errors.Is(err, errCallerGone) },
 		// Called under the breaker's lock, only on a change: cheap, and the only log.
@@ -372,11 +378,11 @@ func (l *Redis) call(ctx context.Context, op lua.Script, key string, lim regions
 		done(errCallerGone)
 		return answer{maybeRan: a.maybeRan}, false, ctx.Err()
 	case a.timedOut:
-		l.failingSince.CompareAndSwap(0, l.now().UnixNano())
+		l.failingSince.CompareAndSwap(0, l.sinceOrigin())
 		done(err)
 		l.m.timeout.Inc()
 	default:
-		l.failingSince.CompareAndSwap(0, l.now().UnixNano())
+		l.failingSince.CompareAndSwap(0, l.sinceOrigin())
 		done(err)
 		l.m.failed.Inc()
 		l.rewarm("a redis call failed", slog.LevelDebug)
@@ -384,6 +390,9 @@ func (l *Redis) call(ctx context.Context, op lua.Script, key string, lim regions
 	l.log.Debug("redis call failed; using fallback", "key", key, "err", err)
 	return answer{maybeRan: a.maybeRan}, false, nil
 }
+
+// sinceOrigin is the time since the limiter was made, in ns plus 1 (never 0).
+func (l *Redis) sinceOrigin() int64 { return int64(l.now().Sub(l.origin)) + 1 }
 
 // succeeded ends a run of failures. It writes only when there was one, so concurrent
 // successes do not contend on the cache line.
@@ -414,6 +423,9 @@ func (l *Redis) reloadScripts() {
 // It logs its success at level, and a failure at debug (the breaker logs the outage).
 // It reports whether it started.
 func (l *Redis) rewarm(why string, level slog.Level) bool {
+	if l.loading.Load() {
+		return false // one at a time; the check saves the lock on every failed call
+	}
 	l.life.Lock()
 	defer l.life.Unlock()
 	if l.life.closed || !l.loading.CompareAndSwap(false, true) {
@@ -423,7 +435,7 @@ func (l *Redis) rewarm(why string, level slog.Level) bool {
 	go func() {
 		defer l.life.wg.Done()
 		defer l.loading.Store(false)
-		ctx, cancel := context.WithTimeout(context.Background(), l.rewarmFor)
+		ctx, cancel := context.WithTimeout(l.life.ctx, l.rewarmFor)
 		defer cancel()
 		tick := time.NewTicker(rewarmEvery)
 		defer tick.Stop()
@@ -436,8 +448,6 @@ func (l *Redis) rewarm(why string, level slog.Level) bool {
 			select {
 			case <-ctx.Done():
 				l.log.Debug(why+"; loading the bucket scripts failed", "err", err)
-				return
-			case <-l.life.stop:
 				return
 			case <-tick.C:
 			}
@@ -453,7 +463,7 @@ func (l *Redis) Close() {
 	l.life.Lock()
 	if !l.life.closed {
 		l.life.closed = true
-		close(l.life.stop)
+		l.life.stop()
 	}
 	l.life.Unlock()
 	l.life.wg.Wait()
