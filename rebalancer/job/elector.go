@@ -135,6 +135,12 @@ func (e *Elector) Close() error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), e.timeout)
 	defer cancel()
+	if e.leader {
+		// Unlock before closing: a closed connection's backend releases the lock only
+		// when PostgreSQL gets to it, and another rebalancer asking at once would be
+		// refused. If this fails, closing releases it all the same.
+		_, _ = e.conn.Exec(ctx, "SELECT pg_advisory_unlock($1)", e.key)
+	}
 	err := e.conn.Close(ctx)
 	e.conn = nil
 	e.setLeader(false)
