@@ -368,7 +368,7 @@ func (l *Redis) refillLocked(ctx context.Context, s *leaseShard, k *hotKey, lim 
 	a, answered, _ := l.call(ctx, lua.ScriptLease, key, slim, want, debt)
 	if !answered && !a.maybeRan {
 		l.stillOwed(r, debt)
-	} else if answered {
+	} else if answered && debt > 0 {
 		l.m.repaid.Add(float64(debt))
 	}
 	granted, calls := a.granted, 1

@@ -330,7 +330,9 @@ func (l *Redis) take(ctx context.Context, r Request, cost int64, key string, lim
 		// if there were any, and charged the debt. The fallback decides without owing.
 		return l.decideFallback(r, cost, !a.maybeRan), nil
 	}
-	l.m.repaid.Add(float64(debt))
+	if debt > 0 { // a counter's Add is an atomic write: not for every decision
+		l.m.repaid.Add(float64(debt))
+	}
 	remaining := a.res.Remaining
 	if lim.Capacity != r.Limit.Capacity && lim.Capacity > 0 {
 		remaining = min(r.Limit.Capacity, remaining*(r.Limit.Capacity/lim.Capacity))
