@@ -6,7 +6,7 @@ TIMEOUT  ?= 20m
 FUZZTIME ?= 20s
 # Everything but the fault-injection suite runs under -race; the fault suite measures
 # latency and admission across real processes, which -race would only slow down.
-RACE_PKGS = $(shell $(GO) list ./... | grep -v /deploy/faults)
+RACE_PKGS = $(shell $(GO) list ./... | grep -v /e2e/faults)
 
 .PHONY: test demo bench lint deps unit faults reliability-figures soak fuzz fuzz-run
 
@@ -18,7 +18,7 @@ deps:
 test: deps lint
 	$(GO) test -race -count=1 -timeout $(TIMEOUT) $(RACE_PKGS)
 	cd deploy/render && $(GO) test -count=1 ./...
-	$(GO) test -count=1 -timeout 15m ./deploy/faults/
+	$(GO) test -count=1 -timeout 15m ./e2e/faults/
 	$(MAKE) --no-print-directory fuzz-run FUZZTIME=3s
 
 ## unit: the pure packages only (no servers): allocation and simulator.
@@ -34,15 +34,15 @@ lint:
 
 ## faults: fault injection over the two-region stack (about 2-3 min, without -race).
 faults: deps
-	$(GO) test -count=1 -timeout 15m ./deploy/faults/
+	$(GO) test -count=1 -timeout 15m ./e2e/faults/
 
 ## reliability-figures: rerun the faults and rewrite the table in docs/reliability.md.
 reliability-figures: deps
-	$(GO) test -count=1 -timeout 15m -run TestFaults ./deploy/faults/ -update
+	$(GO) test -count=1 -timeout 15m -run TestFaults ./e2e/faults/ -update
 
 ## soak: 10 minutes at a fixed rate with periodic faults (not in CI).
 soak: deps
-	$(GO) run ./deploy/faults/soak -duration 10m
+	$(GO) run ./cmd/soak -duration 10m
 
 ## fuzz: every fuzz target for FUZZTIME each (default 20s).
 fuzz: deps fuzz-run
@@ -51,7 +51,7 @@ fuzz-run:
 	$(GO) test -run '^$$' -fuzz '^FuzzAPIKeyHeader$$' -fuzztime $(FUZZTIME) ./gateway/
 	$(GO) test -run '^$$' -fuzz '^FuzzClientAddr$$' -fuzztime $(FUZZTIME) ./gateway/
 	$(GO) test -run '^$$' -fuzz '^FuzzParseConfig$$' -fuzztime $(FUZZTIME) ./gateway/
-	$(GO) test -run '^$$' -fuzz '^FuzzLuaArguments$$' -fuzztime $(FUZZTIME) ./deploy/faults/
+	$(GO) test -run '^$$' -fuzz '^FuzzLuaArguments$$' -fuzztime $(FUZZTIME) ./lua/
 	$(GO) test -run '^$$' -fuzz '^FuzzValidateID$$' -fuzztime $(FUZZTIME) ./regions/
 	$(GO) test -run '^$$' -fuzz '^FuzzParseScope$$' -fuzztime $(FUZZTIME) ./regions/
 	$(GO) test -run '^$$' -fuzz '^FuzzParseShares$$' -fuzztime $(FUZZTIME) ./cmd/ratectl/
@@ -60,7 +60,7 @@ fuzz-run:
 
 ## bench: the benchmark suite (about 12 min); rewrites docs/BENCHMARKS.md and the README headline.
 bench: deps
-	$(GO) run ./deploy/bench -runs 3
+	$(GO) run ./cmd/bench -runs 3
 
 ## demo: the local two-region stack (see README); DURATION=60s runs unattended.
 demo: deps

@@ -10,7 +10,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/quotaplane/quotaplane/deploy/local"
+	"github.com/quotaplane/quotaplane/internal/testenv"
 )
 
 // BenchmarkServeHTTP is the in-process hot path: authentication, rule and share
@@ -18,7 +18,7 @@ import (
 // either the 429 or the proxied request to an in-process upstream.
 func BenchmarkServeHTTP(b *testing.B) {
 	up := newUpstream(b, 0)
-	rp := local.Redis(b)
+	rp := testenv.Redis(b)
 	for i, bc := range []struct {
 		name     string
 		redis    bool
@@ -32,7 +32,7 @@ func BenchmarkServeHTTP(b *testing.B) {
 		b.Run(bc.name, func(b *testing.B) {
 			cfg := articleConfig("us-east", up.URL, "")
 			if bc.redis {
-				cfg.Redis.URL = local.RedisURL(rp)
+				cfg.Redis.URL = testenv.RedisURL(rp)
 				cfg.Redis.Timeout = time.Second // measure Redis, not the fallback
 			}
 			cfg.Tenants[0].Rules[0].Capacity = bc.capacity
@@ -83,8 +83,8 @@ func scrapeRegistry(b testing.TB, g *Gateway) scrape {
 // request, against the same upstream called directly: p50 and p99 of each, in µs.
 func BenchmarkAddedLatency(b *testing.B) {
 	up := newUpstream(b, 0)
-	rp := local.Redis(b)
-	p := startProc(b, standaloneYAML("us-east", up.URL, 1<<40, 1e9), "RATELIMIT_REDIS_URL="+local.RedisURL(rp))
+	rp := testenv.Redis(b)
+	p := startProc(b, standaloneYAML("us-east", up.URL, 1<<40, 1e9), "RATELIMIT_REDIS_URL="+testenv.RedisURL(rp))
 	send := func(method, url, key string) time.Duration {
 		req, _ := http.NewRequest(method, url, nil)
 		if key != "" {

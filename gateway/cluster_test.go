@@ -8,12 +8,12 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/quotaplane/quotaplane/deploy/local"
+	"github.com/quotaplane/quotaplane/internal/testenv"
 	"github.com/quotaplane/quotaplane/lua"
 )
 
 // clusterURL is redis.url for a cluster: the first node, the others as addr parameters.
-func clusterURL(c *local.Cluster) string {
+func clusterURL(c *testenv.Cluster) string {
 	addrs := c.Addrs()
 	u := "redis://" + addrs[0]
 	for i, a := range addrs[1:] {
@@ -30,7 +30,7 @@ func clusterURL(c *local.Cluster) string {
 // 3-master Redis Cluster: 200, 200, 429 from Redis (not the fallback), the bucket on the
 // node that owns its tenant's slot.
 func TestArticleScenarioRedisCluster(t *testing.T) {
-	cl := local.RedisCluster(t)
+	cl := testenv.RedisCluster(t)
 	up := newUpstream(t, 0)
 	cfg := articleConfig("us-east", up.URL, clusterURL(cl))
 	cfg.Redis.Cluster = true

@@ -14,8 +14,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/quotaplane/quotaplane/deploy/local"
 	"github.com/quotaplane/quotaplane/gateway/limiter"
+	"github.com/quotaplane/quotaplane/internal/testenv"
 )
 
 // checkProblem asserts an application/problem+json answer with status and no internal
@@ -99,7 +99,7 @@ func TestArticleScenarioInProcess(t *testing.T) {
 			up := newUpstream(t, 0)
 			var redisURL string
 			if tc.redis {
-				redisURL = local.RedisURL(local.Redis(t))
+				redisURL = testenv.RedisURL(testenv.Redis(t))
 			}
 			cfg := articleConfig("us-east", up.URL, redisURL)
 			cfg.Redis.Timeout = 500 * time.Millisecond // a loaded test machine must not fall back
@@ -143,10 +143,10 @@ func evalCalls(t *testing.T, rdb *redis.Client) int64 {
 
 func TestUnauthenticatedNeverTouchesRedis(t *testing.T) {
 	up := newUpstream(t, 0)
-	rp := local.Redis(t)
+	rp := testenv.Redis(t)
 	rdb := redis.NewClient(&redis.Options{Addr: rp.Addr()})
 	defer rdb.Close()
-	cfg := articleConfig("us-east", up.URL, local.RedisURL(rp))
+	cfg := articleConfig("us-east", up.URL, testenv.RedisURL(rp))
 	cfg.Redis.Timeout = 500 * time.Millisecond // a loaded test machine must not fall back
 	gw := newInProcess(t, cfg)
 
@@ -359,8 +359,8 @@ func (w *discardWriter) WriteHeader(s int)           { w.status = s }
 // the bucket in per-shard keys.
 func TestShardedRuleReachesTheLimiter(t *testing.T) {
 	up := newUpstream(t, 0)
-	rp := local.Redis(t)
-	cfg := articleConfig("us-east", up.URL, local.RedisURL(rp))
+	rp := testenv.Redis(t)
+	cfg := articleConfig("us-east", up.URL, testenv.RedisURL(rp))
 	cfg.Redis.Timeout = 500 * time.Millisecond
 	cfg.Tenants = append(cfg.Tenants, TenantConfig{ID: "*", Rules: []TenantRuleConfig{
 		{Route: "get-order", Capacity: 100, RefillPerSecond: 10, Shards: 4},

@@ -22,7 +22,7 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
-	"github.com/quotaplane/quotaplane/deploy/local"
+	"github.com/quotaplane/quotaplane/internal/testenv"
 	"github.com/quotaplane/quotaplane/regions"
 )
 
@@ -30,7 +30,7 @@ import (
 var binDir string
 
 func TestMain(m *testing.M) {
-	code := local.RunTests(m)
+	code := testenv.RunTests(m)
 	if binDir != "" {
 		_ = os.RemoveAll(binDir)
 	}
@@ -267,11 +267,11 @@ func startProc(t testing.TB, cfg string, env ...string) *proc {
 	t.Helper()
 	bin := gatewayBinary(t)
 	dir := t.TempDir()
-	lp, err := local.FreePort()
+	lp, err := testenv.FreePort()
 	if err != nil {
 		t.Fatal(err)
 	}
-	ap, err := local.FreePort()
+	ap, err := testenv.FreePort()
 	if err != nil {
 		t.Fatal(err)
 	}

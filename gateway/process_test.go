@@ -15,7 +15,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/quotaplane/quotaplane/deploy/local"
+	"github.com/quotaplane/quotaplane/internal/testenv"
 	"github.com/quotaplane/quotaplane/regions"
 )
 
@@ -51,8 +51,8 @@ heartbeat_interval: 200ms
 func TestProcessArticleStandalone(t *testing.T) {
 	up := newUpstream(t, 0)
 	t.Run("redis", func(t *testing.T) {
-		rp := local.Redis(t)
-		p := startProc(t, standaloneYAML("us-east", up.URL, 2, 0.5), "RATELIMIT_REDIS_URL="+local.RedisURL(rp))
+		rp := testenv.Redis(t)
+		p := startProc(t, standaloneYAML("us-east", up.URL, 2, 0.5), "RATELIMIT_REDIS_URL="+testenv.RedisURL(rp))
 		checkArticle(t, p.url, "key-shop-a")
 		if got := scrapeURL(t, p.admin).sum("ratelimit_requests_total", "route", "create-order", "source", "redis"); got != 3 {
 			t.Errorf("redis decisions %v, want 3", got)
@@ -73,12 +73,12 @@ func TestProcessArticleStandalone(t *testing.T) {
 
 func TestProcessArticleDatabase(t *testing.T) {
 	up := newUpstream(t, 0)
-	db := newDatabase(t, local.PostgresDB(t), "us-east")
+	db := newDatabase(t, testenv.PostgresDB(t), "us-east")
 	db.setRule(t, regions.Rule{Tenant: "shop-a", Route: "create-order", Capacity: 2, RefillPerSecond: 0.5})
 	key, _ := db.createKey(t, "shop-a")
-	rp := local.Redis(t)
+	rp := testenv.Redis(t)
 	p := startProc(t, databaseYAML("us-east", up.URL),
-		"RATELIMIT_DATABASE_URL="+db.url, "RATELIMIT_REDIS_URL="+local.RedisURL(rp))
+		"RATELIMIT_DATABASE_URL="+db.url, "RATELIMIT_REDIS_URL="+testenv.RedisURL(rp))
 	p.waitReady(t, 10*time.Second)
 	checkArticle(t, p.url, key)
 	s := scrapeURL(t, p.admin)
@@ -163,12 +163,12 @@ func TestProcessFourGatewaysShareOneBucket(t *testing.T) {
 		requests = 2000
 	)
 	up := newUpstream(t, 0)
-	rp := local.Redis(t)
+	rp := testenv.Redis(t)
 	var urls []string
 	var procs []*proc
 	for range 4 {
 		p := startProc(t, standaloneYAML("us-east", up.URL, capacity, refill)+"expected_instances: 4\n",
-			"RATELIMIT_REDIS_URL="+local.RedisURL(rp))
+			"RATELIMIT_REDIS_URL="+testenv.RedisURL(rp))
 		urls = append(urls, p.url)
 		procs = append(procs, p)
 	}
@@ -199,7 +199,7 @@ func TestProcessFourGatewaysShareOneBucket(t *testing.T) {
 func TestProcessTwoRegionsAdmitTheirShares(t *testing.T) {
 	const capacity, refill = 100, 1.0
 	up := newUpstream(t, 0)
-	db := newDatabase(t, local.PostgresDB(t), "us-east", "eu-west")
+	db := newDatabase(t, testenv.PostgresDB(t), "us-east", "eu-west")
 	db.setRule(t, regions.Rule{Tenant: "shop-a", Route: "create-order", Capacity: capacity, RefillPerSecond: refill})
 	key, _ := db.createKey(t, "shop-a")
 	if err := db.store.SetOverride(context.Background(), regions.GlobalScope,
@@ -211,9 +211,9 @@ func TestProcessTwoRegionsAdmitTheirShares(t *testing.T) {
 		share float64
 	}{{"us-east", 0.7}, {"eu-west", 0.3}} {
 		t.Run(rg.name, func(t *testing.T) {
-			rp := local.Redis(t)
+			rp := testenv.Redis(t)
 			p := startProc(t, databaseYAML(rg.name, up.URL),
-				"RATELIMIT_DATABASE_URL="+db.url, "RATELIMIT_REDIS_URL="+local.RedisURL(rp))
+				"RATELIMIT_DATABASE_URL="+db.url, "RATELIMIT_REDIS_URL="+testenv.RedisURL(rp))
 			p.waitReady(t, 10*time.Second)
 			res, elapsed := load(t, []string{p.url}, key, 200, 16)
 			scaled := float64(capacity) * rg.share
@@ -240,12 +240,12 @@ func TestProcessTwoRegionsAdmitTheirShares(t *testing.T) {
 // a second, with no restart.
 func TestProcessLiveChanges(t *testing.T) {
 	up := newUpstream(t, 0)
-	db := newDatabase(t, local.PostgresDB(t), "us-east")
+	db := newDatabase(t, testenv.PostgresDB(t), "us-east")
 	db.setRule(t, regions.Rule{Tenant: "shop-a", Route: "create-order", Capacity: 40, RefillPerSecond: 100})
 	key, apiKey := db.createKey(t, "shop-a")
-	rp := local.Redis(t)
+	rp := testenv.Redis(t)
 	p := startProc(t, databaseYAML("us-east", up.URL),
-		"RATELIMIT_DATABASE_URL="+db.url, "RATELIMIT_REDIS_URL="+local.RedisURL(rp))
+		"RATELIMIT_DATABASE_URL="+db.url, "RATELIMIT_REDIS_URL="+testenv.RedisURL(rp))
 	p.waitReady(t, 10*time.Second)
 
 	limit := func() string {
@@ -289,9 +289,9 @@ func TestProcessLiveChanges(t *testing.T) {
 // (no 5xx, visible in metrics); when Redis is back, Redis decides again.
 func TestProcessRedisStoppedAndBack(t *testing.T) {
 	up := newUpstream(t, 0)
-	rp := local.Redis(t)
+	rp := testenv.Redis(t)
 	cfg := strings.Replace(standaloneYAML("us-east", up.URL, 1000, 1000), "redis: {timeout: 250ms}", "redis: {timeout: 5ms}", 1)
-	p := startProc(t, cfg+"expected_instances: 2\n", "RATELIMIT_REDIS_URL="+local.RedisURL(rp))
+	p := startProc(t, cfg+"expected_instances: 2\n", "RATELIMIT_REDIS_URL="+testenv.RedisURL(rp))
 	redisDecisions := func() float64 {
 		return scrapeURL(t, p.admin).sum("ratelimit_requests_total", "route", "create-order", "source", "redis")
 	}
@@ -336,9 +336,9 @@ func TestProcessRedisStoppedAndBack(t *testing.T) {
 func TestProcessRedisPaused(t *testing.T) {
 	const timeout = 5 * time.Millisecond
 	up := newUpstream(t, 0)
-	rp := local.Redis(t)
+	rp := testenv.Redis(t)
 	cfg := strings.Replace(standaloneYAML("us-east", up.URL, 1000, 1000), "redis: {timeout: 250ms}", "redis: {timeout: 5ms}", 1)
-	p := startProc(t, cfg, "RATELIMIT_REDIS_URL="+local.RedisURL(rp))
+	p := startProc(t, cfg, "RATELIMIT_REDIS_URL="+testenv.RedisURL(rp))
 	// Warm the client's connections while Redis answers.
 	for range 20 {
 		call(t, "POST", p.url+"/orders", "key-shop-a")
@@ -382,7 +382,7 @@ func TestProcessRedisPaused(t *testing.T) {
 // database is down, and picks up changes again once it is back.
 func TestProcessPostgresStopped(t *testing.T) {
 	up := newUpstream(t, 0)
-	pg := local.PostgresServer(t)
+	pg := testenv.PostgresServer(t)
 	url, err := pg.CreateDatabase(context.Background(), "gw")
 	if err != nil {
 		t.Fatal(err)
@@ -427,7 +427,7 @@ func TestProcessPostgresStopped(t *testing.T) {
 // TestProcessDatabaseDownAtStart: the gateway starts, reports not ready and retries.
 func TestProcessDatabaseDownAtStart(t *testing.T) {
 	up := newUpstream(t, 0)
-	pg := local.PostgresServer(t)
+	pg := testenv.PostgresServer(t)
 	url, err := pg.CreateDatabase(context.Background(), "gw")
 	if err != nil {
 		t.Fatal(err)
@@ -458,7 +458,7 @@ func TestProcessDatabaseDownAtStart(t *testing.T) {
 // gateway that stops is removed at once.
 func TestProcessHeartbeats(t *testing.T) {
 	up := newUpstream(t, 0)
-	db := newDatabase(t, local.PostgresDB(t), "us-east")
+	db := newDatabase(t, testenv.PostgresDB(t), "us-east")
 	cfg := strings.Replace(databaseYAML("us-east", up.URL), "reload_interval: 1s", "reload_interval: 300ms", 1)
 	a := startProc(t, cfg, "RATELIMIT_DATABASE_URL="+db.url)
 	b := startProc(t, cfg, "RATELIMIT_DATABASE_URL="+db.url)

@@ -13,7 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/goleak"
 
-	"github.com/quotaplane/quotaplane/deploy/local"
+	"github.com/quotaplane/quotaplane/internal/testenv"
 	"github.com/quotaplane/quotaplane/regions"
 )
 
@@ -21,15 +21,15 @@ import (
 // and checks that Run returns and leaves no goroutine behind.
 func TestRunStopsCleanly(t *testing.T) {
 	up := newUpstream(t, 0)
-	db := newDatabase(t, local.PostgresDB(t), "us-east")
+	db := newDatabase(t, testenv.PostgresDB(t), "us-east")
 	db.setRule(t, regions.Rule{Tenant: "shop-a", Route: "create-order", Capacity: 2, RefillPerSecond: 0.5})
 	key, _ := db.createKey(t, "shop-a")
-	rp := local.Redis(t)
+	rp := testenv.Redis(t)
 	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
 
-	lp, _ := local.FreePort()
-	ap, _ := local.FreePort()
-	cfg := articleConfig("us-east", up.URL, local.RedisURL(rp))
+	lp, _ := testenv.FreePort()
+	ap, _ := testenv.FreePort()
+	cfg := articleConfig("us-east", up.URL, testenv.RedisURL(rp))
 	cfg.Tenants = nil
 	cfg.DatabaseURL = db.url
 	cfg.Listen = fmt.Sprintf("127.0.0.1:%d", lp)

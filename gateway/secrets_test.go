@@ -11,7 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/quotaplane/quotaplane/deploy/local"
+	"github.com/quotaplane/quotaplane/internal/testenv"
 	"github.com/quotaplane/quotaplane/regions"
 )
 
@@ -25,11 +25,11 @@ func TestSecretsNeverLeak(t *testing.T) {
 		badKey        = "qp_KeyCanary-guessed-0000000000000000000000000000"
 	)
 	up := newUpstream(t, 0)
-	dbURL := local.PostgresDB(t)
+	dbURL := testenv.PostgresDB(t)
 	db := newDatabase(t, dbURL, "us-east")
 	db.setRule(t, regions.Rule{Tenant: "shop-a", Route: "create-order", Capacity: 100, RefillPerSecond: 100})
 	goodKey, _ := db.createKey(t, "shop-a")
-	rp := local.Redis(t)
+	rp := testenv.Redis(t)
 
 	u, err := url.Parse(dbURL)
 	if err != nil {
@@ -93,11 +93,11 @@ func TestSecretsNeverLeak(t *testing.T) {
 // CA cannot reach Redis and falls back.
 func TestTLSBackends(t *testing.T) {
 	ctx := context.Background()
-	files, err := local.NewTLSFiles(t.TempDir())
+	files, err := testenv.NewTLSFiles(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}
-	pg := local.PostgresTLSServer(t, files)
+	pg := testenv.PostgresTLSServer(t, files)
 	if _, err := pg.CreateDatabase(ctx, "gw"); err != nil {
 		t.Fatal(err)
 	}
@@ -105,10 +105,10 @@ func TestTLSBackends(t *testing.T) {
 	db := newDatabase(t, dbURL, "us-east")
 	db.setRule(t, regions.Rule{Tenant: "shop-a", Route: "create-order", Capacity: 100, RefillPerSecond: 100})
 	key, _ := db.createKey(t, "shop-a")
-	rp := local.RedisTLS(t, files)
+	rp := testenv.RedisTLS(t, files)
 	up := newUpstream(t, 0)
 
-	cfg := articleConfig("us-east", up.URL, local.RedisTLSURL(rp))
+	cfg := articleConfig("us-east", up.URL, testenv.RedisTLSURL(rp))
 	cfg.Tenants = nil
 	cfg.DatabaseURL = dbURL
 	cfg.Redis.Timeout = 500 * time.Millisecond
@@ -141,7 +141,7 @@ func TestTLSBackends(t *testing.T) {
 		t.Errorf("%d connections, %d encrypted, %d LISTEN: want all encrypted, one listening", total, encrypted, listening)
 	}
 
-	other, err := local.NewTLSFiles(t.TempDir())
+	other, err := testenv.NewTLSFiles(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}

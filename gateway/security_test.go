@@ -21,7 +21,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/quotaplane/quotaplane/deploy/local"
+	"github.com/quotaplane/quotaplane/internal/testenv"
 )
 
 // countingUpstream is an upstream that counts the requests it received.
@@ -51,11 +51,11 @@ type running struct {
 
 func runInProcess(t testing.TB, cfg Config, opts Options) *running {
 	t.Helper()
-	lp, err := local.FreePort()
+	lp, err := testenv.FreePort()
 	if err != nil {
 		t.Fatal(err)
 	}
-	ap, err := local.FreePort()
+	ap, err := testenv.FreePort()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -117,10 +117,10 @@ func rawRequest(t *testing.T, addr, req string) int {
 // gets its 4xx, and none reaches Redis or the upstream.
 func TestHostileHeaders(t *testing.T) {
 	up := newCountingUpstream(t)
-	rp := local.Redis(t)
+	rp := testenv.Redis(t)
 	rdb := redis.NewClient(&redis.Options{Addr: rp.Addr()})
 	defer rdb.Close()
-	cfg := articleConfig("us-east", up.URL, local.RedisURL(rp))
+	cfg := articleConfig("us-east", up.URL, testenv.RedisURL(rp))
 	cfg.Redis.Timeout = 500 * time.Millisecond
 	cfg.UnauthenticatedLimit.Disabled = true // this test is about the answers, not the limit
 	gw := runInProcess(t, cfg, Options{})
@@ -246,12 +246,12 @@ func flood(t *testing.T, url string, n int, rate float64, header func(i int, h h
 func TestRandomKeyFlood(t *testing.T) {
 	const rate, n = 10000, 20000
 	up := newCountingUpstream(t)
-	rp := local.Redis(t)
+	rp := testenv.Redis(t)
 	rdb := redis.NewClient(&redis.Options{Addr: rp.Addr()})
 	defer rdb.Close()
 
 	t.Run("limit off", func(t *testing.T) {
-		cfg := articleConfig("us-east", up.URL, local.RedisURL(rp))
+		cfg := articleConfig("us-east", up.URL, testenv.RedisURL(rp))
 		cfg.Redis.Timeout = 500 * time.Millisecond
 		cfg.UnauthenticatedLimit.Disabled = true
 		gw := runInProcess(t, cfg, Options{})
@@ -285,7 +285,7 @@ func TestRandomKeyFlood(t *testing.T) {
 	})
 
 	t.Run("limit on", func(t *testing.T) {
-		cfg := articleConfig("us-east", up.URL, local.RedisURL(rp))
+		cfg := articleConfig("us-east", up.URL, testenv.RedisURL(rp))
 		cfg.Redis.Timeout = 500 * time.Millisecond
 		// A slow refill: the valid-key call after the flood must find the budget still
 		// spent (at 10/s, a tenth of a second of scheduling refilled a token: flaky).

@@ -14,13 +14,13 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/quotaplane/quotaplane/deploy/local"
+	"github.com/quotaplane/quotaplane/internal/testenv"
 )
 
 // newRedis starts a fresh redis-server for one test and returns a client for it.
 func newRedis(t testing.TB) *redis.Client {
 	t.Helper()
-	p := local.Redis(t)
+	p := testenv.Redis(t)
 	rdb := redis.NewClient(&redis.Options{Addr: p.Addr(), ContextTimeoutEnabled: true})
 	t.Cleanup(func() { _ = rdb.Close() })
 	return rdb

@@ -15,15 +15,15 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	_ "github.com/jackc/pgx/v5/stdlib"
 
-	"github.com/quotaplane/quotaplane/deploy/local"
+	"github.com/quotaplane/quotaplane/internal/testenv"
 	"github.com/quotaplane/quotaplane/migrations"
 )
 
-func TestMain(m *testing.M) { os.Exit(local.RunTests(m)) }
+func TestMain(m *testing.M) { os.Exit(testenv.RunTests(m)) }
 
 func openDB(t *testing.T) (*sql.DB, string) {
 	t.Helper()
-	url := local.PostgresDB(t)
+	url := testenv.PostgresDB(t)
 	db, err := sql.Open("pgx", url)
 	if err != nil {
 		t.Fatal(err)

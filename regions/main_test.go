@@ -8,15 +8,15 @@ import (
 
 	"go.uber.org/goleak"
 
-	"github.com/quotaplane/quotaplane/deploy/local"
+	"github.com/quotaplane/quotaplane/internal/testenv"
 )
 
 func TestMain(m *testing.M) {
-	code := local.RunTests(m)
+	code := testenv.RunTests(m)
 	if code == 0 {
 		// Every Reloader.Run and Store must have cleaned up after itself.
-		// deploy/local keeps one OS-thread-locked goroutine that starts servers.
-		if err := goleak.Find(goleak.IgnoreAnyFunction("github.com/quotaplane/quotaplane/deploy/local.spawn.func1.1")); err != nil {
+		// internal/testenv keeps one OS-thread-locked goroutine that starts servers.
+		if err := goleak.Find(goleak.IgnoreAnyFunction("github.com/quotaplane/quotaplane/deploy/testenv.spawn.func1.1")); err != nil {
 			fmt.Fprintln(os.Stderr, "goroutine leak:", err)
 			code = 1
 		}
@@ -27,7 +27,7 @@ func TestMain(m *testing.M) {
 // newStore opens a migrated store on a new empty database.
 func newStore(t *testing.T) (*Store, string) {
 	t.Helper()
-	url := local.PostgresDB(t)
+	url := testenv.PostgresDB(t)
 	ctx := context.Background()
 	s, err := Open(ctx, url)
 	if err != nil {

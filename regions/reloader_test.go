@@ -9,7 +9,7 @@ import (
 	"testing/synctest"
 	"time"
 
-	"github.com/quotaplane/quotaplane/deploy/local"
+	"github.com/quotaplane/quotaplane/internal/testenv"
 )
 
 // countingLoad returns a Load func that builds a fresh snapshot (or fails while fail is
@@ -263,7 +263,7 @@ func TestReloaderFollowsDatabaseChanges(t *testing.T) {
 func TestReloaderSurvivesPostgresOutage(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pg := local.PostgresServer(t)
+	pg := testenv.PostgresServer(t)
 	url, err := pg.CreateDatabase(ctx, "quotaplane")
 	if err != nil {
 		t.Fatal(err)

@@ -10,12 +10,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/quotaplane/quotaplane/deploy/local"
+	"github.com/quotaplane/quotaplane/internal/testenv"
 )
 
 func TestOpenNeverShowsThePassword(t *testing.T) {
 	t.Parallel()
-	port, err := local.FreePort() // nothing listens there
+	port, err := testenv.FreePort() // nothing listens there
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -641,7 +641,7 @@ func TestLoadSnapshotLarge(t *testing.T) {
 // Run with: go test -run XXX -bench LoadSnapshot -benchtime 5x ./regions/
 func BenchmarkLoadSnapshot(b *testing.B) {
 	ctx := context.Background()
-	url := local.PostgresDB(b)
+	url := testenv.PostgresDB(b)
 	s, err := Open(ctx, url)
 	if err != nil {
 		b.Fatal(err)

@@ -1,4 +1,4 @@
-// Command demo runs the local two-region stack (deploy/stack) with a load generator and a
+// Command demo runs the local two-region stack (e2e/stack) with a load generator and a
 // live per-region table: `make demo`, or `make demo DURATION=60s` to run unattended and
 // exit with a summary of whether the shares followed the demand.
 package main
@@ -21,8 +21,8 @@ import (
 	promv1 "github.com/prometheus/client_golang/api/prometheus/v1"
 	"github.com/prometheus/common/model"
 
-	"github.com/quotaplane/quotaplane/deploy/loadgen"
-	"github.com/quotaplane/quotaplane/deploy/stack"
+	"github.com/quotaplane/quotaplane/e2e/loadgen"
+	"github.com/quotaplane/quotaplane/e2e/stack"
 	"github.com/quotaplane/quotaplane/rebalancer/demand"
 	"github.com/quotaplane/quotaplane/regions"
 )

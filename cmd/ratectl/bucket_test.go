@@ -10,7 +10,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/quotaplane/quotaplane/deploy/local"
+	"github.com/quotaplane/quotaplane/internal/testenv"
 	"github.com/quotaplane/quotaplane/lua"
 )
 
@@ -30,8 +30,8 @@ func normBucket(s string) string {
 func TestBucketInspect(t *testing.T) {
 	t.Parallel()
 	c, _ := newDB(t)
-	rp := local.Redis(t)
-	c.env[envRedisURL] = local.RedisURL(rp)
+	rp := testenv.Redis(t)
+	c.env[envRedisURL] = testenv.RedisURL(rp)
 	c.ok("regions", "add", "us-east")
 	c.ok("regions", "add", "eu-west")
 	// Regional limit in us-east: capacity 100 x 0.75 = 75, refill 0.00004 x 0.75 = 0.00003/s:
@@ -95,7 +95,7 @@ func TestBucketInspect(t *testing.T) {
 	rdb.Set(ctx, keys.Bucket("shop-d", "r"), "x", 0)
 	checkError(t, c.run("bucket", "inspect", "--tenant", "shop-d", "--route", "r"), exitFailure, "WRONGTYPE", "")
 
-	redisURL := local.RedisURL(rp)
+	redisURL := testenv.RedisURL(rp)
 	rp.Kill()
 	for _, tc := range []struct {
 		name     string

@@ -11,7 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/quotaplane/quotaplane/deploy/local"
+	"github.com/quotaplane/quotaplane/internal/testenv"
 	"github.com/quotaplane/quotaplane/regions"
 )
 
@@ -19,7 +19,7 @@ import (
 // environment, as an operator would set it.
 func newDB(t *testing.T) (*cli, string) {
 	t.Helper()
-	url := local.PostgresDB(t)
+	url := testenv.PostgresDB(t)
 	c := newCLI(t, map[string]string{envDatabaseURL: url})
 	c.ok("migrate", "up")
 	return c, url
@@ -53,7 +53,7 @@ func goldenBoth(t *testing.T, c *cli, name string, args ...string) {
 
 func TestMigrate(t *testing.T) {
 	t.Parallel()
-	url := local.PostgresDB(t)
+	url := testenv.PostgresDB(t)
 	c := newCLI(t, map[string]string{envDatabaseURL: url})
 	goldenBoth(t, c, "migrate_status_empty", "migrate", "status")
 	golden(t, "migrate_up.table", normTimes(c.ok("migrate", "up").stdout))
@@ -350,7 +350,7 @@ func TestDatabaseErrors(t *testing.T) {
 	closed := "postgres://ops:" + password + "@127.0.0.1:" + port + "/quota?sslmode=disable"
 
 	// An existing server, a database that does not exist.
-	real := local.PostgresDB(t)
+	real := testenv.PostgresDB(t)
 	noDB := strings.Replace(real, "postgres@", "postgres:"+password+"@", 1)
 	noDB = noDB[:strings.LastIndex(noDB, "/")] + "/no_such_db?sslmode=disable"
 

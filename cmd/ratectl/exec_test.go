@@ -12,7 +12,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/quotaplane/quotaplane/deploy/local"
+	"github.com/quotaplane/quotaplane/internal/testenv"
 )
 
 // TestBinaryExitCodes builds the real binary and checks what a shell script sees: exit
@@ -26,7 +26,7 @@ func TestBinaryExitCodes(t *testing.T) {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}
 
-	dbURL := local.PostgresDB(t)
+	dbURL := testenv.PostgresDB(t)
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

@@ -11,12 +11,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/quotaplane/quotaplane/deploy/local"
+	"github.com/quotaplane/quotaplane/internal/testenv"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files in testdata/ from the current output")
 
-func TestMain(m *testing.M) { os.Exit(local.RunTests(m)) }
+func TestMain(m *testing.M) { os.Exit(testenv.RunTests(m)) }
 
 // result is what one ratectl invocation produced.
 type result struct {

@@ -18,7 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/prometheus/common/model"
 
-	"github.com/quotaplane/quotaplane/deploy/local"
+	"github.com/quotaplane/quotaplane/internal/testenv"
 )
 
 // gatewayExporter exports the gateway's metric names (issue 3) with fixed rates. Each
@@ -131,7 +131,7 @@ func TestStatusAgainstPrometheus(t *testing.T) {
 	t.Parallel()
 	exp := newGatewayExporter()
 	target := startExporter(t, exp)
-	prom := local.Prom(t, local.PrometheusOptions{Jobs: []local.ScrapeJob{{Name: "gateway", Targets: []string{target}}}})
+	prom := testenv.Prom(t, testenv.PrometheusOptions{Jobs: []testenv.ScrapeJob{{Name: "gateway", Targets: []string{target}}}})
 	// The first scrape sets t0; evaluating at t0+8s, the 5s rate window is covered by samples.
 	waitForSamples(t, prom.URL(), time.Time{})
 	exp.mu.Lock()

@@ -18,7 +18,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/quotaplane/quotaplane/deploy/local"
+	"github.com/quotaplane/quotaplane/internal/testenv"
 	"github.com/quotaplane/quotaplane/rebalancer"
 	"github.com/quotaplane/quotaplane/regions"
 )
@@ -110,7 +110,7 @@ func (p *process) stop() {
 
 func freeAddr(t *testing.T) string {
 	t.Helper()
-	port, err := local.FreePort()
+	port, err := testenv.FreePort()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -240,7 +240,7 @@ func TestEndToEnd(t *testing.T) {
 	ctx := t.Context()
 
 	// Control plane: two regions, a rule for shop-a, its key, shares starting at 50/50.
-	dbURL := local.PostgresDB(t)
+	dbURL := testenv.PostgresDB(t)
 	store, err := regions.Open(ctx, dbURL)
 	if err != nil {
 		t.Fatal(err)
@@ -272,7 +272,7 @@ func TestEndToEnd(t *testing.T) {
 	t.Cleanup(upstream.Close)
 	urls, admins := map[string]string{}, map[string]string{}
 	for _, r := range regs {
-		rp := local.Redis(t)
+		rp := testenv.Redis(t)
 		listen, admin := freeAddr(t), freeAddr(t)
 		cfg := fmt.Sprintf(`region: %s
 listen: %s
@@ -288,12 +288,12 @@ routes:
 		if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
 			t.Fatal(err)
 		}
-		p := startProcess(t, "gateway-"+r, gwBin, []string{"RATELIMIT_DATABASE_URL=" + dbURL, "RATELIMIT_REDIS_URL=" + local.RedisURL(rp)}, "--config", path)
+		p := startProcess(t, "gateway-"+r, gwBin, []string{"RATELIMIT_DATABASE_URL=" + dbURL, "RATELIMIT_REDIS_URL=" + testenv.RedisURL(rp)}, "--config", path)
 		waitHTTP(t, p, "http://"+admin+"/readyz", 20*time.Second)
 		urls[r], admins[r] = "http://"+listen, admin
 	}
-	prom := local.Prom(t, local.PrometheusOptions{ScrapeInterval: time.Second,
-		Jobs: []local.ScrapeJob{{Name: "gateway", Targets: []string{admins["us-east"], admins["eu-west"]}}}})
+	prom := testenv.Prom(t, testenv.PrometheusOptions{ScrapeInterval: time.Second,
+		Jobs: []testenv.ScrapeJob{{Name: "gateway", Targets: []string{admins["us-east"], admins["eu-west"]}}}})
 
 	// 70/30 traffic above the limit, until Prometheus holds more than one interval of it.
 	drv := startDriver(t, key, urls)

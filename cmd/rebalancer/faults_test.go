@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/quotaplane/quotaplane/deploy/local"
+	"github.com/quotaplane/quotaplane/internal/testenv"
 	"github.com/quotaplane/quotaplane/rebalancer/demand/demandtest"
 	"github.com/quotaplane/quotaplane/regions"
 )
@@ -81,7 +81,7 @@ func startRun(t *testing.T, args []string, logs io.Writer) {
 func TestRunStartsWithDatabaseDown(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
-	pg := local.PostgresServer(t)
+	pg := testenv.PostgresServer(t)
 	dbURL, err := pg.CreateDatabase(ctx, "rebalancer")
 	if err != nil {
 		t.Fatal(err)
@@ -106,7 +106,7 @@ func TestRunStartsWithDatabaseDown(t *testing.T) {
 	t.Cleanup(exp.Close)
 	exp.SetRegion("us-east", 5, 65, 0)
 	exp.SetRegion("eu-west", 5, 25, 0)
-	prom := local.Prom(t, local.PrometheusOptions{Jobs: []local.ScrapeJob{{Name: "gateway", Targets: []string{exp.Addr()}}}})
+	prom := testenv.Prom(t, testenv.PrometheusOptions{Jobs: []testenv.ScrapeJob{{Name: "gateway", Targets: []string{exp.Addr()}}}})
 	waitSamples(t, prom.URL(), 6)
 	store.Close() // no session left for PostgreSQL's smart shutdown to wait for
 	if err := pg.Stop(); err != nil {
@@ -169,7 +169,7 @@ func TestRunNeverShowsPrometheusPassword(t *testing.T) {
 	w := newWorld(t)
 	const secret = "pr0m-s3cret"
 	withPassword := strings.Replace(w.prom.URL(), "http://", "http://user:"+secret+"@", 1)
-	port, err := local.FreePort()
+	port, err := testenv.FreePort()
 	if err != nil {
 		t.Fatal(err)
 	}

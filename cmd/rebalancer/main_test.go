@@ -15,14 +15,14 @@ import (
 	v1 "github.com/prometheus/client_golang/api/prometheus/v1"
 	"github.com/prometheus/common/model"
 
-	"github.com/quotaplane/quotaplane/deploy/local"
+	"github.com/quotaplane/quotaplane/internal/testenv"
 	"github.com/quotaplane/quotaplane/rebalancer/demand"
 	"github.com/quotaplane/quotaplane/rebalancer/demand/demandtest"
 	"github.com/quotaplane/quotaplane/rebalancer/job"
 	"github.com/quotaplane/quotaplane/regions"
 )
 
-func TestMain(m *testing.M) { os.Exit(local.RunTests(m)) }
+func TestMain(m *testing.M) { os.Exit(testenv.RunTests(m)) }
 
 func noEnv(string) string { return "" }
 
@@ -86,12 +86,12 @@ type world struct {
 	dbURL string
 	store *regions.Store
 	exp   *demandtest.Exporter
-	prom  *local.Prometheus
+	prom  *testenv.Prometheus
 }
 
 func newWorld(t *testing.T) *world {
 	t.Helper()
-	w := &world{dbURL: local.PostgresDB(t)}
+	w := &world{dbURL: testenv.PostgresDB(t)}
 	store, err := regions.Open(t.Context(), w.dbURL)
 	if err != nil {
 		t.Fatal(err)
@@ -113,7 +113,7 @@ func newWorld(t *testing.T) *world {
 	t.Cleanup(w.exp.Close)
 	w.exp.SetRegion("us-east", 5, 65, 0)
 	w.exp.SetRegion("eu-west", 5, 25, 0)
-	w.prom = local.Prom(t, local.PrometheusOptions{Jobs: []local.ScrapeJob{{Name: "gateway", Targets: []string{w.exp.Addr()}}}})
+	w.prom = testenv.Prom(t, testenv.PrometheusOptions{Jobs: []testenv.ScrapeJob{{Name: "gateway", Targets: []string{w.exp.Addr()}}}})
 	waitSamples(t, w.prom.URL(), 6)
 	return w
 }
@@ -192,7 +192,7 @@ func TestRunOnce(t *testing.T) {
 func TestRunServesAdmin(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t)
-	port, err := local.FreePort()
+	port, err := testenv.FreePort()
 	if err != nil {
 		t.Fatal(err)
 	}

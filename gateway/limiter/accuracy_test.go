@@ -12,7 +12,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/quotaplane/quotaplane/deploy/local"
+	"github.com/quotaplane/quotaplane/internal/testenv"
 	"github.com/quotaplane/quotaplane/regions"
 )
 
@@ -188,7 +188,7 @@ func TestHotKeyAccuracy(t *testing.T) {
 	}
 	for _, shards := range []int{0, 8} {
 		t.Run(fmt.Sprintf("shards=%d", shards), func(t *testing.T) {
-			p := local.Redis(t)
+			p := testenv.Redis(t)
 			rdb := newClient(t, p)
 			r := Request{Tenant: "hot", Route: "r", Limit: regions.Limit{Capacity: capacity, RefillPerSecond: refill}, Shards: shards}
 			opts := Options{

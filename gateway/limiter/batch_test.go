@@ -11,7 +11,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/quotaplane/quotaplane/deploy/local"
+	"github.com/quotaplane/quotaplane/internal/testenv"
 	"github.com/quotaplane/quotaplane/lua"
 	"github.com/quotaplane/quotaplane/regions"
 )
@@ -56,7 +56,7 @@ func decideConcurrently(t *testing.T, l *Redis, callers, n int, r func(i int) Re
 // TestPipelinedDecisionsExact: 256 concurrent callers on one 1,000-token bucket admit
 // exactly 1,000, through pipelines of several calls each.
 func TestPipelinedDecisionsExact(t *testing.T) {
-	p := local.Redis(t)
+	p := testenv.Redis(t)
 	reg := prometheus.NewRegistry()
 	l := newTestRedis(t, newClient(t, p), Options{Region: "test", Registerer: reg, Timeout: 2 * time.Second})
 	if err := l.Load(context.Background()); err != nil {
@@ -79,7 +79,7 @@ func TestPipelinedDecisionsExact(t *testing.T) {
 // (a restart, SCRIPT FLUSH) fail with NOSCRIPT, are retried as EVAL in one more round
 // trip, and answer normally; the EVAL reloads the script for the next ones.
 func TestPipelineReloadsScripts(t *testing.T) {
-	p := local.Redis(t)
+	p := testenv.Redis(t)
 	rdb := newClient(t, p)
 	reg := prometheus.NewRegistry()
 	l := newTestRedis(t, rdb, Options{Region: "test", Registerer: reg, Timeout: 2 * time.Second})
@@ -124,7 +124,7 @@ func TestPipelinedTimeoutPerDecision(t *testing.T) {
 		timeout = 20 * time.Millisecond
 		bound   = 250 * time.Millisecond // timeout + scheduling noise on a loaded box under -race
 	)
-	p := local.Redis(t)
+	p := testenv.Redis(t)
 	reg := prometheus.NewRegistry()
 	clock := newFakeClock() // the breaker's failure span runs on it
 	l := newTestRedis(t, newClient(t, p), Options{
@@ -196,7 +196,7 @@ func TestPipelinedTimeoutPerDecision(t *testing.T) {
 // TestPipelinedCallerGone: a caller whose context ends while its call is queued gets
 // its context's error at once, and that is not a Redis failure.
 func TestPipelinedCallerGone(t *testing.T) {
-	p := local.Redis(t)
+	p := testenv.Redis(t)
 	l := newTestRedis(t, newClient(t, p), Options{Timeout: 5 * time.Second, PipelineInFlight: 1, BreakerFailures: 1})
 	if err := l.Load(context.Background()); err != nil {
 		t.Fatal(err)
@@ -242,7 +242,7 @@ func TestPipelinedCallerGone(t *testing.T) {
 func TestNoScriptReloadsAllScripts(t *testing.T) {
 	for _, pipelining := range []bool{false, true} {
 		t.Run(fmt.Sprintf("pipelining=%v", pipelining), func(t *testing.T) {
-			p := local.Redis(t)
+			p := testenv.Redis(t)
 			rdb := newClient(t, p)
 			reg := prometheus.NewRegistry()
 			l := newTestRedis(t, rdb, Options{Region: "test", Registerer: reg, Timeout: time.Second, NoPipelining: !pipelining})

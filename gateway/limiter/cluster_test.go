@@ -8,14 +8,14 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/quotaplane/quotaplane/deploy/local"
+	"github.com/quotaplane/quotaplane/internal/testenv"
 	"github.com/quotaplane/quotaplane/lua"
 	"github.com/quotaplane/quotaplane/regions"
 )
 
 // nodeOf returns the index of the cluster node that holds key (the node serving its
 // slot, asked directly), or -1 when the key does not exist.
-func nodeOf(t *testing.T, c *local.Cluster, key string) int {
+func nodeOf(t *testing.T, c *testenv.Cluster, key string) int {
 	t.Helper()
 	ctx := context.Background()
 	any0 := redis.NewClient(&redis.Options{Addr: c.Nodes[0].Addr()})
@@ -42,7 +42,7 @@ func nodeOf(t *testing.T, c *local.Cluster, key string) int {
 // over the nodes, pipelined decisions stay exact, and a node restart is absorbed by the
 // breaker and the fallback until the node serves again.
 func TestRedisClusterDecisions(t *testing.T) {
-	c := local.RedisCluster(t)
+	c := testenv.RedisCluster(t)
 	rdb := redis.NewUniversalClient(&redis.UniversalOptions{Addrs: c.Addrs(), ContextTimeoutEnabled: true, MaxRetries: -1})
 	t.Cleanup(func() { _ = rdb.Close() })
 	if _, ok := rdb.(*redis.ClusterClient); !ok {

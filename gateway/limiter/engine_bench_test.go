@@ -19,7 +19,7 @@ import (
 	"github.com/go-redis/redis_rate/v10"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/quotaplane/quotaplane/deploy/local"
+	"github.com/quotaplane/quotaplane/internal/testenv"
 	"github.com/quotaplane/quotaplane/lua"
 	"github.com/quotaplane/quotaplane/regions"
 )
@@ -151,7 +151,7 @@ func BenchmarkDecisionEngine(b *testing.B) {
 	if err != nil {
 		b.Fatalf("redis-benchmark not found (Debian package redis-tools): %v", err)
 	}
-	p := local.Redis(b)
+	p := testenv.Redis(b)
 	rdb := newClient(b, p)
 	if err := lua.NewTokenBucket(rdb).Load(context.Background()); err != nil {
 		b.Fatal(err)
@@ -285,7 +285,7 @@ var rpsLine = regexp.MustCompile(`([0-9.]+) requests per second`)
 // runCeiling runs max(b.N, 10000) EVALSHA calls of token_bucket.lua with redis-benchmark
 // (50 connections, pipe calls in flight on each) against p, on one key or on 100,000
 // random ones, so ns/op is the inverse of its throughput.
-func runCeiling(b *testing.B, bin string, p *local.Process, rdb *redis.Client, keys, pipe int) {
+func runCeiling(b *testing.B, bin string, p *testenv.Process, rdb *redis.Client, keys, pipe int) {
 	n := max(b.N, 10_000)
 	key := "rl:{tenant-000000}:create-order"
 	args := []string{"-h", p.Host, "-p", strconv.Itoa(p.Port), "-q", "-n", strconv.Itoa(n), "-P", strconv.Itoa(pipe)}

@@ -7,7 +7,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/quotaplane/quotaplane/deploy/local"
+	"github.com/quotaplane/quotaplane/internal/testenv"
 	"github.com/quotaplane/quotaplane/lua"
 	"github.com/quotaplane/quotaplane/regions"
 )
@@ -17,7 +17,7 @@ import (
 // charged to the shared bucket once Redis answers again, into debt if need be, so the
 // episode does not hand out a second allowance. Two instances (N = 2) on one Redis.
 func TestFallbackKnowsWhatRedisAdmitted(t *testing.T) {
-	p := local.Redis(t)
+	p := testenv.Redis(t)
 	rdb := newClient(t, p)
 	reg := prometheus.NewRegistry()
 	// One failure opens the breaker for a second: the decisions counted below are then
@@ -124,7 +124,7 @@ func TestFallbackKnowsWhatRedisAdmitted(t *testing.T) {
 // is charged. (Charging every admission would leave Redis a bucket of debt per instance
 // after a long outage, refusing a tenant that kept to its limit.)
 func TestFallbackDebtIsWhatExceedsItsRefill(t *testing.T) {
-	p := local.Redis(t)
+	p := testenv.Redis(t)
 	clock := newFakeClock()
 	reg := prometheus.NewRegistry()
 	l := newTestRedis(t, newClient(t, p), Options{

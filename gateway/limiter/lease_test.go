@@ -8,7 +8,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/quotaplane/quotaplane/deploy/local"
+	"github.com/quotaplane/quotaplane/internal/testenv"
 	"github.com/quotaplane/quotaplane/regions"
 )
 
@@ -29,7 +29,7 @@ func untilSource(t *testing.T, l *Redis, r Request, want Source, n int) int {
 // its decisions are local; an expired lease is renewed with one call while the key stays
 // hot; a cooled key gives its unspent tokens back and is decided by Redis again.
 func TestLeaseLifecycle(t *testing.T) {
-	p := local.Redis(t)
+	p := testenv.Redis(t)
 	rdb := newClient(t, p)
 	clock := newFakeClock()
 	reg := prometheus.NewRegistry()
@@ -123,7 +123,7 @@ func TestLeaseLifecycle(t *testing.T) {
 // requests are rejected locally (Source "lease") with no Redis call, until this
 // instance's share of the refill can have made a batch.
 func TestLeaseEmptyBucketRejectsLocally(t *testing.T) {
-	p := local.Redis(t)
+	p := testenv.Redis(t)
 	rdb := newClient(t, p)
 	clock := newFakeClock()
 	// One instance, fraction 1: batch = refill 10/s x 1 s = 10. The capacity is large
@@ -168,7 +168,7 @@ func TestLeaseEmptyBucketRejectsLocally(t *testing.T) {
 // TestLeaseNotWorthIt: a rule whose batch would be under 2 tokens (refill too small
 // for the bound, given the instances) is never leased, however hot.
 func TestLeaseNotWorthIt(t *testing.T) {
-	p := local.Redis(t)
+	p := testenv.Redis(t)
 	l := newTestRedis(t, newClient(t, p), Options{Timeout: time.Second, LeaseThreshold: 1, Instances: func() int { return 20 }})
 	// 2% of 1000/s over 20 instances: 1 token.
 	r := Request{Tenant: "t", Route: "r", Limit: regions.Limit{Capacity: 1_000_000, RefillPerSecond: 1000}}
@@ -185,7 +185,7 @@ func TestLeaseNotWorthIt(t *testing.T) {
 // TestLeaseSurvivesRedisOutage: tokens already leased are spent while Redis is down;
 // then the fallback decides.
 func TestLeaseSurvivesRedisOutage(t *testing.T) {
-	p := local.Redis(t)
+	p := testenv.Redis(t)
 	clock := newFakeClock()
 	l := newTestRedis(t, newClient(t, p), Options{Now: clock.Now, Timeout: 100 * time.Millisecond, LeaseThreshold: 1, LeaseFraction: 1})
 	r := Request{Tenant: "t", Route: "r", Limit: regions.Limit{Capacity: 1000, RefillPerSecond: 50}}
@@ -210,7 +210,7 @@ func TestLeaseSurvivesRedisOutage(t *testing.T) {
 // TestLeaseTableBounded: many hot keys fill the table up to MaxLeaseKeys and no more;
 // the bound series are capped at MaxLeaseSeries.
 func TestLeaseTableBounded(t *testing.T) {
-	p := local.Redis(t)
+	p := testenv.Redis(t)
 	clock := newFakeClock()
 	reg := prometheus.NewRegistry()
 	l := newTestRedis(t, newClient(t, p), Options{
@@ -239,7 +239,7 @@ func TestLeaseTableBounded(t *testing.T) {
 }
 
 func TestNewRedisRejectsBadLeaseOptions(t *testing.T) {
-	p := local.Redis(t)
+	p := testenv.Redis(t)
 	rdb := newClient(t, p)
 	for _, o := range []Options{
 		{LeaseThreshold: -1},
@@ -260,7 +260,7 @@ func TestNewRedisRejectsBadLeaseOptions(t *testing.T) {
 // share its batches: they take turns refilling rather than each asking Redis, so Redis
 // calls stay about one per batch admitted.
 func TestLeaseManyCallersOneInstance(t *testing.T) {
-	p := local.Redis(t)
+	p := testenv.Redis(t)
 	rdb := newClient(t, p)
 	l := newTestRedis(t, rdb, Options{Timeout: time.Second, LeaseThreshold: 100})
 	// One instance: batch = 2% of 1000/s = 20.
@@ -278,7 +278,7 @@ func TestLeaseManyCallersOneInstance(t *testing.T) {
 // BenchmarkLeaseTrackingColdKeys: what leases cost a decision on a key that is not hot
 // (the rate tracking in front of the Redis call), over 100,000 keys.
 func BenchmarkLeaseTrackingColdKeys(b *testing.B) {
-	p := local.Redis(b)
+	p := testenv.Redis(b)
 	l := newTestRedis(b, newClient(b, p), Options{LeaseThreshold: 100})
 	reqs := make([]Request, 100_000)
 	for i := range reqs {

@@ -10,10 +10,10 @@ import (
 )
 
 // The package has no long-lived goroutines (the batcher's senders exit when its queue
-// is empty); goleak proves it, and that the tests close their Redis clients. deploy/local keeps one goroutine for the life of the process on
+// is empty); goleak proves it, and that the tests close their Redis clients. internal/testenv keeps one goroutine for the life of the process on
 // purpose (it forks every server from one locked thread).
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("github.com/quotaplane/quotaplane/deploy/local.spawn.func1.1"))
+	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("github.com/quotaplane/quotaplane/internal/testenv.spawn.func1.1"))
 }
 
 // fakeClock is an injected clock that moves only when told; safe for concurrent use.

@@ -14,13 +14,13 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/quotaplane/quotaplane/deploy/local"
+	"github.com/quotaplane/quotaplane/internal/testenv"
 	"github.com/quotaplane/quotaplane/regions"
 )
 
 // newClient returns a go-redis client for p, configured as the gateway must configure
 // it (ContextTimeoutEnabled), closed at cleanup.
-func newClient(t testing.TB, p *local.Process) *redis.Client {
+func newClient(t testing.TB, p *testenv.Process) *redis.Client {
 	t.Helper()
 	rdb := redis.NewClient(&redis.Options{Addr: p.Addr(), ContextTimeoutEnabled: true})
 	t.Cleanup(func() { _ = rdb.Close() })
@@ -52,7 +52,7 @@ func pollUntil(t testing.TB, timeout time.Duration, what string, f func() bool) 
 var article = Request{Tenant: "shop-a", Route: "create-order", Limit: regions.Limit{Capacity: 2, RefillPerSecond: 1}}
 
 func TestRedisDecide(t *testing.T) {
-	p := local.Redis(t)
+	p := testenv.Redis(t)
 	rdb := newClient(t, p)
 	l := newTestRedis(t, rdb, Options{KeyPrefix: "t1", Timeout: time.Second})
 	if err := l.Load(context.Background()); err != nil {
@@ -104,7 +104,7 @@ func TestNewRedisRefusesClientWithoutContextTimeouts(t *testing.T) {
 }
 
 func TestRedisInvalidRequest(t *testing.T) {
-	p := local.Redis(t)
+	p := testenv.Redis(t)
 	reg := prometheus.NewRegistry()
 	l := newTestRedis(t, newClient(t, p), Options{Region: "test", Registerer: reg})
 	r := article
@@ -123,7 +123,7 @@ func TestRedisInvalidRequest(t *testing.T) {
 }
 
 func TestRedisCallerGoneDoesNotTripBreaker(t *testing.T) {
-	p := local.Redis(t)
+	p := testenv.Redis(t)
 	l := newTestRedis(t, newClient(t, p), Options{BreakerFailures: 2, Timeout: time.Second})
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
@@ -144,7 +144,7 @@ func TestRedisCallerGoneDoesNotTripBreaker(t *testing.T) {
 // fallback with no error, the breaker opens; Redis comes back, decisions come from Redis
 // again after the breaker's open period.
 func TestRedisKilledFallsBackAndRecovers(t *testing.T) {
-	p := local.Redis(t)
+	p := testenv.Redis(t)
 	reg := prometheus.NewRegistry()
 	var logs lockedBuffer // the script reload logs from a goroutine of its own
 	l := newTestRedis(t, newClient(t, p), Options{
@@ -211,7 +211,7 @@ func TestRedisKilledFallsBackAndRecovers(t *testing.T) {
 
 // TestRedisLogsOnlyStateChanges: many failing decisions, one breaker change, one line.
 func TestRedisLogsOnlyStateChanges(t *testing.T) {
-	p := local.Redis(t)
+	p := testenv.Redis(t)
 	var logs lockedBuffer
 	l := newTestRedis(t, newClient(t, p), Options{
 		Region: "test", BreakerOpenFor: time.Hour, Logger: slog.New(slog.NewTextHandler(&logs, nil)),
@@ -241,7 +241,7 @@ func TestRedisPausedAnswersWithinTimeout(t *testing.T) {
 		// scheduler starved by other jobs has been seen to wake one decision 450 ms late.
 		hardBound = time.Second
 	)
-	p := local.Redis(t)
+	p := testenv.Redis(t)
 	reg := prometheus.NewRegistry()
 	l := newTestRedis(t, newClient(t, p), Options{Region: "test", BreakerOpenFor: 100 * time.Millisecond, Registerer: reg})
 	lots := Request{Tenant: "t", Route: "r", Limit: regions.Limit{Capacity: 1_000_000, RefillPerSecond: 1000}}
@@ -287,7 +287,7 @@ func TestRedisPausedAnswersWithinTimeout(t *testing.T) {
 // rule, N from heartbeats, else ExpectedInstances; a rule too small to split keeps one
 // token and is counted.
 func TestRedisFallbackScalesByInstances(t *testing.T) {
-	p := local.Redis(t)
+	p := testenv.Redis(t)
 	rdb := newClient(t, p)
 	if err := p.Kill(); err != nil {
 		t.Fatal(err)
@@ -341,7 +341,7 @@ func TestRedisFallbackScalesByInstances(t *testing.T) {
 }
 
 func TestRedisMetricsPreinitialised(t *testing.T) {
-	p := local.Redis(t)
+	p := testenv.Redis(t)
 	reg := prometheus.NewRegistry()
 	newTestRedis(t, newClient(t, p), Options{Region: "eu", Registerer: reg})
 	for _, reason := range []string{"timeout", "error", "breaker_open", "invalid"} {
@@ -358,7 +358,7 @@ func TestRedisMetricsPreinitialised(t *testing.T) {
 }
 
 func BenchmarkRedisDecide(b *testing.B) {
-	p := local.Redis(b)
+	p := testenv.Redis(b)
 	l := newTestRedis(b, newClient(b, p), Options{Timeout: time.Second})
 	reqs := make([]Request, 1024)
 	for i := range reqs {

@@ -6,7 +6,7 @@ import (
 	"math"
 	"testing"
 
-	"github.com/quotaplane/quotaplane/deploy/local"
+	"github.com/quotaplane/quotaplane/internal/testenv"
 	"github.com/quotaplane/quotaplane/lua"
 	"github.com/quotaplane/quotaplane/regions"
 )
@@ -79,7 +79,7 @@ func FuzzShardLimit(f *testing.F) {
 // rejected by one shard tries the other), its keys are the shard keys without a hash
 // tag, and a decision reports the whole rule.
 func TestRedisShards(t *testing.T) {
-	p := local.Redis(t)
+	p := testenv.Redis(t)
 	rdb := newClient(t, p)
 	ctx := context.Background()
 	for _, pipelining := range []bool{false, true} {
@@ -118,7 +118,7 @@ func TestRedisShards(t *testing.T) {
 }
 
 func TestRedisShardsInvalid(t *testing.T) {
-	p := local.Redis(t)
+	p := testenv.Redis(t)
 	l := newTestRedis(t, newClient(t, p), Options{})
 	tests := []Request{
 		{Tenant: "t", Route: "r", Limit: regions.Limit{Capacity: 10, RefillPerSecond: 1}, Shards: -1},

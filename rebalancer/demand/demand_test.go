@@ -12,7 +12,7 @@ import (
 	v1 "github.com/prometheus/client_golang/api/prometheus/v1"
 	"github.com/prometheus/common/model"
 
-	"github.com/quotaplane/quotaplane/deploy/local"
+	"github.com/quotaplane/quotaplane/internal/testenv"
 	"github.com/quotaplane/quotaplane/rebalancer/demand"
 	"github.com/quotaplane/quotaplane/rebalancer/demand/demandtest"
 	"github.com/quotaplane/quotaplane/regions"
@@ -26,13 +26,13 @@ const (
 var shopOrders = regions.Scope{Tenant: "shop-a", Route: "create-order"}
 
 // startProm starts a real Prometheus scraping every exporter every second.
-func startProm(t *testing.T, exps ...*demandtest.Exporter) *local.Prometheus {
+func startProm(t *testing.T, exps ...*demandtest.Exporter) *testenv.Prometheus {
 	t.Helper()
 	var targets []string
 	for _, e := range exps {
 		targets = append(targets, e.Addr())
 	}
-	return local.Prom(t, local.PrometheusOptions{Jobs: []local.ScrapeJob{{Name: "gateway", Targets: targets}}})
+	return testenv.Prom(t, testenv.PrometheusOptions{Jobs: []testenv.ScrapeJob{{Name: "gateway", Targets: targets}}})
 }
 
 func newReader(t *testing.T, sources ...demand.Source) *demand.Reader {

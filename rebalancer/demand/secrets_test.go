@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/quotaplane/quotaplane/deploy/local"
+	"github.com/quotaplane/quotaplane/internal/testenv"
 	"github.com/quotaplane/quotaplane/rebalancer/demand"
 	"github.com/quotaplane/quotaplane/rebalancer/demand/demandtest"
 	"github.com/quotaplane/quotaplane/regions"
@@ -73,7 +73,7 @@ func TestReadWithCredentials(t *testing.T) {
 		t.Fatal(err)
 	}
 	u.User = url.UserPassword("user", secret)
-	port, err := local.FreePort()
+	port, err := testenv.FreePort()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,7 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/quotaplane/quotaplane/deploy/local"
+	"github.com/quotaplane/quotaplane/internal/testenv"
 	"github.com/quotaplane/quotaplane/rebalancer/job"
 	"github.com/quotaplane/quotaplane/regions"
 )
@@ -42,7 +42,7 @@ func leaders(t *testing.T, els ...*job.Elector) []int {
 
 func TestElectorExactlyOneLeader(t *testing.T) {
 	t.Parallel()
-	db := local.PostgresDB(t)
+	db := testenv.PostgresDB(t)
 	a, b := newElector(t, db), newElector(t, db)
 	for range 5 {
 		if got := leaders(t, a, b); len(got) != 1 || got[0] != 0 {
@@ -50,14 +50,14 @@ func TestElectorExactlyOneLeader(t *testing.T) {
 		}
 	}
 	// A third one on another database does not compete.
-	if got := leaders(t, newElector(t, local.PostgresDB(t))); len(got) != 1 {
+	if got := leaders(t, newElector(t, testenv.PostgresDB(t))); len(got) != 1 {
 		t.Fatalf("elector on another database: leaders = %v, want it to lead", got)
 	}
 }
 
 func TestElectorReleasedOnClose(t *testing.T) {
 	t.Parallel()
-	db := local.PostgresDB(t)
+	db := testenv.PostgresDB(t)
 	a, b := newElector(t, db), newElector(t, db)
 	if got := leaders(t, a, b); len(got) != 1 || got[0] != 0 {
 		t.Fatalf("leaders = %v, want [0]", got)
@@ -75,7 +75,7 @@ func TestElectorReleasedOnClose(t *testing.T) {
 // other takes it; the old leader learns it lost on its next tick.
 func TestElectorReleasedWhenConnectionDies(t *testing.T) {
 	t.Parallel()
-	db := local.PostgresDB(t)
+	db := testenv.PostgresDB(t)
 	a, b := newElector(t, db), newElector(t, db)
 	if got := leaders(t, a, b); len(got) != 1 || got[0] != 0 {
 		t.Fatalf("leaders = %v, want [0]", got)
@@ -123,7 +123,7 @@ func TestElectorDatabaseDownIsNotLeader(t *testing.T) {
 // runs and writes; when it stops, the other takes over.
 func TestTwoRebalancersOneActs(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, local.PostgresDB(t))
+	e := newEnv(t, testenv.PostgresDB(t))
 	e.setDemand70_30()
 	e.waitHistory(t)
 

@@ -14,7 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/common/model"
 
-	"github.com/quotaplane/quotaplane/deploy/local"
+	"github.com/quotaplane/quotaplane/internal/testenv"
 	"github.com/quotaplane/quotaplane/rebalancer"
 	"github.com/quotaplane/quotaplane/rebalancer/demand"
 	"github.com/quotaplane/quotaplane/rebalancer/demand/demandtest"
@@ -22,7 +22,7 @@ import (
 	"github.com/quotaplane/quotaplane/regions"
 )
 
-func TestMain(m *testing.M) { os.Exit(local.RunTests(m)) }
+func TestMain(m *testing.M) { os.Exit(testenv.RunTests(m)) }
 
 const (
 	usEast     = "us-east"
@@ -42,7 +42,7 @@ type env struct {
 	dbURL  string
 	store  *regions.Store
 	exp    *demandtest.Exporter
-	prom   *local.Prometheus
+	prom   *testenv.Prometheus
 	reader *demand.Reader
 }
 
@@ -70,7 +70,7 @@ func newEnv(t *testing.T, dbURL string) *env {
 	}
 	exp := demandtest.New()
 	t.Cleanup(exp.Close)
-	prom := local.Prom(t, local.PrometheusOptions{Jobs: []local.ScrapeJob{{Name: "gateway", Targets: []string{exp.Addr()}}}})
+	prom := testenv.Prom(t, testenv.PrometheusOptions{Jobs: []testenv.ScrapeJob{{Name: "gateway", Targets: []string{exp.Addr()}}}})
 	reader, err := demand.New(demand.Config{Sources: []demand.Source{{URL: prom.URL()}},
 		LongWindow: longWindow, ShortWindow: 2 * time.Second, MaxAge: 5 * time.Second, Timeout: 3 * time.Second})
 	if err != nil {
@@ -210,7 +210,7 @@ func metric(t *testing.T, g prometheus.Gatherer, name string, labels ...string) 
 // stopPostgres ends every session, then stops the server. local's Stop sends SIGTERM,
 // PostgreSQL's smart shutdown, which waits for open pools and after 10 s is killed,
 // leaving orphaned backends that can make the restart fail.
-func stopPostgres(t *testing.T, pg *local.Postgres, dbURL string) {
+func stopPostgres(t *testing.T, pg *testenv.Postgres, dbURL string) {
 	t.Helper()
 	conn, err := pgx.Connect(t.Context(), dbURL)
 	if err != nil {

@@ -11,7 +11,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/quotaplane/quotaplane/deploy/local"
+	"github.com/quotaplane/quotaplane/internal/testenv"
 	"github.com/quotaplane/quotaplane/rebalancer/job"
 	"github.com/quotaplane/quotaplane/regions"
 )
@@ -104,7 +104,7 @@ func waitEffective(t *testing.T, r *regions.Reloader, region string, sc regions.
 // gateways fall back to "*" for it; a pair that keeps its demand keeps its rows.
 func TestPairSharesExpireWithoutDemand(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, local.PostgresDB(t))
+	e := newEnv(t, testenv.PostgresDB(t))
 	e.setDemandTwoPairs()
 	e.waitHistory(t)
 	reg := prometheus.NewPedanticRegistry()
@@ -207,7 +207,7 @@ func TestPairSharesExpireWithoutDemand(t *testing.T) {
 // among the MaxScopes busiest counts as without demand.
 func TestPairSharesKeptWhenExpiryDisabledOrOverridden(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, local.PostgresDB(t))
+	e := newEnv(t, testenv.PostgresDB(t))
 	e.setDemandTwoPairs()
 	e.waitHistory(t)
 	runOnce(t, e.newJob(t, nil, nil)) // rows for both pairs

@@ -9,7 +9,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/quotaplane/quotaplane/deploy/local"
+	"github.com/quotaplane/quotaplane/internal/testenv"
 	"github.com/quotaplane/quotaplane/rebalancer"
 	"github.com/quotaplane/quotaplane/rebalancer/demand"
 	"github.com/quotaplane/quotaplane/rebalancer/job"
@@ -18,7 +18,7 @@ import (
 
 func TestRunWritesSharesAndHistory(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, local.PostgresDB(t))
+	e := newEnv(t, testenv.PostgresDB(t))
 	e.setDemand70_30()
 	e.waitHistory(t)
 	reg := prometheus.NewPedanticRegistry()
@@ -90,7 +90,7 @@ func TestRunWritesSharesAndHistory(t *testing.T) {
 
 func TestPrometheusDownKeepsShares(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, local.PostgresDB(t))
+	e := newEnv(t, testenv.PostgresDB(t))
 	e.setDemand70_30()
 	e.waitHistory(t)
 	reg := prometheus.NewPedanticRegistry()
@@ -116,7 +116,7 @@ func TestPrometheusDownKeepsShares(t *testing.T) {
 
 func TestDatabaseDownSkipsAndRetries(t *testing.T) {
 	t.Parallel()
-	pg := local.PostgresServer(t)
+	pg := testenv.PostgresServer(t)
 	dbURL, err := pg.CreateDatabase(t.Context(), "rebalancer")
 	if err != nil {
 		t.Fatal(err)
@@ -149,7 +149,7 @@ func TestDatabaseDownSkipsAndRetries(t *testing.T) {
 
 func TestDryRunWritesNothing(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, local.PostgresDB(t))
+	e := newEnv(t, testenv.PostgresDB(t))
 	e.setDemand70_30()
 	e.waitHistory(t)
 	reg := prometheus.NewPedanticRegistry()
@@ -184,7 +184,7 @@ func TestDryRunWritesNothing(t *testing.T) {
 
 func TestOverrideWins(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, local.PostgresDB(t))
+	e := newEnv(t, testenv.PostgresDB(t))
 	e.setDemand70_30()
 	pinned := map[string]float64{usEast: 0.2, euWest: 0.8}
 	if err := e.store.SetOverride(t.Context(), pair, pinned, "alice", "incident 7", time.Hour); err != nil {
@@ -213,7 +213,7 @@ func TestOverrideWins(t *testing.T) {
 // region without fresh series keeps its share.
 func TestDarkAndUnknownRegions(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, local.PostgresDB(t))
+	e := newEnv(t, testenv.PostgresDB(t))
 	e.setDemand70_30()
 	e.waitHistory(t)
 	j := e.newJob(t, nil, nil)

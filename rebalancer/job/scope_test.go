@@ -9,7 +9,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/quotaplane/quotaplane/deploy/local"
+	"github.com/quotaplane/quotaplane/internal/testenv"
 	"github.com/quotaplane/quotaplane/rebalancer"
 	"github.com/quotaplane/quotaplane/rebalancer/demand"
 	"github.com/quotaplane/quotaplane/rebalancer/job"
@@ -45,7 +45,7 @@ func regionInput(t *testing.T, s job.ScopeReport, region string) job.RegionInput
 // Headroom and the peak reserve play no part: "*" bounds many buckets at once.
 func TestGlobalScopeSplitsTrafficWithoutOwnScope(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, local.PostgresDB(t))
+	e := newEnv(t, testenv.PostgresDB(t))
 	shopB := regions.Scope{Tenant: "shop-b", Route: "list"}
 	shopC := regions.Scope{Tenant: "shop-c", Route: "list"}
 	if err := e.store.SetOverride(t.Context(), shopB, map[string]float64{usEast: 0.5, euWest: 0.5}, "alice", "pinned", time.Hour); err != nil {
@@ -85,7 +85,7 @@ func TestGlobalScopeSplitsTrafficWithoutOwnScope(t *testing.T) {
 // own scope, "*" has nothing to split: its shares stay as they are.
 func TestGlobalScopeWithoutDemandKeepsShares(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, local.PostgresDB(t))
+	e := newEnv(t, testenv.PostgresDB(t))
 	e.exp.SetRegion(usEast, 70, 0, 0)
 	e.exp.SetRegion(euWest, 30, 0, 0)
 	e.exp.SetTenant(usEast, pair.Tenant, pair.Route, 70, 0)
@@ -113,7 +113,7 @@ func TestGlobalScopeWithoutDemandKeepsShares(t *testing.T) {
 // path (nor count as "throttled" for the hysteresis).
 func TestShadowTrafficIsNotThrottling(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, local.PostgresDB(t))
+	e := newEnv(t, testenv.PostgresDB(t))
 	e.exp.SetRegion(usEast, 20, 0, 30)
 	e.exp.SetRegion(euWest, 10, 0, 0)
 	e.exp.SetTenant(usEast, pair.Tenant, pair.Route, 20, 0)
@@ -141,7 +141,7 @@ func TestShadowTrafficIsNotThrottling(t *testing.T) {
 // tick's result "error" (the other scopes are still decided), not a silent "ok".
 func TestAllocationErrorIsResultError(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, local.PostgresDB(t))
+	e := newEnv(t, testenv.PostgresDB(t))
 	e.setDemand70_30()
 	e.waitHistory(t)
 	reg := prometheus.NewPedanticRegistry()

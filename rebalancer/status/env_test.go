@@ -17,7 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
-	"github.com/quotaplane/quotaplane/deploy/local"
+	"github.com/quotaplane/quotaplane/internal/testenv"
 	"github.com/quotaplane/quotaplane/rebalancer"
 	"github.com/quotaplane/quotaplane/rebalancer/demand/demandtest"
 	"github.com/quotaplane/quotaplane/rebalancer/job"
@@ -25,7 +25,7 @@ import (
 	"github.com/quotaplane/quotaplane/regions"
 )
 
-func TestMain(m *testing.M) { os.Exit(local.RunTests(m)) }
+func TestMain(m *testing.M) { os.Exit(testenv.RunTests(m)) }
 
 const (
 	usEast = "us-east"
@@ -120,19 +120,19 @@ type env struct {
 	store  *regions.Store
 	reqs   *demandtest.Exporter
 	shares *shareExporter
-	prom   *local.Prometheus
+	prom   *testenv.Prometheus
 }
 
 func newEnv(t *testing.T) *env {
 	t.Helper()
-	e := &env{store: openStore(t, local.PostgresDB(t)), reqs: demandtest.New(), shares: newShareExporter(t)}
+	e := &env{store: openStore(t, testenv.PostgresDB(t)), reqs: demandtest.New(), shares: newShareExporter(t)}
 	t.Cleanup(e.reqs.Close)
 	seed(t, e.store)
 	e.reqs.SetRegion(usEast, 50, 20, 0)
 	e.reqs.SetRegion(euWest, 30, 0, 0)
 	e.shares.share.WithLabelValues(usEast, "*").Set(0.7)
 	e.shares.share.WithLabelValues(euWest, "*").Set(0.3)
-	e.prom = local.Prom(t, local.PrometheusOptions{Jobs: []local.ScrapeJob{
+	e.prom = testenv.Prom(t, testenv.PrometheusOptions{Jobs: []testenv.ScrapeJob{
 		{Name: "gateway", Targets: []string{e.reqs.Addr(), e.shares.addr()}}}})
 	return e
 }

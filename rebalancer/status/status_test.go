@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/quotaplane/quotaplane/deploy/local"
+	"github.com/quotaplane/quotaplane/internal/testenv"
 	"github.com/quotaplane/quotaplane/rebalancer/job"
 	"github.com/quotaplane/quotaplane/rebalancer/status"
 	"github.com/quotaplane/quotaplane/regions"
@@ -182,7 +182,7 @@ func deref(v *float64) any {
 func TestPrometheusUnreachable(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	port, err := local.FreePort()
+	port, err := testenv.FreePort()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -275,7 +275,7 @@ func TestPrometheusUnreachable(t *testing.T) {
 // internal error text; it recovers when the database is back.
 func TestPostgresUnreachable(t *testing.T) {
 	t.Parallel()
-	pg := local.PostgresServer(t)
+	pg := testenv.PostgresServer(t)
 	dbURL, err := pg.CreateDatabase(t.Context(), "status")
 	if err != nil {
 		t.Fatal(err)
@@ -326,7 +326,7 @@ func TestPostgresUnreachable(t *testing.T) {
 // TestEscaping: reasons and actors are operator text; the page shows them as text.
 func TestEscaping(t *testing.T) {
 	t.Parallel()
-	store := openStore(t, local.PostgresDB(t))
+	store := openStore(t, testenv.PostgresDB(t))
 	ctx := t.Context()
 	for _, r := range []string{usEast, euWest} {
 		if err := store.AddRegion(ctx, r); err != nil {
@@ -366,7 +366,7 @@ func TestEscaping(t *testing.T) {
 // not live; with no stored share the regions split equally.
 func TestDarkRegion(t *testing.T) {
 	t.Parallel()
-	store := openStore(t, local.PostgresDB(t))
+	store := openStore(t, testenv.PostgresDB(t))
 	ctx := t.Context()
 	for _, r := range []string{usEast, euWest} {
 		if err := store.AddRegion(ctx, r); err != nil {

@@ -1,0 +1,273 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+)
+
+// ChildKind is the kind of child process this one was started as ("echo" or "gateway"),
+// or "" for the runner itself: the runner re-executes its own binary for its children.
+func ChildKind() string { return os.Getenv(envChild) }
+
+// RunChild runs the child process of the given kind until it is signalled.
+func RunChild(kind string) error { return runChild(kind) }
+
+// Run is the whole suite, with the command line args (see doc.go), writing its progress
+// to stdout.
+func Run(ctx context.Context, args []string, stdout io.Writer) error { return run(ctx, args, stdout) }
+
+// The phases, in the order they run.
+var allPhases = []string{"overhead", "engine", "memory", "accuracy", "profile"}
+
+// options are the command line.
+type options struct {
+	runs     int
+	quick    bool
+	out      string // the generated document
+	readme   string // the README whose headline table is rewritten; "" leaves it
+	profiles string // where profile summaries go; "" keeps them in the work directory
+	phases   []string
+	timeout  time.Duration
+}
+
+func parseOptions(args []string, root string) (options, error) {
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	runs := fs.Int("runs", 0, "runs of every measurement; the document shows medians and min-max (default 3, 1 with -quick)")
+	quick := fs.Bool("quick", false, "seconds instead of minutes: short loads, small data sets (a smoke test, not numbers to publish)")
+	out := fs.String("out", "", "the document to write (default docs/BENCHMARKS.md; with -quick, $TMPDIR/quotaplane-bench-quick.md)")
+	readme := fs.String("readme", "", "the README whose headline table (between bench markers) is rewritten (default README.md; none with -quick or -phases)")
+	profiles := fs.String("profiles", "", "directory for profile summaries (default docs/profiles; with -quick, the work directory)")
+	phases := fs.String("phases", strings.Join(allPhases, ","), "comma-separated phases to run: "+strings.Join(allPhases, ", "))
+	timeout := fs.Duration("timeout", 30*time.Minute, "bound on the whole run")
+	if err := fs.Parse(args); err != nil {
+		return options{}, err
+	}
+	if fs.NArg() > 0 {
+		return options{}, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	o := options{runs: *runs, quick: *quick, out: *out, readme: *readme, profiles: *profiles, timeout: *timeout}
+	if o.runs == 0 {
+		o.runs = 3
+		if o.quick {
+			o.runs = 1
+		}
+	}
+	if o.runs < 1 || o.runs > 9 {
+		return options{}, fmt.Errorf("-runs %d: want 1..9", o.runs)
+	}
+	for p := range strings.SplitSeq(*phases, ",") {
+		p = strings.TrimSpace(p)
+		if p == "" {
+			continue
+		}
+		if !slices.Contains(allPhases, p) {
+			return options{}, fmt.Errorf("-phases: unknown phase %q (want %s)", p, strings.Join(allPhases, ", "))
+		}
+		o.phases = append(o.phases, p)
+	}
+	if len(o.phases) == 0 {
+		return options{}, errors.New("-phases: none given")
+	}
+	partial := len(o.phases) < len(allPhases)
+	if !o.quick && !partial {
+		if o.out == "" {
+			o.out = filepath.Join(root, "docs", "BENCHMARKS.md")
+		}
+		if o.readme == "" {
+			o.readme = filepath.Join(root, "README.md")
+		}
+		if o.profiles == "" {
+			o.profiles = filepath.Join(root, "docs", "profiles")
+		}
+	} else if o.out == "" && !o.quick {
+		return options{}, errors.New("-phases runs part of the suite: give -out, the full document is only rewritten by a full run")
+	}
+	return o, nil
+}
+
+func (o options) has(phase string) bool { return slices.Contains(o.phases, phase) }
+
+// run is the whole suite.
+func run(ctx context.Context, args []string, stdout io.Writer) error {
+	root, err := moduleRoot(ctx)
+	if err != nil {
+		return err
+	}
+	opts, err := parseOptions(args, root)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, opts.timeout)
+	defer cancel()
+	work, err := os.MkdirTemp("", "quotaplane-bench-*")
+	if err != nil {
+		return fmt.Errorf("work directory: %w", err)
+	}
+	defer os.RemoveAll(work)
+	if opts.quick && opts.out == "" {
+		opts.out = filepath.Join(os.TempDir(), "quotaplane-bench-quick.md")
+	}
+	if opts.profiles == "" {
+		opts.profiles = filepath.Join(work, "profiles")
+	}
+	b := &bench{opts: opts, root: root, work: work, log: stdout, rep: newReport()}
+	b.rep.start = time.Now()
+	b.rep.machine = readMachine(ctx)
+	b.logf("bench: %d run(s), phases %s, machine %s, load average %s", opts.runs, strings.Join(opts.phases, ","), b.rep.machine.cpu, b.rep.machine.loadStart)
+	if err := b.build(ctx); err != nil {
+		return err
+	}
+	if err := b.runPhases(ctx); err != nil {
+		return err
+	}
+	b.rep.end = time.Now()
+	b.rep.machine.loadEnd = loadAverage()
+	doc := b.rep.render(opts)
+	if err := os.WriteFile(opts.out, []byte(doc), 0o644); err != nil {
+		return fmt.Errorf("write %s: %w", opts.out, err)
+	}
+	b.logf("bench: wrote %s (%s)", opts.out, b.rep.end.Sub(b.rep.start).Round(time.Second))
+	if opts.readme != "" {
+		if err := updateReadme(opts.readme, b.rep.headline(true)); err != nil {
+			return err
+		}
+		b.logf("bench: updated the headline table of %s", opts.readme)
+	}
+	return nil
+}
+
+// bench holds what the phases share.
+type bench struct {
+	opts options
+	root string // the module root
+	work string // temporary files
+	log  io.Writer
+	rep  *report
+
+	gatewayBin string // cmd/gateway
+	self       string // this program, built, for the child processes
+	testBins   map[string]string
+}
+
+func (b *bench) logf(format string, args ...any) {
+	fmt.Fprintf(b.log, "%s "+format+"\n", append([]any{time.Now().Format("15:04:05")}, args...)...)
+}
+
+// testPackages are the packages whose benchmarks the runner runs from compiled test
+// binaries (so that every run uses the same binary and no run pays for a build).
+var testPackages = map[string]string{
+	"limiter": "./gateway/limiter",
+	"lua":     "./lua",
+	"gateway": "./gateway",
+}
+
+// build compiles cmd/gateway and this program (the child processes: the echo upstream
+// and the profiled gateway, so that they are the same optimised build whether the runner
+// runs from go run or from its race-enabled test), then the test binaries the phases need.
+func (b *bench) build(ctx context.Context) error {
+	bin := filepath.Join(b.work, "bin")
+	start := time.Now()
+	goCmd := func(args ...string) error {
+		cmd := exec.CommandContext(ctx, "go", args...)
+		cmd.Dir = b.root
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return fmt.Errorf("go %s: %w\n%s", strings.Join(args, " "), err, out)
+		}
+		return nil
+	}
+	if err := goCmd("build", "-o", bin+string(os.PathSeparator), "./cmd/gateway", "./cmd/bench"); err != nil {
+		return err
+	}
+	b.gatewayBin, b.self = filepath.Join(bin, "gateway"), filepath.Join(bin, "bench")
+	b.testBins = map[string]string{}
+	if b.opts.has("engine") || b.opts.has("memory") {
+		var pkgs []string
+		for name, pkg := range testPackages {
+			if b.opts.quick && name != "limiter" {
+				continue
+			}
+			pkgs = append(pkgs, pkg)
+			b.testBins[name] = filepath.Join(bin, filepath.Base(pkg)+".test")
+		}
+		slices.Sort(pkgs)
+		if err := goCmd(append([]string{"test", "-c", "-o", bin + string(os.PathSeparator)}, pkgs...)...); err != nil {
+			return err
+		}
+	}
+	b.logf("bench: built binaries in %s", time.Since(start).Round(time.Second))
+	return nil
+}
+
+// runPhases runs every selected phase: the repeated ones once per run, interleaved, so
+// that a change in the machine's load during the suite touches every row alike.
+func (b *bench) runPhases(ctx context.Context) error {
+	var ov *overhead
+	if b.opts.has("overhead") {
+		var err error
+		if ov, err = b.startOverhead(ctx); err != nil {
+			return err
+		}
+		defer ov.close()
+	}
+	for i := range b.opts.runs {
+		b.logf("bench: run %d of %d", i+1, b.opts.runs)
+		if ov != nil {
+			if err := ov.run(ctx, i); err != nil {
+				return err
+			}
+		}
+		if b.opts.has("engine") {
+			if err := b.engineRun(ctx, i); err != nil {
+				return err
+			}
+		}
+		if b.opts.has("accuracy") {
+			if err := b.accuracyRun(ctx, i); err != nil {
+				return err
+			}
+		}
+		if b.opts.has("memory") {
+			if err := b.redisMemoryRun(ctx, i); err != nil {
+				return err
+			}
+		}
+	}
+	if ov != nil {
+		b.rep.overhead = ov.result()
+	}
+	if b.opts.has("memory") {
+		if err := b.gatewayMemory(ctx); err != nil {
+			return err
+		}
+		if err := b.localMemory(ctx); err != nil {
+			return err
+		}
+	}
+	if b.opts.has("profile") {
+		if err := b.profile(ctx); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func moduleRoot(ctx context.Context) (string, error) {
+	out, err := exec.CommandContext(ctx, "go", "env", "GOMOD").Output()
+	if err != nil {
+		return "", fmt.Errorf("find the module (is Go installed?): %w", err)
+	}
+	mod := strings.TrimSpace(string(out))
+	if mod == "" || mod == os.DevNull {
+		return "", errors.New("run the benchmarks from inside the quotaplane module")
+	}
+	return filepath.Dir(mod), nil
+}

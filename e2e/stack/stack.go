@@ -1,0 +1,411 @@
+package stack
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/quotaplane/quotaplane/internal/testenv"
+	"github.com/quotaplane/quotaplane/regions"
+)
+
+// Route is the one route the stack's gateways serve: any method on /orders.
+const Route = "orders"
+
+// Tenant is a tenant of the stack with its global rule on Route.
+type Tenant struct {
+	ID              string
+	Capacity        int64
+	RefillPerSecond float64
+}
+
+// Options configure Start; zero values take the defaults noted.
+type Options struct {
+	Regions           []string      // default us-east, eu-west
+	GatewaysPerRegion int           // default 2
+	Tenants           []Tenant      // default DemoTenants()
+	RebalanceInterval time.Duration // default 10s
+	CheckInterval     time.Duration // default RebalanceInterval/2
+	ScrapeInterval    time.Duration // default 1s
+	// BinDir holds the built binaries; empty means a temporary directory.
+	BinDir string
+	Logger *slog.Logger
+	// RedisFront, if set, is called with each region's Redis address once it runs and
+	// returns the address the region's gateways dial instead (for example a
+	// testenv.SlowProxy in front of it, for fault tests). Nil: the gateways dial Redis.
+	RedisFront func(region, redisAddr string) (string, error)
+	// RedisTimeout is the gateways' redis.timeout (default 5ms).
+	RedisTimeout time.Duration
+}
+
+// DemoTenants are the demo's tenants: one that shifts between regions above its limit,
+// one well under its limit, and one hammering at three times its limit.
+func DemoTenants() []Tenant {
+	return []Tenant{
+		{ID: "shop-a", Capacity: 200, RefillPerSecond: 100},
+		{ID: "shop-b", Capacity: 200, RefillPerSecond: 100},
+		{ID: "shop-c", Capacity: 40, RefillPerSecond: 20},
+	}
+}
+
+// Gateway is one running gateway process.
+type Gateway struct {
+	Region  string
+	ID      string
+	URL     string // the proxy, e.g. http://127.0.0.1:PORT
+	Admin   string // the admin base URL: /metrics /healthz /readyz
+	Process *testenv.Process
+}
+
+// Stack is a running stack. Close stops everything and removes the temporary data.
+type Stack struct {
+	Regions     []string
+	Postgres    *testenv.Postgres
+	DatabaseURL string
+	Store       *regions.Store
+	Redis       map[string]*testenv.Process
+	// RedisURL is the Redis URL each region's gateways were given (Options.RedisFront's
+	// address when set).
+	RedisURL   map[string]string
+	Gateways   []*Gateway
+	Upstream   string // the echo service's base URL
+	Prometheus *testenv.Prometheus
+	Rebalancer *testenv.Process
+	// RebalancerAdmin is the rebalancer's admin base URL (status page, /metrics).
+	RebalancerAdmin string
+	// Keys maps a tenant to its API key secret.
+	Keys map[string]string
+
+	opts     Options
+	dir      string
+	upstream *http.Server
+	log      *slog.Logger
+}
+
+// Start builds the binaries and starts the whole stack; on error, whatever was started is
+// stopped again.
+func Start(ctx context.Context, opts Options) (_ *Stack, err error) {
+	if len(opts.Regions) == 0 {
+		opts.Regions = []string{"us-east", "eu-west"}
+	}
+	if opts.GatewaysPerRegion <= 0 {
+		opts.GatewaysPerRegion = 2
+	}
+	if len(opts.Tenants) == 0 {
+		opts.Tenants = DemoTenants()
+	}
+	if opts.RebalanceInterval <= 0 {
+		opts.RebalanceInterval = 10 * time.Second
+	}
+	if opts.CheckInterval <= 0 {
+		opts.CheckInterval = opts.RebalanceInterval / 2
+	}
+	if opts.ScrapeInterval <= 0 {
+		opts.ScrapeInterval = time.Second
+	}
+	if opts.RedisTimeout <= 0 {
+		opts.RedisTimeout = 5 * time.Millisecond
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	dir, err := os.MkdirTemp("", "quotaplane-stack-*")
+	if err != nil {
+		return nil, fmt.Errorf("stack: %w", err)
+	}
+	s := &Stack{Regions: opts.Regions, Redis: map[string]*testenv.Process{}, RedisURL: map[string]string{}, Keys: map[string]string{}, opts: opts, dir: dir, log: opts.Logger}
+	defer func() {
+		if err != nil {
+			s.Close()
+		}
+	}()
+	bin := opts.BinDir
+	if bin == "" {
+		bin = filepath.Join(dir, "bin")
+	}
+	s.log.Info("building binaries", "dir", bin)
+	if err := Build(ctx, bin); err != nil {
+		return nil, err
+	}
+	if err := s.startData(ctx); err != nil {
+		return nil, err
+	}
+	if err := s.startUpstream(); err != nil {
+		return nil, err
+	}
+	for _, region := range opts.Regions {
+		for i := 1; i <= opts.GatewaysPerRegion; i++ {
+			if err := s.startGateway(ctx, bin, region, i); err != nil {
+				return nil, err
+			}
+		}
+	}
+	if err := s.startPrometheus(ctx); err != nil {
+		return nil, err
+	}
+	if err := s.startRebalancer(ctx, bin); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// Build compiles cmd/gateway and cmd/rebalancer into dir.
+func Build(ctx context.Context, dir string) error {
+	root, err := moduleRoot(ctx)
+	if err != nil {
+		return err
+	}
+	cmd := exec.CommandContext(ctx, "go", "build", "-o", dir+string(os.PathSeparator), "./cmd/gateway", "./cmd/rebalancer")
+	cmd.Dir = root
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("build binaries: %w\n%s", err, out)
+	}
+	return nil
+}
+
+func moduleRoot(ctx context.Context) (string, error) {
+	out, err := exec.CommandContext(ctx, "go", "env", "GOMOD").Output()
+	if err != nil {
+		return "", fmt.Errorf("find the module (is Go installed?): %w", err)
+	}
+	mod := strings.TrimSpace(string(out))
+	if mod == "" || mod == os.DevNull {
+		return "", errors.New("run the stack from inside the quotaplane module")
+	}
+	return filepath.Dir(mod), nil
+}
+
+func (s *Stack) startData(ctx context.Context) error {
+	pg, err := testenv.StartPostgres(ctx, testenv.PostgresOptions{})
+	if err != nil {
+		return err
+	}
+	s.Postgres = pg
+	if s.DatabaseURL, err = pg.CreateDatabase(ctx, "quotaplane"); err != nil {
+		return err
+	}
+	if s.Store, err = regions.Open(ctx, s.DatabaseURL); err != nil {
+		return err
+	}
+	if err := s.Store.Migrate(ctx); err != nil {
+		return err
+	}
+	actx := regions.WithAudit(ctx, "stack", "local stack setup")
+	for _, r := range s.opts.Regions {
+		if err := s.Store.AddRegion(actx, r); err != nil {
+			return err
+		}
+		rd, err := testenv.StartRedis(ctx, testenv.RedisOptions{Dir: filepath.Join(s.dir, "redis-"+r)})
+		if err != nil {
+			return err
+		}
+		s.Redis[r] = rd
+		s.RedisURL[r] = testenv.RedisURL(rd)
+		if s.opts.RedisFront != nil {
+			addr, err := s.opts.RedisFront(r, rd.Addr())
+			if err != nil {
+				return fmt.Errorf("redis front of %s: %w", r, err)
+			}
+			s.RedisURL[r] = "redis://" + addr + "/0"
+		}
+	}
+	for _, t := range s.opts.Tenants {
+		if err := s.Store.SetRule(actx, regions.Rule{Tenant: t.ID, Route: Route, Capacity: t.Capacity, RefillPerSecond: t.RefillPerSecond, Shards: 1}); err != nil {
+			return err
+		}
+		secret, _, err := s.Store.CreateKey(actx, t.ID, "stack")
+		if err != nil {
+			return err
+		}
+		s.Keys[t.ID] = secret
+	}
+	return nil
+}
+
+func (s *Stack) startUpstream() error {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return fmt.Errorf("upstream: %w", err)
+	}
+	s.upstream = &http.Server{ReadHeaderTimeout: 5 * time.Second, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		// ?delay_ms=N (at most 5000) answers late: in-flight requests for drain tests.
+		if ms, err := strconv.Atoi(r.URL.Query().Get("delay_ms")); err == nil && ms > 0 {
+			select {
+			case <-time.After(time.Duration(min(ms, 5000)) * time.Millisecond):
+			case <-r.Context().Done():
+			}
+		}
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprintf(w, "{\"ok\":true,\"tenant\":%q}\n", r.Header.Get("X-Tenant-Id"))
+	})}
+	go func() { _ = s.upstream.Serve(ln) }()
+	s.Upstream = "http://" + ln.Addr().String()
+	return nil
+}
+
+// gatewayConfig is a gateway's YAML file; %s/%d placeholders filled by startGateway.
+const gatewayConfig = `region: %s
+instance_id: %s
+listen: 127.0.0.1:%d
+admin_listen: 127.0.0.1:%d
+database_url: %q
+redis:
+  url: %q
+  timeout: %s
+reload_interval: 5s
+heartbeat_interval: 1s
+expected_instances: %d
+log_level: warn
+routes:
+  - id: %s
+    match: "/orders"
+    upstream: %q
+`
+
+func (s *Stack) startGateway(ctx context.Context, bin, region string, i int) error {
+	id := fmt.Sprintf("%s-%d", region, i)
+	dir := filepath.Join(s.dir, "gateway-"+id)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("gateway %s: %w", id, err)
+	}
+	port, err := testenv.FreePort()
+	if err != nil {
+		return err
+	}
+	admin, err := testenv.FreePort()
+	if err != nil {
+		return err
+	}
+	cfg := fmt.Sprintf(gatewayConfig, region, id, port, admin, s.DatabaseURL, s.RedisURL[region], s.opts.RedisTimeout, s.opts.GatewaysPerRegion, Route, s.Upstream)
+	path := filepath.Join(dir, "gateway.yaml")
+	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
+		return fmt.Errorf("gateway %s: %w", id, err)
+	}
+	adminURL := "http://127.0.0.1:" + strconv.Itoa(admin)
+	p, err := testenv.StartCommand(ctx, testenv.Command{
+		Name: "gateway", Path: filepath.Join(bin, "gateway"), Args: []string{"--config", path},
+		Dir: dir, Port: port, Ready: testenv.HTTPReady(adminURL + "/readyz"),
+	})
+	if err != nil {
+		return fmt.Errorf("gateway %s: %w", id, err)
+	}
+	s.Gateways = append(s.Gateways, &Gateway{Region: region, ID: id, URL: "http://127.0.0.1:" + strconv.Itoa(port), Admin: adminURL, Process: p})
+	s.log.Info("gateway ready", "region", region, "id", id, "url", "http://127.0.0.1:"+strconv.Itoa(port))
+	return nil
+}
+
+// ScrapeJobs is what Prometheus scrapes: the gateways (one target group per region, with
+// a region label) and the rebalancer.
+func (s *Stack) scrapeJobs(rebalancerAdmin string) []testenv.ScrapeJob {
+	gw := testenv.ScrapeJob{Name: "gateway"}
+	for _, r := range s.Regions {
+		g := testenv.TargetGroup{Labels: map[string]string{"region": r}}
+		for _, x := range s.Gateways {
+			if x.Region == r {
+				g.Targets = append(g.Targets, strings.TrimPrefix(x.Admin, "http://"))
+			}
+		}
+		gw.Groups = append(gw.Groups, g)
+	}
+	jobs := []testenv.ScrapeJob{gw}
+	if rebalancerAdmin != "" {
+		jobs = append(jobs, testenv.ScrapeJob{Name: "rebalancer", Targets: []string{strings.TrimPrefix(rebalancerAdmin, "http://")}})
+	}
+	return jobs
+}
+
+func (s *Stack) startPrometheus(ctx context.Context) error {
+	root, err := moduleRoot(ctx)
+	if err != nil {
+		return err
+	}
+	p, err := testenv.StartPrometheus(ctx, testenv.PrometheusOptions{
+		Dir: filepath.Join(s.dir, "prometheus"), ScrapeInterval: s.opts.ScrapeInterval,
+		Jobs:      s.scrapeJobs(""),
+		RuleFiles: []string{filepath.Join(root, "deploy", "prometheus", "rules.yml")},
+	})
+	if err != nil {
+		return err
+	}
+	s.Prometheus = p
+	return nil
+}
+
+func (s *Stack) startRebalancer(ctx context.Context, bin string) error {
+	admin, err := testenv.FreePort()
+	if err != nil {
+		return err
+	}
+	s.RebalancerAdmin = "http://127.0.0.1:" + strconv.Itoa(admin)
+	iv := s.opts.RebalanceInterval
+	p, err := testenv.StartCommand(ctx, testenv.Command{
+		Name: "rebalancer", Path: filepath.Join(bin, "rebalancer"),
+		Args: []string{
+			"--prometheus-url", s.Prometheus.URL(),
+			"--interval", iv.String(), "--check-interval", s.opts.CheckInterval.String(),
+			"--short-window", iv.String(), "--reload-wait", "1s", "--instance-ttl", "3s",
+			"--admin-listen", "127.0.0.1:" + strconv.Itoa(admin), "--log-level", "info",
+		},
+		Env:  []string{"RATELIMIT_DATABASE_URL=" + s.DatabaseURL},
+		Dir:  filepath.Join(s.dir, "rebalancer"),
+		Port: admin, Ready: testenv.HTTPReady(s.RebalancerAdmin + "/healthz"),
+	})
+	if err != nil {
+		return fmt.Errorf("rebalancer: %w", err)
+	}
+	s.Rebalancer = p
+	return s.Prometheus.SetJobs(ctx, s.scrapeJobs(s.RebalancerAdmin))
+}
+
+// ScrapeJobs is the Prometheus scrape configuration the stack runs with (every gateway,
+// grouped by region, and the rebalancer), for a test that changes it with SetJobs and
+// wants to restore it.
+func (s *Stack) ScrapeJobs() []testenv.ScrapeJob { return s.scrapeJobs(s.RebalancerAdmin) }
+
+// GatewaysOf lists the gateways of one region.
+func (s *Stack) GatewaysOf(region string) []*Gateway {
+	var out []*Gateway
+	for _, g := range s.Gateways {
+		if g.Region == region {
+			out = append(out, g)
+		}
+	}
+	return out
+}
+
+// Close stops everything in reverse order and removes the temporary data.
+func (s *Stack) Close() {
+	if s.Rebalancer != nil {
+		_ = s.Rebalancer.Stop()
+	}
+	if s.Prometheus != nil {
+		_ = s.Prometheus.Stop()
+	}
+	for _, g := range s.Gateways {
+		_ = g.Process.Stop()
+	}
+	if s.upstream != nil {
+		_ = s.upstream.Close()
+	}
+	for _, r := range s.Redis {
+		_ = r.Kill()
+	}
+	if s.Store != nil {
+		s.Store.Close()
+	}
+	if s.Postgres != nil {
+		_ = s.Postgres.Stop()
+		_ = s.Postgres.Remove()
+	}
+	_ = os.RemoveAll(s.dir)
+}

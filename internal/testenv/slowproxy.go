@@ -1,0 +1,158 @@
+package testenv
+
+import (
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// SlowProxy is a loopback TCP proxy for fault tests: it forwards bytes both ways and holds
+// every chunk the server sends for the current delay before passing it on, so a server
+// behind it answers late (a slow Redis) without being paused. Requests go through at
+// once; chunks keep their order. SetDelay(0) makes it a plain proxy.
+type SlowProxy struct {
+	ln     net.Listener
+	target string
+	delay  atomic.Int64 // ns
+
+	mu     sync.Mutex
+	conns  map[net.Conn]struct{}
+	closed bool
+	wg     sync.WaitGroup
+}
+
+// StartSlowProxy listens on a free loopback port and forwards every connection to target
+// (host:port, which must be a loopback address).
+func StartSlowProxy(target string) (*SlowProxy, error) {
+	host, _, err := net.SplitHostPort(target)
+	if err != nil {
+		return nil, fmt.Errorf("slow proxy: target %q: %w", target, err)
+	}
+	if ip := net.ParseIP(host); host != "localhost" && (ip == nil || !ip.IsLoopback()) {
+		return nil, fmt.Errorf("slow proxy: target %q is not a loopback address", target)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, fmt.Errorf("slow proxy: %w", err)
+	}
+	p := &SlowProxy{ln: ln, target: target, conns: map[net.Conn]struct{}{}}
+	p.wg.Add(1)
+	go p.accept()
+	return p, nil
+}
+
+// Addr is the proxy's host:port.
+func (p *SlowProxy) Addr() string { return p.ln.Addr().String() }
+
+// SetDelay sets how long each chunk from the server is held; it applies to chunks read
+// from now on.
+func (p *SlowProxy) SetDelay(d time.Duration) { p.delay.Store(int64(max(d, 0))) }
+
+// Delay is the current delay.
+func (p *SlowProxy) Delay() time.Duration { return time.Duration(p.delay.Load()) }
+
+// Close stops accepting, closes every connection and waits for the proxy's goroutines
+// (at most the current delay, for a chunk already being held).
+func (p *SlowProxy) Close() error {
+	p.mu.Lock()
+	p.closed = true
+	err := p.ln.Close()
+	for c := range p.conns {
+		_ = c.Close()
+	}
+	p.mu.Unlock()
+	p.wg.Wait()
+	return err
+}
+
+// track registers c for Close; it reports false (and closes c) once the proxy is closed.
+func (p *SlowProxy) track(c net.Conn) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		_ = c.Close()
+		return false
+	}
+	p.conns[c] = struct{}{}
+	return true
+}
+
+func (p *SlowProxy) untrack(c net.Conn) {
+	p.mu.Lock()
+	delete(p.conns, c)
+	p.mu.Unlock()
+	_ = c.Close()
+}
+
+func (p *SlowProxy) accept() {
+	defer p.wg.Done()
+	for {
+		c, err := p.ln.Accept()
+		if err != nil {
+			return // closed
+		}
+		if !p.track(c) {
+			return
+		}
+		p.wg.Add(1)
+		go p.serve(c)
+	}
+}
+
+// chunk is server output waiting for its time.
+type chunk struct {
+	b   []byte
+	due time.Time
+}
+
+// serve forwards one connection: client->server directly, server->client through a
+// queue that releases each chunk at its due time. When either side ends, both close.
+func (p *SlowProxy) serve(client net.Conn) {
+	defer p.wg.Done()
+	defer p.untrack(client)
+	server, err := net.DialTimeout("tcp", p.target, 5*time.Second)
+	if err != nil {
+		return
+	}
+	if !p.track(server) {
+		return
+	}
+	defer p.untrack(server)
+
+	var wg sync.WaitGroup
+	queue := make(chan chunk, 1024)
+	wg.Go(func() { // client -> server
+		_, _ = io.Copy(server, client)
+		_ = server.Close()
+	})
+	wg.Go(func() { // server -> queue
+		defer close(queue)
+		for {
+			buf := make([]byte, 32<<10)
+			n, err := server.Read(buf)
+			if n > 0 {
+				queue <- chunk{b: buf[:n], due: time.Now().Add(p.Delay())}
+			}
+			if err != nil {
+				return
+			}
+		}
+	})
+	// queue -> client, each chunk at its time.
+	for c := range queue {
+		if wait := time.Until(c.due); wait > 0 {
+			time.Sleep(wait)
+		}
+		if _, err := client.Write(c.b); err != nil {
+			break
+		}
+	}
+	_ = client.Close()
+	_ = server.Close()
+	for range queue { // let the reader finish
+	}
+	wg.Wait()
+}
