@@ -685,7 +685,7 @@ func checkClusterURL(raw string) error {
 	return nil
 }
 
-// checkDatabaseURL accepts what regions.Open accepts (pgx's parser: a postgres:// URL,
+// checkDatabaseURL accepts what store.Open accepts (pgx's parser: a postgres:// URL,
 // several hosts, or a key=value string), without dialing.
 func checkDatabaseURL(raw string) error {
 	if _, err := pgconn.ParseConfig(raw); err != nil {

@@ -265,7 +265,7 @@ func TestURLErrorsNeverShowPassword(t *testing.T) {
 	}
 }
 
-// TestDatabaseURLFormsPgxAccepts: what regions.Open (pgx) accepts, the config accepts.
+// TestDatabaseURLFormsPgxAccepts: what store.Open (pgx) accepts, the config accepts.
 func TestDatabaseURLFormsPgxAccepts(t *testing.T) {
 	for _, u := range []string{
 		"postgres://u:pw@127.0.0.1:5432/q",

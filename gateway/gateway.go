@@ -23,6 +23,7 @@ import (
 	"github.com/quotaplane/quotaplane/gateway/limiter"
 	"github.com/quotaplane/quotaplane/lua"
 	"github.com/quotaplane/quotaplane/regions"
+	"github.com/quotaplane/quotaplane/regions/store"
 )
 
 // decider is the limiter as the gateway uses it: *limiter.Redis or *limiter.Local.
@@ -75,7 +76,7 @@ type Gateway struct {
 	transport *http.Transport // to the upstreams
 
 	storeMu sync.Mutex
-	store   *regions.Store
+	store   *store.Store
 }
 
 // route is one configured route as the hot path sees it.
@@ -370,13 +371,13 @@ func defaultInstanceID() string {
 
 // openStore returns the store, opening it on first use. A database that is down at start
 // is retried by the caller (the reloader's backoff), so the gateway starts regardless.
-func (g *Gateway) openStore(ctx context.Context) (*regions.Store, error) {
+func (g *Gateway) openStore(ctx context.Context) (*store.Store, error) {
 	g.storeMu.Lock()
 	defer g.storeMu.Unlock()
 	if g.store != nil {
 		return g.store, nil
 	}
-	s, err := regions.Open(ctx, g.cfg.DatabaseURL)
+	s, err := store.Open(ctx, g.cfg.DatabaseURL)
 	if err != nil {
 		return nil, err
 	}
@@ -427,7 +428,7 @@ func (g *Gateway) run(ctx context.Context, ln, aln net.Listener) error {
 	bg, stopBG := context.WithCancel(context.WithoutCancel(ctx))
 	var wg sync.WaitGroup
 	if !g.cfg.Standalone() {
-		rl := regions.NewReloader(regions.ReloaderOptions{
+		rl := store.NewReloader(store.ReloaderOptions{
 			Load: func(ctx context.Context) (*regions.Snapshot, error) {
 				st, err := g.openStore(ctx)
 				if err != nil {

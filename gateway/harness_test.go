@@ -24,6 +24,7 @@ import (
 
 	"github.com/quotaplane/quotaplane/internal/testenv"
 	"github.com/quotaplane/quotaplane/regions"
+	"github.com/quotaplane/quotaplane/regions/store"
 )
 
 // binDir holds the gateway binary, built once per test binary.
@@ -384,14 +385,14 @@ func (p *proc) logLines(s string) []map[string]any {
 // database is a migrated control-plane database with regions.
 type database struct {
 	url   string
-	store *regions.Store
+	store *store.Store
 }
 
 func newDatabase(t testing.TB, url string, regionNames ...string) *database {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	st, err := regions.Open(ctx, url)
+	st, err := store.Open(ctx, url)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,12 +1,11 @@
-// Package regions owns the control-plane data: tenants' rules, API keys, regions and
-// their shares of every global limit, and the gateway instances alive in each region.
+// Package regions owns the control-plane model: tenant and route ids, token-bucket rules
+// and the limit a region enforces (Limit, scaled by a share), scopes, shares and how a
+// region's effective share is resolved, API-key hashes, gateway instances, and the
+// Snapshot that gateways hold (everything above, validated as one immutable value).
 //
-// It holds the pure model (model.go: ids, rules, scopes, scaling a rule by a share;
-// snapshot.go: share and rule resolution), the PostgreSQL Store behind it (store*.go:
-// every write one validated transaction, recorded by the schema's history and audit
-// triggers with the actor and reason given to the method or by WithAudit), and the
-// Reloader (reloader.go) through which gateways hold a Snapshot: loaded whole, validated,
-// swapped atomically, reloaded on NOTIFY (NotifyChannel) and on a timer.
+// It is pure: no I/O, no clock of its own (callers pass now). The PostgreSQL store, the
+// NOTIFY channel and the reloader that keeps a Snapshot fresh are regions/store.
 //
-// It imports only migrations from this module; never gateway, rebalancer or cmd.
+// It imports nothing else from this module; gateway, gateway/limiter, rebalancer and the
+// store import it.
 package regions

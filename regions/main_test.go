@@ -1,7 +1,6 @@
 package regions
 
 import (
-	"context"
 	"fmt"
 	"os"
 	"testing"
@@ -16,43 +15,10 @@ func TestMain(m *testing.M) {
 	if code == 0 {
 		// Every Reloader.Run and Store must have cleaned up after itself.
 		// internal/testenv keeps one OS-thread-locked goroutine that starts servers.
-		if err := goleak.Find(goleak.IgnoreAnyFunction("github.com/quotaplane/quotaplane/deploy/testenv.spawn.func1.1")); err != nil {
+		if err := goleak.Find(goleak.IgnoreAnyFunction("github.com/quotaplane/quotaplane/internal/testenv.spawn.func1.1")); err != nil {
 			fmt.Fprintln(os.Stderr, "goroutine leak:", err)
 			code = 1
 		}
 	}
 	os.Exit(code)
-}
-
-// newStore opens a migrated store on a new empty database.
-func newStore(t *testing.T) (*Store, string) {
-	t.Helper()
-	url := testenv.PostgresDB(t)
-	ctx := context.Background()
-	s, err := Open(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(s.Close)
-	if err := s.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
-	return s, url
-}
-
-// exec runs SQL directly, as an operator with psql would.
-func exec(t *testing.T, s *Store, sql string, args ...any) {
-	t.Helper()
-	if _, err := s.Pool().Exec(context.Background(), sql, args...); err != nil {
-		t.Fatalf("%s: %v", sql, err)
-	}
-}
-
-func count(t *testing.T, s *Store, sql string, args ...any) int {
-	t.Helper()
-	var n int
-	if err := s.Pool().QueryRow(context.Background(), sql, args...).Scan(&n); err != nil {
-		t.Fatalf("%s: %v", sql, err)
-	}
-	return n
 }

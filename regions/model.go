@@ -7,8 +7,6 @@ import (
 	"math"
 	"strings"
 	"time"
-
-	"github.com/quotaplane/quotaplane/migrations"
 )
 
 // Wildcard is the tenant or route id of a default rule, and the scope of a region-wide share.
@@ -21,20 +19,6 @@ const OtherLabel = "_other"
 // ErrInvalid is wrapped by every validation error of this package, so callers can tell
 // bad input from a failed operation.
 var ErrInvalid = errors.New("invalid")
-
-// Sentinels of the store, for callers that branch on them (errors.Is).
-var (
-	// ErrNotFound: the rule, key or region to change does not exist.
-	ErrNotFound = errors.New("not found")
-	// ErrExists: the region to add exists already.
-	ErrExists = errors.New("already exists")
-	// ErrRegionInUse: the region to remove still has shares (remove them, or force).
-	ErrRegionInUse = errors.New("region has shares")
-)
-
-// NotifyChannel is the PostgreSQL channel that is notified on every change of rules,
-// keys, regions and shares (not on heartbeats). The payload is the changed table's name.
-const NotifyChannel = migrations.NotifyChannel
 
 // ValidateID checks a tenant, route or region id: [A-Za-z0-9._-]{1,64}. kind names the id
 // in the error ("tenant", "route", "region"). A tenant or route may not be OtherLabel:
@@ -58,8 +42,8 @@ func ValidateID(kind, id string) error {
 	return nil
 }
 
-// validateIDOrWildcard accepts an id or "*".
-func validateIDOrWildcard(kind, id string) error {
+// ValidateIDOrWildcard accepts an id (ValidateID) or "*".
+func ValidateIDOrWildcard(kind, id string) error {
 	if id == Wildcard {
 		return nil
 	}
@@ -83,10 +67,10 @@ type Rule struct {
 
 // Validate checks ids and numbers.
 func (r Rule) Validate() error {
-	if err := validateIDOrWildcard("tenant", r.Tenant); err != nil {
+	if err := ValidateIDOrWildcard("tenant", r.Tenant); err != nil {
 		return err
 	}
-	if err := validateIDOrWildcard("route", r.Route); err != nil {
+	if err := ValidateIDOrWildcard("route", r.Route); err != nil {
 		return err
 	}
 	if r.Capacity <= 0 {

@@ -12,10 +12,14 @@ import (
 type SnapshotData struct {
 	Regions []string
 	// Rules must include a default rule for tenant "*" and route "*".
-	Rules     []Rule
-	Keys      []APIKey // revoked keys may be included; they never authenticate
-	Shares    []Share
-	Instances []Instance
+	Rules []Rule
+	Keys  []APIKey // revoked keys may be included; they never authenticate
+	// KeyTenants maps the hashes of valid keys to their tenants (already validated), for a
+	// store that streams millions of keys in bulk rather than through Keys; Keys are added
+	// to it. The map becomes the snapshot's: do not reuse it.
+	KeyTenants map[KeyHash]string
+	Shares     []Share
+	Instances  []Instance
 	// InstanceTTL is how long after its last heartbeat an instance counts as live.
 	InstanceTTL time.Duration
 	// LoadedAt is when the data was read (the store's clock).
@@ -47,12 +51,8 @@ type shareKey struct {
 
 // NewSnapshot validates data and builds a Snapshot. Any invalid row fails the whole
 // snapshot, so a reloader keeps its previous one.
-func NewSnapshot(d SnapshotData) (*Snapshot, error) { return newSnapshot(d, nil) }
-
-// newSnapshot is NewSnapshot for the store, which streams millions of keys straight into
-// validKeys (hash -> tenant of valid keys, tenants already validated) instead of through
-// d.Keys; d.Keys are added to it. validKeys becomes the snapshot's: do not reuse it.
-func newSnapshot(d SnapshotData, validKeys map[KeyHash]string) (*Snapshot, error) {
+func NewSnapshot(d SnapshotData) (*Snapshot, error) {
+	validKeys := d.KeyTenants
 	if validKeys == nil {
 		validKeys = make(map[KeyHash]string, len(d.Keys))
 	}

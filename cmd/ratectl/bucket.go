@@ -15,6 +15,7 @@ import (
 	"github.com/quotaplane/quotaplane/gateway/limiter"
 	"github.com/quotaplane/quotaplane/lua"
 	"github.com/quotaplane/quotaplane/regions"
+	"github.com/quotaplane/quotaplane/regions/store"
 )
 
 const envRedisURL = "RATECTL_REDIS_URL"
@@ -144,7 +145,7 @@ func (a *app) bucketInspect(cmd *cobra.Command, o bucketOptions) error {
 	case byFlags:
 		limit = &bucketLimit{Capacity: o.capacity, RefillPerSecond: o.refill, Source: "flags", Shards: o.shards}
 	case o.region != "":
-		err := a.withStore(cmd, func(ctx context.Context, st *regions.Store) error {
+		err := a.withStore(cmd, func(ctx context.Context, st *store.Store) error {
 			v, err := a.loadView(ctx, st, o.tenant)
 			if err != nil {
 				return err

@@ -10,6 +10,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/quotaplane/quotaplane/regions"
+	"github.com/quotaplane/quotaplane/regions/store"
 )
 
 // liveInstanceTTL is how recent a gateway's heartbeat must be for ratectl to count it as
@@ -18,14 +19,14 @@ const liveInstanceTTL = 30 * time.Second
 
 // withStore opens the control-plane store for one command, bounded by --timeout, and
 // closes it afterwards. Every error is classified (dbError).
-func (a *app) withStore(cmd *cobra.Command, f func(ctx context.Context, st *regions.Store) error) error {
+func (a *app) withStore(cmd *cobra.Command, f func(ctx context.Context, st *store.Store) error) error {
 	url, err := a.requireDatabase()
 	if err != nil {
 		return err
 	}
 	ctx, cancel := a.withTimeout(cmd.Context())
 	defer cancel()
-	st, err := regions.Open(ctx, url)
+	st, err := store.Open(ctx, url)
 	if err != nil {
 		return a.dbError(err)
 	}
@@ -83,5 +84,5 @@ func (a *app) auditCtx(ctx context.Context, reason string) (context.Context, str
 	if err != nil {
 		return nil, "", err
 	}
-	return regions.WithAudit(ctx, actor, reason), actor, nil
+	return store.WithAudit(ctx, actor, reason), actor, nil
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/quotaplane/quotaplane/internal/testenv"
 	"github.com/quotaplane/quotaplane/regions"
+	"github.com/quotaplane/quotaplane/regions/store"
 )
 
 // newDB is a migrated, empty control-plane database and a cli pointed at it through the
@@ -73,7 +74,7 @@ func TestRegions(t *testing.T) {
 	c.ok("regions", "add", "eu-west", "--reason", "new region")
 	c.ok("regions", "add", "ap-south")
 	// Two live gateways in us-east, one in eu-west (heartbeats as the gateways write them).
-	st, err := regions.Open(context.Background(), url)
+	st, err := store.Open(context.Background(), url)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -119,7 +120,7 @@ func TestRegions(t *testing.T) {
 	}
 }
 
-var secretRE = regexp.MustCompile(regions.KeyPrefix + `[A-Za-z0-9_-]{20,}`)
+var secretRE = regexp.MustCompile(store.KeyPrefix + `[A-Za-z0-9_-]{20,}`)
 
 func TestKeys(t *testing.T) {
 	t.Parallel()
@@ -157,7 +158,7 @@ func TestKeys(t *testing.T) {
 	goldenBoth(t, c, "keys_list", "keys", "list")
 	goldenBoth(t, c, "keys_list_tenant", "keys", "list", "--tenant", "shop-a")
 	for _, args := range [][]string{{"keys", "list"}, {"keys", "list", "-o", "json"}} {
-		if out := c.ok(args...).stdout; strings.Contains(out, secret) || strings.Contains(out, secret2) || strings.Contains(out, regions.KeyPrefix) {
+		if out := c.ok(args...).stdout; strings.Contains(out, secret) || strings.Contains(out, secret2) || strings.Contains(out, store.KeyPrefix) {
 			t.Errorf("keys list shows a secret: %s", out)
 		}
 	}
@@ -271,7 +272,7 @@ func TestShares(t *testing.T) {
 
 	// A rebalancer change with its inputs, as the job writes it.
 	ctx := context.Background()
-	st, err := regions.Open(ctx, url)
+	st, err := store.Open(ctx, url)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -281,7 +282,7 @@ func TestShares(t *testing.T) {
 			{"region": "us-east", "status": "ok", "offered_long_rps": 600.5, "offered_short_rps": 610, "allowed_rps": 500, "throttled_rps": 100.5, "share": 0.75},
 			{"region": "eu-west", "status": "ok", "offered_long_rps": 200, "offered_short_rps": 190, "allowed_rps": 200, "throttled_rps": 0, "share": 0.25},
 		}}
-	if err := st.WriteRebalancerShares(ctx, []regions.ShareChange{
+	if err := st.WriteRebalancerShares(ctx, []store.ShareChange{
 		{Scope: regions.GlobalScope, Region: "us-east", Old: 0.5, New: 0.75, Reason: "interval"},
 		{Scope: regions.GlobalScope, Region: "eu-west", Old: 0.5, New: 0.25, Reason: "interval"},
 	}, inputs, "rebalancer"); err != nil {

@@ -11,6 +11,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/quotaplane/quotaplane/regions"
+	"github.com/quotaplane/quotaplane/regions/store"
 )
 
 // keyJSON is one API key in `keys list -o json`: never its secret, nor its hash.
@@ -45,7 +46,7 @@ func newKeysCmd(a *app) *cobra.Command {
 			if len(label) > 200 {
 				return usagef("--label: at most 200 characters")
 			}
-			return a.withStore(cmd, func(ctx context.Context, st *regions.Store) error {
+			return a.withStore(cmd, func(ctx context.Context, st *store.Store) error {
 				ctx, _, err := a.auditCtx(ctx, reasonOr(reason, cmd))
 				if err != nil {
 					return err
@@ -89,7 +90,7 @@ func newKeysCmd(a *app) *cobra.Command {
 					return err
 				}
 			}
-			return a.withStore(cmd, func(ctx context.Context, st *regions.Store) error {
+			return a.withStore(cmd, func(ctx context.Context, st *store.Store) error {
 				ks, err := st.Keys(ctx, listTenant)
 				if err != nil {
 					return err
@@ -119,13 +120,13 @@ func newKeysCmd(a *app) *cobra.Command {
 			if err != nil || id <= 0 {
 				return usagef("key id %q: must be a whole number > 0 (see ratectl keys list)", args[0])
 			}
-			return a.withStore(cmd, func(ctx context.Context, st *regions.Store) error {
+			return a.withStore(cmd, func(ctx context.Context, st *store.Store) error {
 				ctx, _, err := a.auditCtx(ctx, reasonOr(revokeReason, cmd))
 				if err != nil {
 					return err
 				}
 				if err := st.RevokeKey(ctx, id); err != nil {
-					if errors.Is(err, regions.ErrNotFound) {
+					if errors.Is(err, store.ErrNotFound) {
 						return fmt.Errorf("key %d does not exist", id)
 					}
 					return fmt.Errorf("revoke key %d: %w", id, err)

@@ -11,7 +11,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/quotaplane/quotaplane/migrations"
-	"github.com/quotaplane/quotaplane/regions"
+	"github.com/quotaplane/quotaplane/regions/store"
 )
 
 // migrationJSON is one migration in `migrate status -o json`.
@@ -28,7 +28,7 @@ func newMigrateCmd(a *app) *cobra.Command {
 		Short: "Apply every pending migration (safe to run from several places at once)",
 		Args:  noArgs,
 		RunE: runE(func(cmd *cobra.Command, _ []string) error {
-			return a.withStore(cmd, func(ctx context.Context, st *regions.Store) error {
+			return a.withStore(cmd, func(ctx context.Context, st *store.Store) error {
 				before, err := migrationStatus(ctx, st)
 				if err != nil {
 					return err
@@ -55,7 +55,7 @@ func newMigrateCmd(a *app) *cobra.Command {
 		Short: "List the migrations and whether each is applied",
 		Args:  noArgs,
 		RunE: runE(func(cmd *cobra.Command, _ []string) error {
-			return a.withStore(cmd, func(ctx context.Context, st *regions.Store) error {
+			return a.withStore(cmd, func(ctx context.Context, st *store.Store) error {
 				ms, err := migrationStatus(ctx, st)
 				if err != nil {
 					return err
@@ -77,7 +77,7 @@ func newMigrateCmd(a *app) *cobra.Command {
 	return groupCmd("migrate", "Apply or show the database migrations", up, status)
 }
 
-func migrationStatus(ctx context.Context, st *regions.Store) ([]migrations.MigrationStatus, error) {
+func migrationStatus(ctx context.Context, st *store.Store) ([]migrations.MigrationStatus, error) {
 	db := stdlib.OpenDBFromPool(st.Pool())
 	defer db.Close() // does not close the pool
 	ms, err := migrations.Status(ctx, db)

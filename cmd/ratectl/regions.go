@@ -13,6 +13,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/quotaplane/quotaplane/regions"
+	"github.com/quotaplane/quotaplane/regions/store"
 )
 
 // regionJSON is one region in `regions list -o json`.
@@ -33,7 +34,7 @@ func newRegionsCmd(a *app) *cobra.Command {
 		Short: "List the regions, their default share and their live gateways",
 		Args:  noArgs,
 		RunE: runE(func(cmd *cobra.Command, _ []string) error {
-			return a.withStore(cmd, func(ctx context.Context, st *regions.Store) error {
+			return a.withStore(cmd, func(ctx context.Context, st *store.Store) error {
 				v, err := a.loadView(ctx, st, regions.Wildcard)
 				if err != nil {
 					return err
@@ -63,13 +64,13 @@ func newRegionsCmd(a *app) *cobra.Command {
 			if err := checkID("region", name); err != nil {
 				return err
 			}
-			return a.withStore(cmd, func(ctx context.Context, st *regions.Store) error {
+			return a.withStore(cmd, func(ctx context.Context, st *store.Store) error {
 				ctx, _, err := a.auditCtx(ctx, reasonOr(addReason, cmd))
 				if err != nil {
 					return err
 				}
 				if err := st.AddRegion(ctx, name); err != nil {
-					if errors.Is(err, regions.ErrExists) {
+					if errors.Is(err, store.ErrExists) {
 						return fmt.Errorf("region %s already exists", name)
 					}
 					return fmt.Errorf("add region %s: %w", name, err)
@@ -106,16 +107,16 @@ func newRegionsCmd(a *app) *cobra.Command {
 			if err := checkID("region", name); err != nil {
 				return err
 			}
-			return a.withStore(cmd, func(ctx context.Context, st *regions.Store) error {
+			return a.withStore(cmd, func(ctx context.Context, st *store.Store) error {
 				ctx, _, err := a.auditCtx(ctx, reasonOr(removeReason, cmd))
 				if err != nil {
 					return err
 				}
 				err = st.RemoveRegion(ctx, name, force)
 				switch {
-				case errors.Is(err, regions.ErrNotFound):
+				case errors.Is(err, store.ErrNotFound):
 					return fmt.Errorf("region %s does not exist", name)
-				case errors.Is(err, regions.ErrRegionInUse):
+				case errors.Is(err, store.ErrRegionInUse):
 					return fmt.Errorf("region %s still has shares: set shares without it first, or remove it with --force (which deletes its shares)", name)
 				case err != nil:
 					return fmt.Errorf("remove region %s: %w", name, err)

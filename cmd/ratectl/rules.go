@@ -11,6 +11,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/quotaplane/quotaplane/regions"
+	"github.com/quotaplane/quotaplane/regions/store"
 )
 
 // ruleJSON is one rule in `rules list -o json`.
@@ -53,7 +54,7 @@ func newRulesCmd(a *app) *cobra.Command {
 					return err
 				}
 			}
-			return a.withStore(cmd, func(ctx context.Context, st *regions.Store) error {
+			return a.withStore(cmd, func(ctx context.Context, st *store.Store) error {
 				rs, err := st.Rules(ctx, lt, lr)
 				if err != nil {
 					return err
@@ -103,7 +104,7 @@ new rule needs --capacity and --refill.`,
 			if f.Changed("shards") && (r.Shards < 1 || r.Shards > 1024) {
 				return usagef("--shards %d: must be between 1 and 1024", r.Shards)
 			}
-			return a.withStore(cmd, func(ctx context.Context, st *regions.Store) error {
+			return a.withStore(cmd, func(ctx context.Context, st *store.Store) error {
 				existing, err := st.Rules(ctx, r.Tenant, r.Route)
 				if err != nil {
 					return err
@@ -171,13 +172,13 @@ new rule needs --capacity and --refill.`,
 			if dt == regions.Wildcard && dr == regions.Wildcard {
 				return usagef("the default rule */* cannot be deleted: change it with ratectl rules set")
 			}
-			return a.withStore(cmd, func(ctx context.Context, st *regions.Store) error {
+			return a.withStore(cmd, func(ctx context.Context, st *store.Store) error {
 				ctx, _, err := a.auditCtx(ctx, reasonOr(dreason, cmd))
 				if err != nil {
 					return err
 				}
 				if err := st.DeleteRule(ctx, dt, dr); err != nil {
-					if errors.Is(err, regions.ErrNotFound) {
+					if errors.Is(err, store.ErrNotFound) {
 						return fmt.Errorf("rule %s/%s does not exist", dt, dr)
 					}
 					return fmt.Errorf("delete rule %s/%s: %w", dt, dr, err)

@@ -13,6 +13,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/quotaplane/quotaplane/regions"
+	"github.com/quotaplane/quotaplane/regions/store"
 )
 
 // scopeFlags are --tenant and --route of the share commands.
@@ -80,7 +81,7 @@ func newSharesGetCmd(a *app) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return a.withStore(cmd, func(ctx context.Context, st *regions.Store) error {
+			return a.withStore(cmd, func(ctx context.Context, st *store.Store) error {
 				v, err := a.loadView(ctx, st, scope.Tenant)
 				if err != nil {
 					return err
@@ -220,7 +221,7 @@ transaction, recorded in the share history with your OS user and --reason.`,
 			if err != nil {
 				return err
 			}
-			return a.withStore(cmd, func(ctx context.Context, st *regions.Store) error {
+			return a.withStore(cmd, func(ctx context.Context, st *store.Store) error {
 				v, err := a.loadView(ctx, st, scope.Tenant)
 				if err != nil {
 					return err
@@ -329,7 +330,7 @@ func newSharesClearCmd(a *app) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return a.withStore(cmd, func(ctx context.Context, st *regions.Store) error {
+			return a.withStore(cmd, func(ctx context.Context, st *store.Store) error {
 				v, err := a.loadView(ctx, st, scope.Tenant)
 				if err != nil {
 					return err
@@ -392,7 +393,7 @@ func newSharesHistoryCmd(a *app) *cobra.Command {
 		Short: "Every share change: when, by whom (rebalancer or an operator), why, and the demand behind it",
 		Args:  noArgs,
 		RunE: runE(func(cmd *cobra.Command, _ []string) error {
-			f := regions.HistoryFilter{Limit: limit}
+			f := store.HistoryFilter{Limit: limit}
 			if tenant != "" && tenant != regions.Wildcard {
 				if err := checkID("tenant", tenant); err != nil {
 					return err
@@ -410,7 +411,7 @@ func newSharesHistoryCmd(a *app) *cobra.Command {
 			if since > 0 {
 				f.Since = a.now().Add(-since)
 			}
-			return a.withStore(cmd, func(ctx context.Context, st *regions.Store) error {
+			return a.withStore(cmd, func(ctx context.Context, st *store.Store) error {
 				es, err := st.History(ctx, f)
 				if err != nil {
 					return err

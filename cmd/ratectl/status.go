@@ -18,7 +18,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/quotaplane/quotaplane/rebalancer/demand"
-	"github.com/quotaplane/quotaplane/regions"
+	"github.com/quotaplane/quotaplane/regions/store"
 )
 
 // statusReport is the JSON of `ratectl status`.
@@ -125,7 +125,7 @@ func (a *app) status(cmd *cobra.Command, o statusOptions) error {
 	var known []string
 	if a.databaseURL != "" {
 		// Regions in the database with no series at all show as no-data (a dark region).
-		err := a.withStore(cmd, func(ctx context.Context, st *regions.Store) error {
+		err := a.withStore(cmd, func(ctx context.Context, st *store.Store) error {
 			known, err = st.Regions(ctx)
 			return err
 		})

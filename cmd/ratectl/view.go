@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/quotaplane/quotaplane/regions"
+	"github.com/quotaplane/quotaplane/regions/store"
 )
 
 // view is what the share commands read for one tenant (or "*"): the regions, the rules
@@ -29,7 +30,7 @@ type shareKey struct {
 }
 
 // loadView reads what the share commands need; it does not read API keys.
-func (a *app) loadView(ctx context.Context, st *regions.Store, tenant string) (*view, error) {
+func (a *app) loadView(ctx context.Context, st *store.Store, tenant string) (*view, error) {
 	rs, err := st.Regions(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("list regions: %w", err)

@@ -21,6 +21,7 @@ import (
 	"github.com/quotaplane/quotaplane/internal/testenv"
 	"github.com/quotaplane/quotaplane/rebalancer"
 	"github.com/quotaplane/quotaplane/regions"
+	"github.com/quotaplane/quotaplane/regions/store"
 )
 
 // The end-to-end test of issue 5: two regions, each with its own Redis and a real gateway
@@ -241,29 +242,29 @@ func TestEndToEnd(t *testing.T) {
 
 	// Control plane: two regions, a rule for shop-a, its key, shares starting at 50/50.
 	dbURL := testenv.PostgresDB(t)
-	store, err := regions.Open(ctx, dbURL)
+	st, err := store.Open(ctx, dbURL)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(store.Close)
-	if err := store.Migrate(ctx); err != nil {
+	t.Cleanup(st.Close)
+	if err := st.Migrate(ctx); err != nil {
 		t.Fatal(err)
 	}
 	regs := []string{"eu-west", "us-east"}
 	for _, r := range regs {
-		if err := store.AddRegion(ctx, r); err != nil {
+		if err := st.AddRegion(ctx, r); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if err := store.SetRule(ctx, regions.Rule{Tenant: e2ePair.Tenant, Route: e2ePair.Route, Capacity: e2eCapacity, RefillPerSecond: e2eRefill}); err != nil {
+	if err := st.SetRule(ctx, regions.Rule{Tenant: e2ePair.Tenant, Route: e2ePair.Route, Capacity: e2eCapacity, RefillPerSecond: e2eRefill}); err != nil {
 		t.Fatal(err)
 	}
-	key, _, err := store.CreateKey(ctx, e2ePair.Tenant, "e2e")
+	key, _, err := st.CreateKey(ctx, e2ePair.Tenant, "e2e")
 	if err != nil {
 		t.Fatal(err)
 	}
-	start := []regions.ShareChange{{Scope: e2ePair, Region: "us-east", New: 0.5}, {Scope: e2ePair, Region: "eu-west", New: 0.5}}
-	if err := store.WriteRebalancerShares(ctx, start, map[string]string{"note": "e2e start"}, "e2e"); err != nil {
+	start := []store.ShareChange{{Scope: e2ePair, Region: "us-east", New: 0.5}, {Scope: e2ePair, Region: "eu-west", New: 0.5}}
+	if err := st.WriteRebalancerShares(ctx, start, map[string]string{"note": "e2e start"}, "e2e"); err != nil {
 		t.Fatal(err)
 	}
 
@@ -324,7 +325,7 @@ routes:
 	// Within 3 runs the shares are within 0.05 of the water-filling answer.
 	want := waterfill(t, map[string]float64{"us-east": e2eHigh, "eu-west": e2eLow})
 	pairShares := func() map[string]float64 {
-		all, err := store.Shares(ctx)
+		all, err := st.Shares(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}

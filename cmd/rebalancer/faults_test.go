@@ -13,7 +13,7 @@ import (
 
 	"github.com/quotaplane/quotaplane/internal/testenv"
 	"github.com/quotaplane/quotaplane/rebalancer/demand/demandtest"
-	"github.com/quotaplane/quotaplane/regions"
+	"github.com/quotaplane/quotaplane/regions/store"
 )
 
 // syncBuffer is the log sink of an in-process run: slog writes from several goroutines.
@@ -86,19 +86,19 @@ func TestRunStartsWithDatabaseDown(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	store, err := regions.Open(ctx, dbURL)
+	st, err := store.Open(ctx, dbURL)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(store.Close)
-	if err := store.Migrate(ctx); err != nil {
+	t.Cleanup(st.Close)
+	if err := st.Migrate(ctx); err != nil {
 		t.Fatal(err)
 	}
 	for _, r := range []string{"us-east", "eu-west"} {
-		if err := store.AddRegion(ctx, r); err != nil {
+		if err := st.AddRegion(ctx, r); err != nil {
 			t.Fatal(err)
 		}
-		if err := store.Heartbeat(ctx, "gw-"+r, r); err != nil {
+		if err := st.Heartbeat(ctx, "gw-"+r, r); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -108,7 +108,7 @@ func TestRunStartsWithDatabaseDown(t *testing.T) {
 	exp.SetRegion("eu-west", 5, 25, 0)
 	prom := testenv.Prom(t, testenv.PrometheusOptions{Jobs: []testenv.ScrapeJob{{Name: "gateway", Targets: []string{exp.Addr()}}}})
 	waitSamples(t, prom.URL(), 6)
-	store.Close() // no session left for PostgreSQL's smart shutdown to wait for
+	st.Close() // no session left for PostgreSQL's smart shutdown to wait for
 	if err := pg.Stop(); err != nil {
 		t.Fatal(err)
 	}
@@ -141,7 +141,7 @@ func TestRunStartsWithDatabaseDown(t *testing.T) {
 	waitFor(t, 30*time.Second, "a successful run after PostgreSQL came back", func() bool {
 		return metric(`ratelimit_rebalancer_runs_total{result="ok"}`) >= 1
 	})
-	reopened, err := regions.Open(ctx, dbURL)
+	reopened, err := store.Open(ctx, dbURL)
 	if err != nil {
 		t.Fatal(err)
 	}

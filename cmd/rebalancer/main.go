@@ -25,6 +25,7 @@ import (
 	"github.com/quotaplane/quotaplane/rebalancer/job"
 	"github.com/quotaplane/quotaplane/rebalancer/status"
 	"github.com/quotaplane/quotaplane/regions"
+	"github.com/quotaplane/quotaplane/regions/store"
 )
 
 func main() {
@@ -130,11 +131,11 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	if err != nil {
 		return err
 	}
-	store := newLazyStore(o.databaseURL, log)
-	defer store.Close()
+	st := newLazyStore(o.databaseURL, log)
+	defer st.Close()
 	// One attempt now: a malformed URL is a configuration error; an unreachable server is
 	// not (logged by the store, retried by every tick).
-	if _, err := store.get(ctx); errors.Is(err, regions.ErrInvalid) {
+	if _, err := st.get(ctx); errors.Is(err, regions.ErrInvalid) {
 		return err
 	}
 
@@ -152,7 +153,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 		defer elector.Close()
 		cfg.Elector = elector
 	}
-	j, err := job.New(cfg, store, reader)
+	j, err := job.New(cfg, st, reader)
 	if err != nil {
 		return err
 	}
@@ -174,7 +175,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 		if err != nil {
 			return fmt.Errorf("--admin-listen %s: %w", o.adminListen, err)
 		}
-		page, err := statusPage(sources, o, store, j, log)
+		page, err := statusPage(sources, o, st, j, log)
 		if err != nil {
 			ln.Close()
 			return err
@@ -184,7 +185,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 		log.Info("admin listening", "addr", ln.Addr().String())
 	}
 	log.Info("rebalancer started", "interval", o.interval.String(), "check_interval", o.checkInterval.String(),
-		"prometheus", sourcesString(sources), "database", regions.RedactURL(o.databaseURL), "expire_after_runs", o.expireAfter, "dry_run", o.dryRun)
+		"prometheus", sourcesString(sources), "database", store.RedactURL(o.databaseURL), "expire_after_runs", o.expireAfter, "dry_run", o.dryRun)
 	runErr := j.Run(ctx)
 	if srv != nil {
 		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)

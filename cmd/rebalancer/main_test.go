@@ -20,6 +20,7 @@ import (
 	"github.com/quotaplane/quotaplane/rebalancer/demand/demandtest"
 	"github.com/quotaplane/quotaplane/rebalancer/job"
 	"github.com/quotaplane/quotaplane/regions"
+	"github.com/quotaplane/quotaplane/regions/store"
 )
 
 func TestMain(m *testing.M) { os.Exit(testenv.RunTests(m)) }
@@ -84,7 +85,7 @@ func TestRunRejectsBadPrometheusURL(t *testing.T) {
 // offers 70/30 demand above the default rule.
 type world struct {
 	dbURL string
-	store *regions.Store
+	store *store.Store
 	exp   *demandtest.Exporter
 	prom  *testenv.Prometheus
 }
@@ -92,7 +93,7 @@ type world struct {
 func newWorld(t *testing.T) *world {
 	t.Helper()
 	w := &world{dbURL: testenv.PostgresDB(t)}
-	store, err := regions.Open(t.Context(), w.dbURL)
+	store, err := store.Open(t.Context(), w.dbURL)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/quotaplane/quotaplane/regions"
+	"github.com/quotaplane/quotaplane/regions/store"
 )
 
 // Retry pacing of lazyStore: a failed open is retried no sooner than a backoff that
@@ -32,7 +33,7 @@ type lazyStore struct {
 	log *slog.Logger
 
 	mu      sync.Mutex
-	store   *regions.Store
+	store   *store.Store
 	opening bool
 	lastErr error // the last open's error; nil before the first failure
 	retryAt time.Time
@@ -45,8 +46,8 @@ func newLazyStore(url string, log *slog.Logger) *lazyStore {
 }
 
 // get returns the open store, opening it when the backoff allows. Errors of a malformed
-// URL wrap regions.ErrInvalid (regions.Open); no error shows the password.
-func (l *lazyStore) get(ctx context.Context) (*regions.Store, error) {
+// URL wrap regions.ErrInvalid (store.Open); no error shows the password.
+func (l *lazyStore) get(ctx context.Context) (*store.Store, error) {
 	l.mu.Lock()
 	switch {
 	case l.closed:
@@ -67,7 +68,7 @@ func (l *lazyStore) get(ctx context.Context) (*regions.Store, error) {
 	l.opening = true
 	l.mu.Unlock()
 
-	s, err := regions.Open(ctx, l.url)
+	s, err := store.Open(ctx, l.url)
 
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -113,7 +114,7 @@ func (l *lazyStore) LoadSnapshot(ctx context.Context, instanceTTL time.Duration)
 }
 
 // WriteRebalancerShares implements job.Store.
-func (l *lazyStore) WriteRebalancerShares(ctx context.Context, changes []regions.ShareChange, inputs any, actor string) error {
+func (l *lazyStore) WriteRebalancerShares(ctx context.Context, changes []store.ShareChange, inputs any, actor string) error {
 	s, err := l.get(ctx)
 	if err != nil {
 		return err
@@ -149,7 +150,7 @@ func (l *lazyStore) Shares(ctx context.Context) ([]regions.Share, error) {
 }
 
 // History implements status.Store.
-func (l *lazyStore) History(ctx context.Context, f regions.HistoryFilter) ([]regions.HistoryEntry, error) {
+func (l *lazyStore) History(ctx context.Context, f store.HistoryFilter) ([]store.HistoryEntry, error) {
 	s, err := l.get(ctx)
 	if err != nil {
 		return nil, err

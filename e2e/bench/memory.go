@@ -16,6 +16,7 @@ import (
 	"github.com/quotaplane/quotaplane/internal/testenv"
 	"github.com/quotaplane/quotaplane/lua"
 	"github.com/quotaplane/quotaplane/regions"
+	"github.com/quotaplane/quotaplane/regions/store"
 )
 
 // redisMemory is one run's Redis measurement.
@@ -159,12 +160,12 @@ func (b *bench) gatewayMemory(ctx context.Context) error {
 	}
 	defer echoProc.Kill()
 
-	open := func(name string) (*regions.Store, string, error) {
+	open := func(name string) (*store.Store, string, error) {
 		url, err := pg.CreateDatabase(ctx, name)
 		if err != nil {
 			return nil, "", err
 		}
-		st, err := regions.Open(ctx, url)
+		st, err := store.Open(ctx, url)
 		if err != nil {
 			return nil, "", err
 		}
@@ -172,7 +173,7 @@ func (b *bench) gatewayMemory(ctx context.Context) error {
 			st.Close()
 			return nil, "", err
 		}
-		if err := st.AddRegion(regions.WithAudit(ctx, "bench", "benchmark data"), "bench"); err != nil {
+		if err := st.AddRegion(store.WithAudit(ctx, "bench", "benchmark data"), "bench"); err != nil {
 			st.Close()
 			return nil, "", err
 		}
@@ -242,7 +243,7 @@ func (b *bench) gatewayMemory(ctx context.Context) error {
 // reloadFootprint changes one rule (NOTIFY), waits until the gateway has reloaded the
 // whole snapshot, and reads its RSS and peak RSS again: a reload holds the old and the
 // new snapshot at once.
-func (b *bench) reloadFootprint(ctx context.Context, p *gatewayProc, st *regions.Store, gm *gatewayMemory) error {
+func (b *bench) reloadFootprint(ctx context.Context, p *gatewayProc, st *store.Store, gm *gatewayMemory) error {
 	const gauge = "ratelimit_rules_last_reload_success_timestamp_seconds"
 	m, err := p.metrics(ctx)
 	if err != nil {
@@ -251,7 +252,7 @@ func (b *bench) reloadFootprint(ctx context.Context, p *gatewayProc, st *regions
 	loaded := m.sum(gauge)
 	start := time.Now()
 	rule := regions.Rule{Tenant: "t0000000", Route: benchRoute, Capacity: 11, RefillPerSecond: 1}
-	if err := st.SetRule(regions.WithAudit(ctx, "bench", "trigger a reload"), rule); err != nil {
+	if err := st.SetRule(store.WithAudit(ctx, "bench", "trigger a reload"), rule); err != nil {
 		return fmt.Errorf("memory: %w", err)
 	}
 	deadline := time.Now().Add(30 * time.Second)
@@ -311,7 +312,7 @@ func gatewayFootprint(ctx context.Context, p *gatewayProc, key string) (rss, hwm
 // ("key-0000000"..., of tenant i mod tenants) into the store's database with COPY. The
 // audit and notify triggers are bypassed (session_replication_role = replica), as a
 // bulk import would.
-func seed(ctx context.Context, st *regions.Store, tenants, keys int) error {
+func seed(ctx context.Context, st *store.Store, tenants, keys int) error {
 	tx, err := st.Pool().Begin(ctx)
 	if err != nil {
 		return fmt.Errorf("seed: %w", err)

@@ -17,6 +17,7 @@ import (
 
 	"github.com/quotaplane/quotaplane/internal/testenv"
 	"github.com/quotaplane/quotaplane/regions"
+	"github.com/quotaplane/quotaplane/regions/store"
 )
 
 // Route is the one route the stack's gateways serve: any method on /orders.
@@ -72,7 +73,7 @@ type Stack struct {
 	Regions     []string
 	Postgres    *testenv.Postgres
 	DatabaseURL string
-	Store       *regions.Store
+	Store       *store.Store
 	Redis       map[string]*testenv.Process
 	// RedisURL is the Redis URL each region's gateways were given (Options.RedisFront's
 	// address when set).
@@ -194,13 +195,13 @@ func (s *Stack) startData(ctx context.Context) error {
 	if s.DatabaseURL, err = pg.CreateDatabase(ctx, "quotaplane"); err != nil {
 		return err
 	}
-	if s.Store, err = regions.Open(ctx, s.DatabaseURL); err != nil {
+	if s.Store, err = store.Open(ctx, s.DatabaseURL); err != nil {
 		return err
 	}
 	if err := s.Store.Migrate(ctx); err != nil {
 		return err
 	}
-	actx := regions.WithAudit(ctx, "stack", "local stack setup")
+	actx := store.WithAudit(ctx, "stack", "local stack setup")
 	for _, r := range s.opts.Regions {
 		if err := s.Store.AddRegion(actx, r); err != nil {
 			return err

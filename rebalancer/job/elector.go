@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/quotaplane/quotaplane/regions"
+	"github.com/quotaplane/quotaplane/regions/store"
 )
 
 // DefaultLockKey is the advisory lock every rebalancer of one database competes for
@@ -59,7 +60,7 @@ func NewElector(cfg ElectorConfig) (*Elector, error) {
 		return nil, fmt.Errorf("%w elector: no database url", regions.ErrInvalid)
 	}
 	if _, err := pgx.ParseConfig(cfg.DatabaseURL); err != nil {
-		return nil, fmt.Errorf("%w elector: database url %s does not parse", regions.ErrInvalid, regions.RedactURL(cfg.DatabaseURL))
+		return nil, fmt.Errorf("%w elector: database url %s does not parse", regions.ErrInvalid, store.RedactURL(cfg.DatabaseURL))
 	}
 	if cfg.LockKey == 0 {
 		cfg.LockKey = DefaultLockKey
@@ -94,7 +95,7 @@ func (e *Elector) IsLeader(ctx context.Context) error {
 		cfg.RuntimeParams["application_name"] = "quotaplane-rebalancer-lock"
 		conn, err := pgx.ConnectConfig(ctx, cfg)
 		if err != nil {
-			return fmt.Errorf("%w: %w: connect to %s for the lock: %w", ErrNotLeader, ErrDatabaseUnavailable, regions.RedactURL(e.url), err)
+			return fmt.Errorf("%w: %w: connect to %s for the lock: %w", ErrNotLeader, ErrDatabaseUnavailable, store.RedactURL(e.url), err)
 		}
 		e.conn = conn
 	}

@@ -20,6 +20,7 @@ import (
 	"github.com/quotaplane/quotaplane/rebalancer/demand/demandtest"
 	"github.com/quotaplane/quotaplane/rebalancer/job"
 	"github.com/quotaplane/quotaplane/regions"
+	"github.com/quotaplane/quotaplane/regions/store"
 )
 
 func TestMain(m *testing.M) { os.Exit(testenv.RunTests(m)) }
@@ -40,7 +41,7 @@ var (
 // shop-a/create-order, an exporter of gateway counters and a real Prometheus scraping it.
 type env struct {
 	dbURL  string
-	store  *regions.Store
+	store  *store.Store
 	exp    *demandtest.Exporter
 	prom   *testenv.Prometheus
 	reader *demand.Reader
@@ -49,7 +50,7 @@ type env struct {
 func newEnv(t *testing.T, dbURL string) *env {
 	t.Helper()
 	ctx := t.Context()
-	store, err := regions.Open(ctx, dbURL)
+	store, err := store.Open(ctx, dbURL)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/quotaplane/quotaplane/internal/testenv"
 	"github.com/quotaplane/quotaplane/rebalancer/job"
 	"github.com/quotaplane/quotaplane/regions"
+	"github.com/quotaplane/quotaplane/regions/store"
 )
 
 var shopB = regions.Scope{Tenant: "shop-b", Route: "list"}
@@ -63,9 +64,9 @@ func runOnce(t *testing.T, j *job.Job) job.Report {
 }
 
 // gateway runs a gateway's reloader (LISTEN/NOTIFY) on the test's database.
-func (e *env) gateway(t *testing.T) *regions.Reloader {
+func (e *env) gateway(t *testing.T) *store.Reloader {
 	t.Helper()
-	r := regions.NewReloader(regions.ReloaderOptions{ListenURL: e.dbURL, Interval: time.Hour,
+	r := store.NewReloader(store.ReloaderOptions{ListenURL: e.dbURL, Interval: time.Hour,
 		Load: func(ctx context.Context) (*regions.Snapshot, error) { return e.store.LoadSnapshot(ctx, time.Hour) }})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -81,7 +82,7 @@ func (e *env) gateway(t *testing.T) *regions.Reloader {
 
 // waitEffective polls the gateway's snapshot until region's effective share of sc is
 // want from source src.
-func waitEffective(t *testing.T, r *regions.Reloader, region string, sc regions.Scope, want float64, src regions.Source) {
+func waitEffective(t *testing.T, r *store.Reloader, region string, sc regions.Scope, want float64, src regions.Source) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	var (
@@ -154,7 +155,7 @@ func TestPairSharesExpireWithoutDemand(t *testing.T) {
 	}
 
 	// History: one deletion per region, with the reason and the inputs.
-	hist, err := e.store.History(t.Context(), regions.HistoryFilter{Scope: &pair})
+	hist, err := e.store.History(t.Context(), store.HistoryFilter{Scope: &pair})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -195,7 +196,7 @@ func TestPairSharesExpireWithoutDemand(t *testing.T) {
 	if rep := runOnce(t, j); len(rep.Expired) != 0 {
 		t.Errorf("run after the expiry expired %v", rep.Expired)
 	}
-	if hist, _ := e.store.History(t.Context(), regions.HistoryFilter{Scope: &pair}); len(hist) != n {
+	if hist, _ := e.store.History(t.Context(), store.HistoryFilter{Scope: &pair}); len(hist) != n {
 		t.Errorf("history of %s grew from %d to %d rows after the expiry", pair, n, len(hist))
 	}
 }
@@ -251,7 +252,7 @@ func TestPairSharesKeptWhenExpiryDisabledOrOverridden(t *testing.T) {
 	if got := e.rebalancerShares(t, pair); len(got) != 2 {
 		t.Errorf("%s (rebalanced) rows: %v, want both regions", pair, got)
 	}
-	hist, err := e.store.History(t.Context(), regions.HistoryFilter{Scope: &shopB, Limit: 2})
+	hist, err := e.store.History(t.Context(), store.HistoryFilter{Scope: &shopB, Limit: 2})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -19,6 +19,7 @@ import (
 	"github.com/quotaplane/quotaplane/rebalancer"
 	"github.com/quotaplane/quotaplane/rebalancer/demand"
 	"github.com/quotaplane/quotaplane/regions"
+	"github.com/quotaplane/quotaplane/regions/store"
 )
 
 // Defaults filled in by New.
@@ -35,10 +36,10 @@ const (
 	DefaultExpireAfterRuns = 3
 )
 
-// Store is what a tick needs from the control-plane store (regions.Store).
+// Store is what a tick needs from the control-plane store (store.Store).
 type Store interface {
 	LoadSnapshot(ctx context.Context, instanceTTL time.Duration) (*regions.Snapshot, error)
-	WriteRebalancerShares(ctx context.Context, changes []regions.ShareChange, inputs any, actor string) error
+	WriteRebalancerShares(ctx context.Context, changes []store.ShareChange, inputs any, actor string) error
 }
 
 // DemandReader is what a tick needs from Prometheus (demand.Reader).
@@ -305,7 +306,7 @@ func (j *Job) tickLocked(ctx context.Context, k kind) Report {
 	}
 
 	regs := snap.Regions()
-	var first, second []regions.ShareChange
+	var first, second []store.ShareChange
 	var allocErrs []error
 	if len(regs) >= 2 {
 		pairs := j.pairScopes(d)
@@ -329,7 +330,7 @@ func (j *Job) tickLocked(ctx context.Context, k kind) Report {
 			maps.DeleteFunc(j.states, func(sc regions.Scope, _ rebalancer.State) bool {
 				return sc != regions.GlobalScope && !live[sc]
 			})
-			var del []regions.ShareChange
+			var del []store.ShareChange
 			del, rep.Expired = j.expire(snap, d, regs, live)
 			first = append(first, del...)
 		}
@@ -396,7 +397,7 @@ func (j *Job) tickLocked(ctx context.Context, k kind) Report {
 // only be missing metrics — neither counts nor resets. A pair under an operator override
 // keeps its rows (the override decides it anyway) and its count, and goes once the
 // override ends. Counters of scopes without rows are dropped, so they stay bounded.
-func (j *Job) expire(snap *regions.Snapshot, d demand.Demand, regs []string, live map[regions.Scope]bool) ([]regions.ShareChange, []regions.Scope) {
+func (j *Job) expire(snap *regions.Snapshot, d demand.Demand, regs []string, live map[regions.Scope]bool) ([]store.ShareChange, []regions.Scope) {
 	if j.cfg.ExpireAfterRuns < 0 {
 		return nil, nil
 	}
@@ -408,7 +409,7 @@ func (j *Job) expire(snap *regions.Snapshot, d demand.Demand, regs []string, liv
 	}
 	at := snap.LoadedAt()
 	var (
-		changes []regions.ShareChange
+		changes []store.ShareChange
 		expired []regions.Scope
 	)
 	withRows := map[regions.Scope]bool{}
@@ -459,7 +460,7 @@ func (j *Job) expired(scopes []regions.Scope) {
 }
 
 // expiry is the Delete change of every rebalancer row of pair sc, absent for n runs.
-func (j *Job) expiry(snap *regions.Snapshot, regs []string, sc regions.Scope, n int) []regions.ShareChange {
+func (j *Job) expiry(snap *regions.Snapshot, regs []string, sc regions.Scope, n int) []store.ShareChange {
 	at := snap.LoadedAt()
 	rule := snap.Rule(sc.Tenant, sc.Route)
 	in := ScopeInputs{Scope: sc.String(), Reason: ReasonExpired, Kind: kindRun.String(), Split: SplitWaterfill,
@@ -476,9 +477,9 @@ func (j *Job) expiry(snap *regions.Snapshot, regs []string, sc regions.Scope, n 
 			Previous: sh.Share, Share: fallbackShare(snap, r, sc, at, len(regs))})
 	}
 	reason := fmt.Sprintf("%s: no demand for %d runs", ReasonExpired, n)
-	out := make([]regions.ShareChange, 0, len(rows))
+	out := make([]store.ShareChange, 0, len(rows))
 	for _, sh := range rows {
-		out = append(out, regions.ShareChange{Scope: sc, Region: sh.Region, Old: sh.Share, Delete: true, Reason: reason, Inputs: in})
+		out = append(out, store.ShareChange{Scope: sc, Region: sh.Region, Old: sh.Share, Delete: true, Reason: reason, Inputs: in})
 	}
 	return out
 }
@@ -581,7 +582,7 @@ func allocationRates(r demand.Rates) rebalancer.Rates {
 // headroom and no peaks, so it always ends in its first stage, the demand-weighted split
 // (floors protected): headroom, peak reserve and equal rest are empty by construction.
 // Dark, unknown, overrides, the fast path and the hysteresis work as for a pair.
-func (j *Job) decide(snap *regions.Snapshot, d demand.Demand, regs []string, sc regions.Scope, k kind, now time.Time) (ScopeReport, []regions.ShareChange, []regions.ShareChange, error) {
+func (j *Job) decide(snap *regions.Snapshot, d demand.Demand, regs []string, sc regions.Scope, k kind, now time.Time) (ScopeReport, []store.ShareChange, []store.ShareChange, error) {
 	at := snap.LoadedAt() // override expiry is judged by the database's clock
 	rule := snap.Rule(sc.Tenant, sc.Route)
 	limit := regions.Limit{Capacity: rule.Capacity, RefillPerSecond: rule.RefillPerSecond}
@@ -591,7 +592,7 @@ func (j *Job) decide(snap *regions.Snapshot, d demand.Demand, regs []string, sc 
 	if global {
 		sr.Inputs.Split = SplitProportional
 	}
-	skip := func(reason string, err error) (ScopeReport, []regions.ShareChange, []regions.ShareChange, error) {
+	skip := func(reason string, err error) (ScopeReport, []store.ShareChange, []store.ShareChange, error) {
 		sr.Skipped = reason
 		if sr.Inputs.Reason == "" {
 			sr.Inputs.Reason = reason
@@ -671,11 +672,11 @@ func (j *Job) decide(snap *regions.Snapshot, d demand.Demand, regs []string, sc 
 	if dec.Region != "" {
 		reason += ": " + dec.Region
 	}
-	changes := func(m map[string]float64) []regions.ShareChange {
-		var out []regions.ShareChange
+	changes := func(m map[string]float64) []store.ShareChange {
+		var out []store.ShareChange
 		for _, ri := range in {
 			if v, ok := m[ri.Region]; ok {
-				out = append(out, regions.ShareChange{Scope: sc, Region: ri.Region, Old: ri.Share, New: v, Reason: reason, Inputs: sr.Inputs})
+				out = append(out, store.ShareChange{Scope: sc, Region: ri.Region, Old: ri.Share, New: v, Reason: reason, Inputs: sr.Inputs})
 			}
 		}
 		return out
@@ -712,7 +713,7 @@ func currentShare(snap *regions.Snapshot, region string, sc regions.Scope, at ti
 // write stores the decreases (and expired pairs' deletions), waits one gateway reload
 // period, then stores the increases, so the shares gateways enforce never sum above 1.
 // firstDone says whether the first write was committed, even when err is not nil.
-func (j *Job) write(ctx context.Context, first, second []regions.ShareChange) (firstDone bool, err error) {
+func (j *Job) write(ctx context.Context, first, second []store.ShareChange) (firstDone bool, err error) {
 	if len(first) > 0 {
 		if err := j.store.WriteRebalancerShares(ctx, first, nil, j.cfg.Actor); err != nil {
 			return false, fmt.Errorf("rebalance: write decreases: %w", err)

@@ -14,6 +14,7 @@ import (
 	"github.com/quotaplane/quotaplane/rebalancer/demand"
 	"github.com/quotaplane/quotaplane/rebalancer/job"
 	"github.com/quotaplane/quotaplane/regions"
+	"github.com/quotaplane/quotaplane/regions/store"
 )
 
 func TestRunWritesSharesAndHistory(t *testing.T) {
@@ -37,14 +38,14 @@ func TestRunWritesSharesAndHistory(t *testing.T) {
 
 	// History: one row per region, decreases a reload period before increases, each
 	// holding the scope's inputs.
-	hist, err := e.store.History(t.Context(), regions.HistoryFilter{Scope: &pair})
+	hist, err := e.store.History(t.Context(), store.HistoryFilter{Scope: &pair})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(hist) != 2 {
 		t.Fatalf("history of %s: %d rows, want 2", pair, len(hist))
 	}
-	byRegion := map[string]regions.HistoryEntry{}
+	byRegion := map[string]store.HistoryEntry{}
 	for _, h := range hist {
 		byRegion[h.Region] = h
 		if h.Actor != job.DefaultActor || h.Reason != rebalancer.ReasonInterval || h.Source != regions.SourceRebalancer {
@@ -279,7 +280,7 @@ func TestNewRejectsBadConfig(t *testing.T) {
 		"negative cap":      {MaxScopes: -1},
 	} {
 		t.Run(name, func(t *testing.T) {
-			if _, err := job.New(cfg, &regions.Store{}, r); !errors.Is(err, regions.ErrInvalid) {
+			if _, err := job.New(cfg, &store.Store{}, r); !errors.Is(err, regions.ErrInvalid) {
 				t.Fatalf("err = %v, want ErrInvalid", err)
 			}
 		})

@@ -9,7 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/quotaplane/quotaplane/rebalancer/demand"
-	"github.com/quotaplane/quotaplane/regions"
+	"github.com/quotaplane/quotaplane/regions/store"
 )
 
 // shareSeries counts the ratelimit_rebalancer_share_ratio series by scope.
@@ -45,7 +45,7 @@ func TestExportSharesNeverDropsLiveSeries(t *testing.T) {
 		t.Fatal(err)
 	}
 	reg := prometheus.NewPedanticRegistry()
-	j, err := New(Config{Registerer: reg, MaxShareSeries: 1}, &regions.Store{}, r)
+	j, err := New(Config{Registerer: reg, MaxShareSeries: 1}, &store.Store{}, r)
 	if err != nil {
 		t.Fatal(err)
 	}

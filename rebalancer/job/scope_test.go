@@ -14,6 +14,7 @@ import (
 	"github.com/quotaplane/quotaplane/rebalancer/demand"
 	"github.com/quotaplane/quotaplane/rebalancer/job"
 	"github.com/quotaplane/quotaplane/regions"
+	"github.com/quotaplane/quotaplane/regions/store"
 )
 
 // scopeReport finds scope's report in rep.
@@ -176,7 +177,7 @@ func TestNewTwiceOnOneRegistry(t *testing.T) {
 		t.Fatal(err)
 	}
 	reg := prometheus.NewPedanticRegistry()
-	if _, err := job.New(job.Config{Registerer: reg}, &regions.Store{}, r); err != nil {
+	if _, err := job.New(job.Config{Registerer: reg}, &store.Store{}, r); err != nil {
 		t.Fatal(err)
 	}
 	var second error
@@ -186,7 +187,7 @@ func TestNewTwiceOnOneRegistry(t *testing.T) {
 				t.Fatalf("second New on the same registry panicked: %v", p)
 			}
 		}()
-		_, second = job.New(job.Config{Registerer: reg}, &regions.Store{}, r)
+		_, second = job.New(job.Config{Registerer: reg}, &store.Store{}, r)
 	}()
 	if second == nil || !strings.Contains(second.Error(), "ratelimit_rebalancer_runs_total") {
 		t.Fatalf("second New on the same registry: %v, want an error naming the metric", second)

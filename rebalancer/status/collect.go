@@ -12,6 +12,7 @@ import (
 
 	"github.com/quotaplane/quotaplane/rebalancer/job"
 	"github.com/quotaplane/quotaplane/regions"
+	"github.com/quotaplane/quotaplane/regions/store"
 )
 
 // Status is everything the page shows; /status.json serves it as is, so its JSON field
@@ -197,7 +198,7 @@ type storeData struct {
 	regions   []string
 	instances []regions.Instance
 	shares    []regions.Share
-	history   []regions.HistoryEntry
+	history   []store.HistoryEntry
 }
 
 func (h *Handler) readStore(ctx context.Context) (storeData, error) {
@@ -217,7 +218,7 @@ func (h *Handler) readStore(ctx context.Context) (storeData, error) {
 		return d, err
 	}
 	if h.cfg.HistoryLimit > 0 {
-		if d.history, err = h.store.History(ctx, regions.HistoryFilter{Limit: h.cfg.HistoryLimit}); err != nil {
+		if d.history, err = h.store.History(ctx, store.HistoryFilter{Limit: h.cfg.HistoryLimit}); err != nil {
 			return d, err
 		}
 	}
@@ -333,7 +334,7 @@ func tenantShares(snap *regions.Snapshot, db storeData, defaults map[string]floa
 }
 
 // change converts a history row, with the demand figures of the rebalancer's inputs.
-func change(e regions.HistoryEntry, log *slog.Logger) Change {
+func change(e store.HistoryEntry, log *slog.Logger) Change {
 	c := Change{At: e.At.UTC(), Scope: e.Scope.String(), Region: e.Region, Source: string(e.Source),
 		Old: e.Old, New: e.New, ExpiresAt: timePtr(e.ExpiresAt), Actor: e.Actor, Reason: e.Reason, Demand: []Demand{}}
 	if len(e.Inputs) == 0 {

@@ -5,7 +5,7 @@
 // charts of the last hour (throttled rate and share per region) drawn as inline SVG on
 // the server. The same data is served as JSON at /status.json.
 //
-// PostgreSQL (regions.Store) is the source of truth: without it the page is a 503 with a
+// PostgreSQL (store.Store) is the source of truth: without it the page is a 503 with a
 // plain message. Prometheus only adds the live figures and the charts: without it the
 // page still renders, with a visible "Prometheus unreachable" note.
 //

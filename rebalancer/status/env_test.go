@@ -23,6 +23,7 @@ import (
 	"github.com/quotaplane/quotaplane/rebalancer/job"
 	"github.com/quotaplane/quotaplane/rebalancer/status"
 	"github.com/quotaplane/quotaplane/regions"
+	"github.com/quotaplane/quotaplane/regions/store"
 )
 
 func TestMain(m *testing.M) { os.Exit(testenv.RunTests(m)) }
@@ -33,51 +34,51 @@ const (
 )
 
 // openStore opens and migrates a store on dbURL.
-func openStore(t *testing.T, dbURL string) *regions.Store {
+func openStore(t *testing.T, dbURL string) *store.Store {
 	t.Helper()
-	store, err := regions.Open(t.Context(), dbURL)
+	st, err := store.Open(t.Context(), dbURL)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(store.Close)
-	if err := store.Migrate(t.Context()); err != nil {
+	t.Cleanup(st.Close)
+	if err := st.Migrate(t.Context()); err != nil {
 		t.Fatal(err)
 	}
-	return store
+	return st
 }
 
 // seed writes the world every page test reads: two regions with live gateways, default
 // shares moved from 50/50 to 70/30 by the rebalancer (with inputs), tenant shares that
 // differ from the default by different amounts, and an operator override.
-func seed(t *testing.T, store *regions.Store) {
+func seed(t *testing.T, st *store.Store) {
 	t.Helper()
 	ctx := t.Context()
 	for _, r := range []string{usEast, euWest} {
-		if err := store.AddRegion(ctx, r); err != nil {
+		if err := st.AddRegion(ctx, r); err != nil {
 			t.Fatal(err)
 		}
 	}
 	for id, r := range map[string]string{"gw-use-1": usEast, "gw-use-2": usEast, "gw-euw-1": euWest} {
-		if err := store.Heartbeat(ctx, id, r); err != nil {
+		if err := st.Heartbeat(ctx, id, r); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if err := store.SetRule(ctx, regions.Rule{Tenant: "shop-a", Route: "create-order", Capacity: 200, RefillPerSecond: 100}); err != nil {
+	if err := st.SetRule(ctx, regions.Rule{Tenant: "shop-a", Route: "create-order", Capacity: 200, RefillPerSecond: 100}); err != nil {
 		t.Fatal(err)
 	}
 	write := func(scope regions.Scope, trigger string, shares map[string]float64, offered map[string]float64) {
 		t.Helper()
 		in := job.ScopeInputs{Scope: scope.String(), Reason: trigger, Kind: "run", RefillPerSecond: 10, Capacity: 20}
-		var changes []regions.ShareChange
+		var changes []store.ShareChange
 		for _, r := range []string{euWest, usEast} {
 			in.Regions = append(in.Regions, job.RegionInput{Region: r, Status: rebalancer.StatusOK,
 				OfferedLong: offered[r], Allowed: offered[r] * 0.8, Throttled: offered[r] * 0.2, Demand: offered[r],
 				Previous: 0.5, Share: shares[r]})
 		}
 		for _, r := range []string{euWest, usEast} {
-			changes = append(changes, regions.ShareChange{Scope: scope, Region: r, Old: 0.5, New: shares[r], Reason: "waterfill", Inputs: in})
+			changes = append(changes, store.ShareChange{Scope: scope, Region: r, Old: 0.5, New: shares[r], Reason: "waterfill", Inputs: in})
 		}
-		if err := store.WriteRebalancerShares(ctx, changes, nil, job.DefaultActor); err != nil {
+		if err := st.WriteRebalancerShares(ctx, changes, nil, job.DefaultActor); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -86,7 +87,7 @@ func seed(t *testing.T, store *regions.Store) {
 	write(regions.Scope{Tenant: "shop-a", Route: "create-order"}, "interval", map[string]float64{usEast: 0.9, euWest: 0.1}, map[string]float64{usEast: 90, euWest: 10})
 	write(regions.Scope{Tenant: "shop-b", Route: regions.Wildcard}, "interval", map[string]float64{usEast: 0.72, euWest: 0.28}, map[string]float64{usEast: 72, euWest: 28})
 	write(regions.Scope{Tenant: "shop-c", Route: regions.Wildcard}, "interval", map[string]float64{usEast: 0.7, euWest: 0.3}, map[string]float64{usEast: 7, euWest: 3})
-	if err := store.SetOverride(ctx, regions.Scope{Tenant: "shop-d", Route: regions.Wildcard},
+	if err := st.SetOverride(ctx, regions.Scope{Tenant: "shop-d", Route: regions.Wildcard},
 		map[string]float64{usEast: 0.2, euWest: 0.8}, "alice", "pinned to eu-west during the migration", time.Hour); err != nil {
 		t.Fatal(err)
 	}
@@ -117,7 +118,7 @@ func (e *shareExporter) addr() string {
 // env is a seeded database, the two exporters with known rates, and a real Prometheus
 // scraping them every second.
 type env struct {
-	store  *regions.Store
+	store  *store.Store
 	reqs   *demandtest.Exporter
 	shares *shareExporter
 	prom   *testenv.Prometheus

@@ -20,6 +20,7 @@ import (
 
 	"github.com/quotaplane/quotaplane/rebalancer/job"
 	"github.com/quotaplane/quotaplane/regions"
+	"github.com/quotaplane/quotaplane/regions/store"
 )
 
 // Defaults filled in by New.
@@ -37,13 +38,13 @@ const (
 // answers 503 then.
 var ErrStoreUnavailable = errors.New("postgresql unavailable")
 
-// Store is what the page reads from PostgreSQL (regions.Store). These are small reads:
+// Store is what the page reads from PostgreSQL (store.Store). These are small reads:
 // the page does not load the API keys that a full snapshot holds.
 type Store interface {
 	Regions(ctx context.Context) ([]string, error)
 	Instances(ctx context.Context) ([]regions.Instance, error)
 	Shares(ctx context.Context) ([]regions.Share, error)
-	History(ctx context.Context, f regions.HistoryFilter) ([]regions.HistoryEntry, error)
+	History(ctx context.Context, f store.HistoryFilter) ([]store.HistoryEntry, error)
 }
 
 // Prometheus is the part of the Prometheus HTTP API the page queries (promv1.API).

@@ -15,6 +15,7 @@ import (
 	"github.com/quotaplane/quotaplane/rebalancer/job"
 	"github.com/quotaplane/quotaplane/rebalancer/status"
 	"github.com/quotaplane/quotaplane/regions"
+	"github.com/quotaplane/quotaplane/regions/store"
 )
 
 func near(got *float64, want, tol float64) bool { return got != nil && math.Abs(*got-want) <= tol }
@@ -280,11 +281,11 @@ func TestPostgresUnreachable(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	store := openStore(t, dbURL)
-	if err := store.AddRegion(t.Context(), usEast); err != nil {
+	st := openStore(t, dbURL)
+	if err := st.AddRegion(t.Context(), usEast); err != nil {
 		t.Fatal(err)
 	}
-	h, err := status.New(status.Config{Timeout: 2 * time.Second}, store)
+	h, err := status.New(status.Config{Timeout: 2 * time.Second}, st)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -326,22 +327,22 @@ func TestPostgresUnreachable(t *testing.T) {
 // TestEscaping: reasons and actors are operator text; the page shows them as text.
 func TestEscaping(t *testing.T) {
 	t.Parallel()
-	store := openStore(t, testenv.PostgresDB(t))
+	st := openStore(t, testenv.PostgresDB(t))
 	ctx := t.Context()
 	for _, r := range []string{usEast, euWest} {
-		if err := store.AddRegion(ctx, r); err != nil {
+		if err := st.AddRegion(ctx, r); err != nil {
 			t.Fatal(err)
 		}
 	}
 	script := `<script>alert("x")</script> moving traffic`
-	if err := store.SetOverride(ctx, regions.GlobalScope, map[string]float64{usEast: 0.6, euWest: 0.4}, `<b>eve</b>`, script, 0); err != nil {
+	if err := st.SetOverride(ctx, regions.GlobalScope, map[string]float64{usEast: 0.6, euWest: 0.4}, `<b>eve</b>`, script, 0); err != nil {
 		t.Fatal(err)
 	}
-	if err := store.WriteRebalancerShares(ctx, []regions.ShareChange{{Scope: regions.Scope{Tenant: "shop-a", Route: "*"}, Region: usEast,
+	if err := st.WriteRebalancerShares(ctx, []store.ShareChange{{Scope: regions.Scope{Tenant: "shop-a", Route: "*"}, Region: usEast,
 		New: 0.9, Reason: `"><img src=x onerror=alert(1)>`}}, job.ScopeInputs{Reason: `<svg onload=alert(2)>`, Kind: "run"}, "rebalancer"); err != nil {
 		t.Fatal(err)
 	}
-	h, err := status.New(status.Config{}, store)
+	h, err := status.New(status.Config{}, st)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -366,14 +367,14 @@ func TestEscaping(t *testing.T) {
 // not live; with no stored share the regions split equally.
 func TestDarkRegion(t *testing.T) {
 	t.Parallel()
-	store := openStore(t, testenv.PostgresDB(t))
+	st := openStore(t, testenv.PostgresDB(t))
 	ctx := t.Context()
 	for _, r := range []string{usEast, euWest} {
-		if err := store.AddRegion(ctx, r); err != nil {
+		if err := st.AddRegion(ctx, r); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if err := store.Heartbeat(ctx, "gw-1", usEast); err != nil {
+	if err := st.Heartbeat(ctx, "gw-1", usEast); err != nil {
 		t.Fatal(err)
 	}
 	for _, tc := range []struct {
@@ -387,7 +388,7 @@ func TestDarkRegion(t *testing.T) {
 		{name: "after the ttl", skew: 2 * time.Minute, liveUS: 0, darkUS: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			h, err := status.New(status.Config{InstanceTTL: time.Minute, Now: func() time.Time { return time.Now().Add(tc.skew) }}, store)
+			h, err := status.New(status.Config{InstanceTTL: time.Minute, Now: func() time.Time { return time.Now().Add(tc.skew) }}, st)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -413,18 +414,18 @@ func TestDarkRegion(t *testing.T) {
 
 func TestNewValidates(t *testing.T) {
 	t.Parallel()
-	store := &regions.Store{}
+	st := &store.Store{}
 	for _, tc := range []struct {
 		name  string
 		cfg   status.Config
 		store status.Store
 	}{
 		{name: "no store"},
-		{name: "source without api", cfg: status.Config{Prometheus: []status.Source{{Region: usEast}}}, store: store},
-		{name: "bad source region", cfg: status.Config{Prometheus: []status.Source{{Region: "a b", API: promAPI(t, "http://127.0.0.1:1")}}}, store: store},
-		{name: "short window", cfg: status.Config{RateWindow: time.Millisecond}, store: store},
-		{name: "short chart", cfg: status.Config{ChartRange: time.Second}, store: store},
-		{name: "negative top", cfg: status.Config{TopScopes: -1}, store: store},
+		{name: "source without api", cfg: status.Config{Prometheus: []status.Source{{Region: usEast}}}, store: st},
+		{name: "bad source region", cfg: status.Config{Prometheus: []status.Source{{Region: "a b", API: promAPI(t, "http://127.0.0.1:1")}}}, store: st},
+		{name: "short window", cfg: status.Config{RateWindow: time.Millisecond}, store: st},
+		{name: "short chart", cfg: status.Config{ChartRange: time.Second}, store: st},
+		{name: "negative top", cfg: status.Config{TopScopes: -1}, store: st},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if _, err := status.New(tc.cfg, tc.store); err == nil {
@@ -432,7 +433,7 @@ func TestNewValidates(t *testing.T) {
 			}
 		})
 	}
-	if _, err := status.New(status.Config{}, store); err != nil {
+	if _, err := status.New(status.Config{}, st); err != nil {
 		t.Errorf("zero config: %v", err)
 	}
 }

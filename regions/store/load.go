@@ -1,4 +1,4 @@
-package regions
+package store
 
 import (
 	"context"
@@ -10,16 +10,17 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/quotaplane/quotaplane/regions"
 )
 
 // LoadSnapshot reads everything a gateway needs in one read-only, repeatable-read
 // transaction (one consistent view) and builds a Snapshot: regions, rules, valid keys,
 // active shares, and the instances seen within instanceTTL (all when instanceTTL <= 0).
 // LoadedAt and instance liveness use the database's clock, so gateway clocks do not matter.
-func (s *Store) LoadSnapshot(ctx context.Context, instanceTTL time.Duration) (*Snapshot, error) {
+func (s *Store) LoadSnapshot(ctx context.Context, instanceTTL time.Duration) (*regions.Snapshot, error) {
 	var (
-		d    SnapshotData
-		keys map[KeyHash]string
+		d    regions.SnapshotData
+		keys map[regions.KeyHash]string
 	)
 	err := pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
 		var err error
@@ -29,7 +30,8 @@ func (s *Store) LoadSnapshot(ctx context.Context, instanceTTL time.Duration) (*S
 	if err != nil {
 		return nil, fmt.Errorf("load snapshot: %w", err)
 	}
-	snap, err := newSnapshot(d, keys)
+	d.KeyTenants = keys
+	snap, err := regions.NewSnapshot(d)
 	if err != nil {
 		return nil, fmt.Errorf("load snapshot: %w", err)
 	}
@@ -37,17 +39,17 @@ func (s *Store) LoadSnapshot(ctx context.Context, instanceTTL time.Duration) (*S
 }
 
 // loadData reads everything but the keys into d, and returns the valid keys as a map.
-func loadData(ctx context.Context, tx pgx.Tx, instanceTTL time.Duration, d *SnapshotData) (map[KeyHash]string, error) {
+func loadData(ctx context.Context, tx pgx.Tx, instanceTTL time.Duration, d *regions.SnapshotData) (map[regions.KeyHash]string, error) {
 	if err := tx.QueryRow(ctx, `SELECT now()`).Scan(&d.LoadedAt); err != nil {
 		return nil, fmt.Errorf("read clock: %w", err)
 	}
 	d.InstanceTTL = instanceTTL
 	rows, _ := tx.Query(ctx, `SELECT name FROM region ORDER BY name`)
-	regions, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	if err != nil {
 		return nil, fmt.Errorf("read regions: %w", err)
 	}
-	d.Regions = regions
+	d.Regions = names
 
 	if d.Rules, err = loadRules(ctx, tx); err != nil {
 		return nil, err
@@ -68,7 +70,7 @@ func loadData(ctx context.Context, tx pgx.Tx, instanceTTL time.Duration, d *Snap
 	} else {
 		rows, _ = tx.Query(ctx, `SELECT id, region, last_seen FROM gateway_instance`)
 	}
-	if d.Instances, err = pgx.CollectRows(rows, pgx.RowToStructByPos[Instance]); err != nil {
+	if d.Instances, err = pgx.CollectRows(rows, pgx.RowToStructByPos[regions.Instance]); err != nil {
 		return nil, fmt.Errorf("read instances: %w", err)
 	}
 	return keys, nil
@@ -81,24 +83,24 @@ func loadData(ctx context.Context, tx pgx.Tx, instanceTTL time.Duration, d *Snap
 // pgEpoch is the zero of PostgreSQL's binary timestamps.
 var pgEpoch = time.Date(2000, 1, 1, 0, 0, 0, 0, time.UTC)
 
-func loadRules(ctx context.Context, tx pgx.Tx) ([]Rule, error) {
+func loadRules(ctx context.Context, tx pgx.Tx) ([]regions.Rule, error) {
 	var n int
 	if err := tx.QueryRow(ctx, `SELECT count(*) FROM rate_limit_rule`).Scan(&n); err != nil {
 		return nil, fmt.Errorf("count rules: %w", err)
 	}
-	out := make([]Rule, 0, n)
+	out := make([]regions.Rule, 0, n)
 	rows, err := tx.Query(ctx, `SELECT tenant_id, route_id, capacity, refill_per_second, shadow, shards, updated_at FROM rate_limit_rule`)
 	if err != nil {
 		return nil, fmt.Errorf("read rules: %w", err)
 	}
 	defer rows.Close()
 	raw := rawOK(rows.FieldDescriptions())
-	var scanned Rule // outside the loop: Scan's pointers would move a per-row variable to the heap
+	var scanned regions.Rule // outside the loop: Scan's pointers would move a per-row variable to the heap
 	for rows.Next() {
-		var r Rule
+		var r regions.Rule
 		v := rows.RawValues()
 		if raw && len(v[2]) == 8 && len(v[3]) == 8 && len(v[4]) == 1 && len(v[5]) == 4 && len(v[6]) == 8 {
-			r = Rule{
+			r = regions.Rule{
 				Tenant:          string(v[0]),
 				Route:           string(v[1]),
 				Capacity:        int64(binary.BigEndian.Uint64(v[2])),
@@ -135,19 +137,19 @@ func rawOK(fd []pgconn.FieldDescription) bool {
 
 // loadKeys reads the valid keys into a map hash -> tenant (see loadRules on decoding).
 // Each distinct tenant id is validated, and held, once.
-func loadKeys(ctx context.Context, tx pgx.Tx) (map[KeyHash]string, error) {
+func loadKeys(ctx context.Context, tx pgx.Tx) (map[regions.KeyHash]string, error) {
 	var n int
 	if err := tx.QueryRow(ctx, `SELECT count(*) FROM api_key WHERE revoked_at IS NULL`).Scan(&n); err != nil {
 		return nil, fmt.Errorf("count keys: %w", err)
 	}
-	keys := make(map[KeyHash]string, n)
+	keys := make(map[regions.KeyHash]string, n)
 	tenants := make(map[string]string)
 	tenant := func(b []byte) (string, error) {
 		if t, ok := tenants[string(b)]; ok { // the lookup does not allocate
 			return t, nil
 		}
 		t := string(b)
-		if err := ValidateID("tenant", t); err != nil {
+		if err := regions.ValidateID("tenant", t); err != nil {
 			return "", err
 		}
 		tenants[t] = t
@@ -166,7 +168,7 @@ func loadKeys(ctx context.Context, tx pgx.Tx) (map[KeyHash]string, error) {
 	for rows.Next() {
 		v := rows.RawValues()
 		var (
-			h    KeyHash
+			h    regions.KeyHash
 			hash = v[0]
 			name = v[1]
 		)
@@ -177,7 +179,7 @@ func loadKeys(ctx context.Context, tx pgx.Tx) (map[KeyHash]string, error) {
 			hash, name = scannedHash, []byte(scannedTenant)
 		}
 		if len(hash) != len(h) {
-			return nil, fmt.Errorf("read keys: %w: hash of %d bytes", ErrInvalid, len(hash))
+			return nil, fmt.Errorf("read keys: %w: hash of %d bytes", regions.ErrInvalid, len(hash))
 		}
 		copy(h[:], hash)
 		t, err := tenant(name)
@@ -192,21 +194,21 @@ func loadKeys(ctx context.Context, tx pgx.Tx) (map[KeyHash]string, error) {
 	return keys, nil
 }
 
-func scanShare(row pgx.CollectableRow) (Share, error) {
+func scanShare(row pgx.CollectableRow) (regions.Share, error) {
 	var (
-		sh      Share
+		sh      regions.Share
 		scope   string
 		source  string
 		expires *time.Time
 	)
 	if err := row.Scan(&scope, &sh.Region, &sh.Share, &source, &expires, &sh.UpdatedAt, &sh.Reason); err != nil {
-		return Share{}, err
+		return regions.Share{}, err
 	}
-	sc, err := ParseScope(scope)
+	sc, err := regions.ParseScope(scope)
 	if err != nil {
-		return Share{}, err
+		return regions.Share{}, err
 	}
-	sh.Scope, sh.Source = sc, Source(source)
+	sh.Scope, sh.Source = sc, regions.Source(source)
 	if expires != nil {
 		sh.ExpiresAt = *expires
 	}

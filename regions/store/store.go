@@ -1,4 +1,4 @@
-package regions
+package store
 
 import (
 	"cmp"
@@ -16,7 +16,22 @@ import (
 	"github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/quotaplane/quotaplane/migrations"
+	"github.com/quotaplane/quotaplane/regions"
 )
+
+// Sentinels of the store, for callers that branch on them (errors.Is).
+var (
+	// ErrNotFound: the rule, key or region to change does not exist.
+	ErrNotFound = errors.New("not found")
+	// ErrExists: the region to add exists already.
+	ErrExists = errors.New("already exists")
+	// ErrRegionInUse: the region to remove still has shares (remove them, or force).
+	ErrRegionInUse = errors.New("region has shares")
+)
+
+// NotifyChannel is the PostgreSQL channel that is notified on every change of rules,
+// keys, regions and shares (not on heartbeats). The payload is the changed table's name.
+const NotifyChannel = migrations.NotifyChannel
 
 // Store is the PostgreSQL store of the control-plane data. Every write is one transaction,
 // validated (errors wrapping ErrInvalid) before anything is written; the database's
@@ -48,7 +63,7 @@ func Open(ctx context.Context, url string) (*Store, error) {
 		if ambiguous {
 			detail = hidden
 		}
-		return nil, fmt.Errorf("%w database url %s: %s", ErrInvalid, RedactURL(url), detail)
+		return nil, fmt.Errorf("%w database url %s: %s", regions.ErrInvalid, RedactURL(url), detail)
 	}
 	if cfg.ConnConfig.Password != "" {
 		secrets = append(secrets, cfg.ConnConfig.Password)
@@ -362,7 +377,7 @@ func dbErr(err error) error {
 	if errors.As(err, &pg) {
 		switch pg.Code {
 		case "23514", "23503", "23505", "23502", "22P02", "22003": // check, fk, unique, not null, bad text, out of range
-			return fmt.Errorf("%w: %w", ErrInvalid, err)
+			return fmt.Errorf("%w: %w", regions.ErrInvalid, err)
 		}
 	}
 	return err

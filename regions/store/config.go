@@ -1,4 +1,4 @@
-package regions
+package store
 
 import (
 	"context"
@@ -12,6 +12,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/quotaplane/quotaplane/regions"
 )
 
 // Regions lists the region names, sorted.
@@ -30,7 +31,7 @@ func (s *Store) Regions(ctx context.Context) ([]string, error) {
 // (almost) nothing under them until the rebalancer, which sees it dark and then live, or an
 // operator gives it a share. Scopes without shares split equally, new region included.
 func (s *Store) AddRegion(ctx context.Context, name string) error {
-	if err := ValidateID("region", name); err != nil {
+	if err := regions.ValidateID("region", name); err != nil {
 		return fmt.Errorf("add region: %w", err)
 	}
 	err := s.write(ctx, auditOf(ctx), func(tx pgx.Tx) error {
@@ -60,7 +61,7 @@ func (s *Store) AddRegion(ctx context.Context, name string) error {
 // if they summed to 0), all in the same transaction, each change leaving a history row.
 // ErrNotFound if there is no such region.
 func (s *Store) RemoveRegion(ctx context.Context, name string, force bool) error {
-	if err := ValidateID("region", name); err != nil {
+	if err := regions.ValidateID("region", name); err != nil {
 		return fmt.Errorf("remove region: %w", err)
 	}
 	err := s.write(ctx, auditOf(ctx), func(tx pgx.Tx) error {
@@ -124,61 +125,61 @@ const maxLabel = 200
 // CreateKey makes a new API key for tenant: 256 random bits, returned once as
 // KeyPrefix + base64url (no padding). Only HashKey(secret) is stored. The tenant need not
 // have rules yet (see TenantExists).
-func (s *Store) CreateKey(ctx context.Context, tenant, label string) (string, APIKey, error) {
-	if err := ValidateID("tenant", tenant); err != nil {
-		return "", APIKey{}, fmt.Errorf("create key: %w", err)
+func (s *Store) CreateKey(ctx context.Context, tenant, label string) (string, regions.APIKey, error) {
+	if err := regions.ValidateID("tenant", tenant); err != nil {
+		return "", regions.APIKey{}, fmt.Errorf("create key: %w", err)
 	}
 	if err := validateLabel(label); err != nil {
-		return "", APIKey{}, fmt.Errorf("create key for %s: %w", tenant, err)
+		return "", regions.APIKey{}, fmt.Errorf("create key for %s: %w", tenant, err)
 	}
 	var raw [32]byte
 	if _, err := rand.Read(raw[:]); err != nil {
-		return "", APIKey{}, fmt.Errorf("create key for %s: %w", tenant, err)
+		return "", regions.APIKey{}, fmt.Errorf("create key for %s: %w", tenant, err)
 	}
 	secret := KeyPrefix + base64.RawURLEncoding.EncodeToString(raw[:])
-	k := APIKey{Hash: HashKey(secret), Tenant: tenant, Label: label}
+	k := regions.APIKey{Hash: regions.HashKey(secret), Tenant: tenant, Label: label}
 	err := s.write(ctx, auditOf(ctx), func(tx pgx.Tx) error {
 		return dbErr(tx.QueryRow(ctx, `INSERT INTO api_key (key_hash, tenant_id, label) VALUES ($1, $2, $3) RETURNING id, created_at`,
 			k.Hash[:], tenant, label).Scan(&k.ID, &k.CreatedAt))
 	})
 	if err != nil {
-		return "", APIKey{}, fmt.Errorf("create key for %s: %w", tenant, err)
+		return "", regions.APIKey{}, fmt.Errorf("create key for %s: %w", tenant, err)
 	}
 	return secret, k, nil
 }
 
 func validateLabel(label string) error {
 	if !utf8.ValidString(label) {
-		return fmt.Errorf("%w label: not UTF-8", ErrInvalid)
+		return fmt.Errorf("%w label: not UTF-8", regions.ErrInvalid)
 	}
 	if n := utf8.RuneCountInString(label); n > maxLabel {
-		return fmt.Errorf("%w label: %d characters, at most %d", ErrInvalid, n, maxLabel)
+		return fmt.Errorf("%w label: %d characters, at most %d", regions.ErrInvalid, n, maxLabel)
 	}
 	for _, r := range label {
 		if unicode.IsControl(r) {
-			return fmt.Errorf("%w label %q: control characters are not allowed", ErrInvalid, label)
+			return fmt.Errorf("%w label %q: control characters are not allowed", regions.ErrInvalid, label)
 		}
 	}
 	return nil
 }
 
 // Keys lists the keys of tenant ("" = every tenant), revoked ones included, by id.
-func (s *Store) Keys(ctx context.Context, tenant string) ([]APIKey, error) {
+func (s *Store) Keys(ctx context.Context, tenant string) ([]regions.APIKey, error) {
 	if tenant != "" {
-		if err := ValidateID("tenant", tenant); err != nil {
+		if err := regions.ValidateID("tenant", tenant); err != nil {
 			return nil, fmt.Errorf("list keys: %w", err)
 		}
 	}
 	rows, _ := s.pool.Query(ctx, `SELECT id, key_hash, tenant_id, label, created_at, revoked_at FROM api_key
 		WHERE $1 = '' OR tenant_id = $1 ORDER BY id`, tenant)
-	keys, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (APIKey, error) {
+	keys, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (regions.APIKey, error) {
 		var (
-			k       APIKey
+			k       regions.APIKey
 			hash    []byte
 			revoked *time.Time
 		)
 		if err := row.Scan(&k.ID, &hash, &k.Tenant, &k.Label, &k.CreatedAt, &revoked); err != nil {
-			return APIKey{}, err
+			return regions.APIKey{}, err
 		}
 		copy(k.Hash[:], hash)
 		if revoked != nil {
@@ -217,7 +218,7 @@ func (s *Store) RevokeKey(ctx context.Context, id int64) error {
 
 // TenantExists reports whether tenant has a rule or a key.
 func (s *Store) TenantExists(ctx context.Context, tenant string) (bool, error) {
-	if err := ValidateID("tenant", tenant); err != nil {
+	if err := regions.ValidateID("tenant", tenant); err != nil {
 		return false, fmt.Errorf("find tenant: %w", err)
 	}
 	var ok bool
@@ -231,21 +232,21 @@ func (s *Store) TenantExists(ctx context.Context, tenant string) (bool, error) {
 
 // Rules lists the rules matching tenant and route exactly ("" = any; "*" = the wildcard
 // rules), sorted by tenant then route.
-func (s *Store) Rules(ctx context.Context, tenant, route string) ([]Rule, error) {
+func (s *Store) Rules(ctx context.Context, tenant, route string) ([]regions.Rule, error) {
 	if tenant != "" {
-		if err := validateIDOrWildcard("tenant", tenant); err != nil {
+		if err := regions.ValidateIDOrWildcard("tenant", tenant); err != nil {
 			return nil, fmt.Errorf("list rules: %w", err)
 		}
 	}
 	if route != "" {
-		if err := validateIDOrWildcard("route", route); err != nil {
+		if err := regions.ValidateIDOrWildcard("route", route); err != nil {
 			return nil, fmt.Errorf("list rules: %w", err)
 		}
 	}
 	rows, _ := s.pool.Query(ctx, `SELECT tenant_id, route_id, capacity, refill_per_second, shadow, shards, updated_at
 		FROM rate_limit_rule WHERE ($1 = '' OR tenant_id = $1) AND ($2 = '' OR route_id = $2)
 		ORDER BY tenant_id, route_id`, tenant, route)
-	rules, err := pgx.CollectRows(rows, pgx.RowToStructByPos[Rule])
+	rules, err := pgx.CollectRows(rows, pgx.RowToStructByPos[regions.Rule])
 	if err != nil {
 		return nil, fmt.Errorf("list rules: %w", err)
 	}
@@ -254,7 +255,7 @@ func (s *Store) Rules(ctx context.Context, tenant, route string) ([]Rule, error)
 
 // SetRule creates or replaces the rule for r.Tenant and r.Route. Shards 0 means 1;
 // UpdatedAt is ignored (the database sets it).
-func (s *Store) SetRule(ctx context.Context, r Rule) error {
+func (s *Store) SetRule(ctx context.Context, r regions.Rule) error {
 	if r.Shards == 0 {
 		r.Shards = 1
 	}
@@ -279,14 +280,14 @@ func (s *Store) SetRule(ctx context.Context, r Rule) error {
 // DeleteRule deletes the rule for tenant and route; ErrNotFound if there is none. The
 // default rule (*, *) cannot be deleted (ErrInvalid): set it instead.
 func (s *Store) DeleteRule(ctx context.Context, tenant, route string) error {
-	if err := validateIDOrWildcard("tenant", tenant); err != nil {
+	if err := regions.ValidateIDOrWildcard("tenant", tenant); err != nil {
 		return fmt.Errorf("delete rule: %w", err)
 	}
-	if err := validateIDOrWildcard("route", route); err != nil {
+	if err := regions.ValidateIDOrWildcard("route", route); err != nil {
 		return fmt.Errorf("delete rule: %w", err)
 	}
-	if tenant == Wildcard && route == Wildcard {
-		return fmt.Errorf("delete rule */*: %w: the default rule cannot be deleted; set it instead", ErrInvalid)
+	if tenant == regions.Wildcard && route == regions.Wildcard {
+		return fmt.Errorf("delete rule */*: %w: the default rule cannot be deleted; set it instead", regions.ErrInvalid)
 	}
 	err := s.write(ctx, auditOf(ctx), func(tx pgx.Tx) error {
 		tag, err := tx.Exec(ctx, `DELETE FROM rate_limit_rule WHERE tenant_id = $1 AND route_id = $2`, tenant, route)
@@ -320,10 +321,10 @@ const pruneEvery = 20
 // region unseen for InstanceHorizon (PruneInstances). It does not notify gateways; they
 // count instances on their timer reload.
 func (s *Store) Heartbeat(ctx context.Context, id, region string) error {
-	if err := ValidateID("instance", id); err != nil {
+	if err := regions.ValidateID("instance", id); err != nil {
 		return fmt.Errorf("heartbeat: %w", err)
 	}
-	if err := ValidateID("region", region); err != nil {
+	if err := regions.ValidateID("region", region); err != nil {
 		return fmt.Errorf("heartbeat %s: %w", id, err)
 	}
 	const upsert = `INSERT INTO gateway_instance (id, region, last_seen) VALUES ($1, $2, now())
@@ -347,11 +348,11 @@ func (s *Store) Heartbeat(ctx context.Context, id, region string) error {
 // olderThan ago (the database's clock) and returns how many it deleted. Heartbeat does
 // this now and then with InstanceHorizon.
 func (s *Store) PruneInstances(ctx context.Context, region string, olderThan time.Duration) (int64, error) {
-	if err := ValidateID("region", region); err != nil {
+	if err := regions.ValidateID("region", region); err != nil {
 		return 0, fmt.Errorf("prune instances: %w", err)
 	}
 	if olderThan <= 0 {
-		return 0, fmt.Errorf("prune instances of %s: %w: olderThan must be > 0, got %s", region, ErrInvalid, olderThan)
+		return 0, fmt.Errorf("prune instances of %s: %w: olderThan must be > 0, got %s", region, regions.ErrInvalid, olderThan)
 	}
 	tag, err := s.pool.Exec(ctx, `DELETE FROM gateway_instance WHERE region = $1 AND last_seen < now() - make_interval(secs => $2)`,
 		region, olderThan.Seconds())
@@ -364,7 +365,7 @@ func (s *Store) PruneInstances(ctx context.Context, region string, olderThan tim
 // RemoveInstance forgets gateway instance id (on a clean shutdown). Removing an unknown
 // instance does nothing.
 func (s *Store) RemoveInstance(ctx context.Context, id string) error {
-	if err := ValidateID("instance", id); err != nil {
+	if err := regions.ValidateID("instance", id); err != nil {
 		return fmt.Errorf("remove instance: %w", err)
 	}
 	if _, err := s.pool.Exec(ctx, `DELETE FROM gateway_instance WHERE id = $1`, id); err != nil {
@@ -375,9 +376,9 @@ func (s *Store) RemoveInstance(ctx context.Context, id string) error {
 
 // Instances lists every instance that ever heartbeated and was not removed, by region and
 // id, with its last heartbeat (the database's clock).
-func (s *Store) Instances(ctx context.Context) ([]Instance, error) {
+func (s *Store) Instances(ctx context.Context) ([]regions.Instance, error) {
 	rows, _ := s.pool.Query(ctx, `SELECT id, region, last_seen FROM gateway_instance ORDER BY region, id`)
-	in, err := pgx.CollectRows(rows, pgx.RowToStructByPos[Instance])
+	in, err := pgx.CollectRows(rows, pgx.RowToStructByPos[regions.Instance])
 	if err != nil {
 		return nil, fmt.Errorf("list instances: %w", err)
 	}

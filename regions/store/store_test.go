@@ -1,4 +1,4 @@
-package regions
+package store
 
 import (
 	"context"
@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/quotaplane/quotaplane/internal/testenv"
+	"github.com/quotaplane/quotaplane/regions"
 )
 
 func TestOpenNeverShowsThePassword(t *testing.T) {
@@ -55,7 +56,7 @@ func TestOpenNeverShowsThePassword(t *testing.T) {
 			if !strings.Contains(msg, tt.shows) {
 				t.Fatalf("error %q does not show %q", msg, tt.shows)
 			}
-			if tt.invalid != errors.Is(err, ErrInvalid) {
+			if tt.invalid != errors.Is(err, regions.ErrInvalid) {
 				t.Fatalf("errors.Is(ErrInvalid) = %v, want %v: %s", !tt.invalid, tt.invalid, msg)
 			}
 			if r := RedactURL(tt.url); strings.Contains(r, secret) {
@@ -153,7 +154,7 @@ func TestStoreRegions(t *testing.T) {
 	if err := s.AddRegion(ctx, "us-east"); !errors.Is(err, ErrExists) {
 		t.Fatalf("adding a region twice: %v, want ErrExists", err)
 	}
-	if err := s.AddRegion(ctx, "us east"); !errors.Is(err, ErrInvalid) {
+	if err := s.AddRegion(ctx, "us east"); !errors.Is(err, regions.ErrInvalid) {
 		t.Fatalf("adding a bad region: %v, want ErrInvalid", err)
 	}
 	got, err := s.Regions(ctx)
@@ -167,7 +168,7 @@ func TestStoreRegions(t *testing.T) {
 	if err := s.RemoveRegion(ctx, "ap-south", false); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("removing an unknown region: %v, want ErrNotFound", err)
 	}
-	if err := s.SetOverride(ctx, GlobalScope, map[string]float64{"us-east": 0.6, "eu-west": 0.4}, "alice", "test", 0); err != nil {
+	if err := s.SetOverride(ctx, regions.GlobalScope, map[string]float64{"us-east": 0.6, "eu-west": 0.4}, "alice", "test", 0); err != nil {
 		t.Fatal(err)
 	}
 	if err := s.RemoveRegion(ctx, "eu-west", false); !errors.Is(err, ErrRegionInUse) {
@@ -203,7 +204,7 @@ func TestStoreKeys(t *testing.T) {
 	if !strings.HasPrefix(secret, KeyPrefix) || err != nil || len(raw) != 32 {
 		t.Fatalf("secret %q: want %s + base64url of 32 bytes (%v)", secret, KeyPrefix, err)
 	}
-	if k.ID == 0 || k.Tenant != "shop-a" || k.Label != "ci pipeline" || k.Hash != HashKey(secret) || k.CreatedAt.IsZero() {
+	if k.ID == 0 || k.Tenant != "shop-a" || k.Label != "ci pipeline" || k.Hash != regions.HashKey(secret) || k.CreatedAt.IsZero() {
 		t.Fatalf("returned key %+v", k)
 	}
 	if n := count(t, s, `SELECT count(*) FROM api_key WHERE key_hash = $1`, k.Hash[:]); n != 1 {
@@ -218,7 +219,7 @@ func TestStoreKeys(t *testing.T) {
 	}
 
 	for _, bad := range []struct{ tenant, label string }{{"*", ""}, {"", ""}, {"a b", ""}, {"shop-a", strings.Repeat("x", 201)}, {"shop-a", "a\nb"}, {"shop-a", "\xff"}} {
-		if _, _, err := s.CreateKey(ctx, bad.tenant, bad.label); !errors.Is(err, ErrInvalid) {
+		if _, _, err := s.CreateKey(ctx, bad.tenant, bad.label); !errors.Is(err, regions.ErrInvalid) {
 			t.Errorf("CreateKey(%q, %q) = %v, want ErrInvalid", bad.tenant, bad.label, err)
 		}
 	}
@@ -238,7 +239,7 @@ func TestStoreKeys(t *testing.T) {
 			t.Fatalf("TenantExists(%s) = %v, %v", tenant, ok, err)
 		}
 	}
-	if err := s.SetRule(ctx, Rule{Tenant: "shop-c", Route: "*", Capacity: 1, RefillPerSecond: 1}); err != nil {
+	if err := s.SetRule(ctx, regions.Rule{Tenant: "shop-c", Route: "*", Capacity: 1, RefillPerSecond: 1}); err != nil {
 		t.Fatal(err)
 	}
 	if ok, _ := s.TenantExists(ctx, "shop-c"); !ok {
@@ -249,7 +250,7 @@ func TestStoreKeys(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if tenant, ok := snap.Tenant(HashKey(secret)); !ok || tenant != "shop-a" {
+	if tenant, ok := snap.Tenant(regions.HashKey(secret)); !ok || tenant != "shop-a" {
 		t.Fatalf("new key does not authenticate: %q %v", tenant, ok)
 	}
 	if err := s.RevokeKey(ctx, k.ID); err != nil {
@@ -268,10 +269,10 @@ func TestStoreKeys(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, ok := snap.Tenant(HashKey(secret)); ok {
+	if _, ok := snap.Tenant(regions.HashKey(secret)); ok {
 		t.Fatal("revoked key authenticates")
 	}
-	if _, ok := snap.Tenant(HashKey(secret2)); !ok {
+	if _, ok := snap.Tenant(regions.HashKey(secret2)); !ok {
 		t.Fatal("the other key stopped authenticating")
 	}
 }
@@ -280,7 +281,7 @@ func TestStoreRules(t *testing.T) {
 	t.Parallel()
 	ctx := WithAudit(context.Background(), "bob", "ticket 7")
 	s, _ := newStore(t)
-	rule := Rule{Tenant: "shop-a", Route: "create-order", Capacity: 2, RefillPerSecond: 0.5, Shadow: true}
+	rule := regions.Rule{Tenant: "shop-a", Route: "create-order", Capacity: 2, RefillPerSecond: 0.5, Shadow: true}
 	if err := s.SetRule(ctx, rule); err != nil {
 		t.Fatal(err)
 	}
@@ -288,7 +289,7 @@ func TestStoreRules(t *testing.T) {
 	if err := s.SetRule(ctx, rule); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.SetRule(ctx, Rule{Tenant: "*", Route: "create-order", Capacity: 50, RefillPerSecond: 25}); err != nil {
+	if err := s.SetRule(ctx, regions.Rule{Tenant: "*", Route: "create-order", Capacity: 50, RefillPerSecond: 25}); err != nil {
 		t.Fatal(err)
 	}
 	got, err := s.Rules(ctx, "shop-a", "")
@@ -317,25 +318,25 @@ func TestStoreRules(t *testing.T) {
 		t.Fatalf("Rules(tenant *) = %+v", wild)
 	}
 
-	bad := []Rule{
+	bad := []regions.Rule{
 		{Tenant: "shop a", Route: "*", Capacity: 1, RefillPerSecond: 1},
 		{Tenant: "t", Route: "*", Capacity: 0, RefillPerSecond: 1},
 		{Tenant: "t", Route: "*", Capacity: 1, RefillPerSecond: -1},
 		{Tenant: "t", Route: "*", Capacity: 1, RefillPerSecond: 1, Shards: 2000},
 	}
 	for _, r := range bad {
-		if err := s.SetRule(ctx, r); !errors.Is(err, ErrInvalid) {
+		if err := s.SetRule(ctx, r); !errors.Is(err, regions.ErrInvalid) {
 			t.Errorf("SetRule(%+v) = %v, want ErrInvalid", r, err)
 		}
 	}
-	if _, err := s.Rules(ctx, "a'b", ""); !errors.Is(err, ErrInvalid) {
+	if _, err := s.Rules(ctx, "a'b", ""); !errors.Is(err, regions.ErrInvalid) {
 		t.Errorf("Rules with a bad tenant filter: %v", err)
 	}
 	if n := count(t, s, `SELECT count(*) FROM rate_limit_rule`); n != 3 {
 		t.Fatalf("%d rules after invalid writes, want 3", n)
 	}
 
-	if err := s.DeleteRule(ctx, "*", "*"); !errors.Is(err, ErrInvalid) {
+	if err := s.DeleteRule(ctx, "*", "*"); !errors.Is(err, regions.ErrInvalid) {
 		t.Fatalf("deleting the default rule: %v, want ErrInvalid", err)
 	}
 	if err := s.DeleteRule(ctx, "shop-a", "other"); !errors.Is(err, ErrNotFound) {
@@ -365,10 +366,10 @@ func TestStoreOverrides(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	shopA := Scope{Tenant: "shop-a", Route: Wildcard}
+	shopA := regions.Scope{Tenant: "shop-a", Route: regions.Wildcard}
 	bad := []struct {
 		name          string
-		scope         Scope
+		scope         regions.Scope
 		shares        map[string]float64
 		actor, reason string
 		ttl           time.Duration
@@ -378,13 +379,13 @@ func TestStoreOverrides(t *testing.T) {
 		{"unknown region", shopA, map[string]float64{"us-east": 0.5, "eu-west": 0.3, "ap-south": 0.2}, "op", "r", 0},
 		{"bad region id", shopA, map[string]float64{"us east": 1}, "op", "r", 0},
 		{"negative", shopA, map[string]float64{"us-east": 1.5, "eu-west": -0.5}, "op", "r", 0},
-		{"bad scope", Scope{"*", "r"}, map[string]float64{"us-east": 0.5, "eu-west": 0.5}, "op", "r", 0},
+		{"bad scope", regions.Scope{Tenant: "*", Route: "r"}, map[string]float64{"us-east": 0.5, "eu-west": 0.5}, "op", "r", 0},
 		{"no reason", shopA, map[string]float64{"us-east": 0.5, "eu-west": 0.5}, "op", "", 0},
 		{"no actor", shopA, map[string]float64{"us-east": 0.5, "eu-west": 0.5}, "", "r", 0},
 		{"negative ttl", shopA, map[string]float64{"us-east": 0.5, "eu-west": 0.5}, "op", "r", -time.Second},
 	}
 	for _, tt := range bad {
-		if err := s.SetOverride(ctx, tt.scope, tt.shares, tt.actor, tt.reason, tt.ttl); !errors.Is(err, ErrInvalid) {
+		if err := s.SetOverride(ctx, tt.scope, tt.shares, tt.actor, tt.reason, tt.ttl); !errors.Is(err, regions.ErrInvalid) {
 			t.Errorf("%s: SetOverride = %v, want ErrInvalid", tt.name, err)
 		}
 	}
@@ -395,7 +396,7 @@ func TestStoreOverrides(t *testing.T) {
 	if err := s.SetOverride(ctx, shopA, map[string]float64{"us-east": 0.7, "eu-west": 0.3}, "alice", "failover drill", time.Hour); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.SetOverride(ctx, GlobalScope, map[string]float64{"us-east": 0.5, "eu-west": 0.5}, "alice", "even split", 0); err != nil {
+	if err := s.SetOverride(ctx, regions.GlobalScope, map[string]float64{"us-east": 0.5, "eu-west": 0.5}, "alice", "even split", 0); err != nil {
 		t.Fatal(err)
 	}
 	shares, err := s.Shares(ctx)
@@ -403,7 +404,7 @@ func TestStoreOverrides(t *testing.T) {
 		t.Fatalf("Shares = %+v, %v", shares, err)
 	}
 	// Sorted by scope ("*" < "shop-a"), region, source.
-	if sh := shares[3]; sh.Scope != shopA || sh.Region != "us-east" || sh.Share != 0.7 || sh.Source != SourceOverride || sh.Reason != "failover drill" {
+	if sh := shares[3]; sh.Scope != shopA || sh.Region != "us-east" || sh.Share != 0.7 || sh.Source != regions.SourceOverride || sh.Reason != "failover drill" {
 		t.Fatalf("shares[3] = %+v", sh)
 	}
 	if exp := shares[3].ExpiresAt.Sub(shares[3].UpdatedAt); exp < 59*time.Minute || exp > 61*time.Minute {
@@ -418,7 +419,7 @@ func TestStoreOverrides(t *testing.T) {
 		t.Fatal(err)
 	}
 	now := snap.LoadedAt()
-	if v, src := snap.EffectiveShare("eu-west", "shop-a", "create-order", now); v != 0.3 || src != SourceOverride {
+	if v, src := snap.EffectiveShare("eu-west", "shop-a", "create-order", now); v != 0.3 || src != regions.SourceOverride {
 		t.Fatalf("EffectiveShare(eu-west, shop-a) = %v %s", v, src)
 	}
 	if v, _ := snap.EffectiveShare("eu-west", "shop-b", "x", now); v != 0.5 {
@@ -438,7 +439,7 @@ func TestStoreOverrides(t *testing.T) {
 	if err := s.ClearOverride(ctx, shopA, "dave", "again"); err != nil {
 		t.Fatalf("clearing nothing: %v", err)
 	}
-	if err := s.ClearOverride(ctx, shopA, "dave", ""); !errors.Is(err, ErrInvalid) {
+	if err := s.ClearOverride(ctx, shopA, "dave", ""); !errors.Is(err, regions.ErrInvalid) {
 		t.Fatalf("clearing without a reason: %v", err)
 	}
 	if n := count(t, s, `SELECT count(*) FROM region_share WHERE scope = 'shop-a'`); n != 0 {
@@ -464,7 +465,7 @@ func TestStoreOverrides(t *testing.T) {
 	if strings.Join(lines, "\n") != strings.Join(want, "\n") {
 		t.Fatalf("History(shop-a):\n%s\nwant:\n%s", strings.Join(lines, "\n"), strings.Join(want, "\n"))
 	}
-	if h, _ := s.History(ctx, HistoryFilter{Scope: &GlobalScope}); len(h) != 2 {
+	if h, _ := s.History(ctx, HistoryFilter{Scope: &regions.GlobalScope}); len(h) != 2 {
 		t.Fatalf("History(*) = %d entries, want 2", len(h))
 	}
 	if h, _ := s.History(ctx, HistoryFilter{Limit: 3}); len(h) != 3 || h[0].ID < h[2].ID {
@@ -473,7 +474,7 @@ func TestStoreOverrides(t *testing.T) {
 	if h, _ := s.History(ctx, HistoryFilter{Since: time.Now().Add(time.Hour)}); len(h) != 0 {
 		t.Fatalf("History(since the future) = %d entries", len(h))
 	}
-	if _, err := s.History(ctx, HistoryFilter{Tenant: "a%"}); !errors.Is(err, ErrInvalid) {
+	if _, err := s.History(ctx, HistoryFilter{Tenant: "a%"}); !errors.Is(err, regions.ErrInvalid) {
 		t.Fatalf("History with a bad tenant: %v", err)
 	}
 }
@@ -489,9 +490,9 @@ func TestStoreRebalancerShares(t *testing.T) {
 	}
 	inputs := map[string]any{"demand_rps": map[string]float64{"us-east": 700, "eu-west": 300}}
 	changes := []ShareChange{
-		{Scope: GlobalScope, Region: "us-east", Old: 0.5, New: 0.7, Reason: "waterfill"},
-		{Scope: GlobalScope, Region: "eu-west", Old: 0.5, New: 0.3, Reason: "waterfill"},
-		{Scope: Scope{"shop-a", "create-order"}, Region: "eu-west", New: 0.4, Inputs: map[string]string{"status": "UNKNOWN"}},
+		{Scope: regions.GlobalScope, Region: "us-east", Old: 0.5, New: 0.7, Reason: "waterfill"},
+		{Scope: regions.GlobalScope, Region: "eu-west", Old: 0.5, New: 0.3, Reason: "waterfill"},
+		{Scope: regions.Scope{Tenant: "shop-a", Route: "create-order"}, Region: "eu-west", New: 0.4, Inputs: map[string]string{"status": "UNKNOWN"}},
 	}
 	if err := s.WriteRebalancerShares(ctx, changes, inputs, "rebalancer"); err != nil {
 		t.Fatal(err)
@@ -500,16 +501,16 @@ func TestStoreRebalancerShares(t *testing.T) {
 	if err := s.WriteRebalancerShares(ctx, changes[:1], inputs, "rebalancer"); err != nil {
 		t.Fatal(err)
 	}
-	badCall := []ShareChange{{Scope: GlobalScope, Region: "us-east", New: 0.1}, {Scope: GlobalScope, Region: "ap-south", New: 0.9}}
-	if err := s.WriteRebalancerShares(ctx, badCall, nil, "rebalancer"); !errors.Is(err, ErrInvalid) {
+	badCall := []ShareChange{{Scope: regions.GlobalScope, Region: "us-east", New: 0.1}, {Scope: regions.GlobalScope, Region: "ap-south", New: 0.9}}
+	if err := s.WriteRebalancerShares(ctx, badCall, nil, "rebalancer"); !errors.Is(err, regions.ErrInvalid) {
 		t.Fatalf("share of an unknown region: %v, want ErrInvalid", err)
 	}
-	for _, c := range []ShareChange{{Scope: GlobalScope, Region: "us-east", New: 1.2}, {Scope: Scope{"", ""}, Region: "us-east", New: 0.2}} {
-		if err := s.WriteRebalancerShares(ctx, []ShareChange{c}, nil, "rebalancer"); !errors.Is(err, ErrInvalid) {
+	for _, c := range []ShareChange{{Scope: regions.GlobalScope, Region: "us-east", New: 1.2}, {Scope: regions.Scope{Tenant: "", Route: ""}, Region: "us-east", New: 0.2}} {
+		if err := s.WriteRebalancerShares(ctx, []ShareChange{c}, nil, "rebalancer"); !errors.Is(err, regions.ErrInvalid) {
 			t.Fatalf("WriteRebalancerShares(%+v) = %v, want ErrInvalid", c, err)
 		}
 	}
-	if err := s.WriteRebalancerShares(ctx, changes, nil, ""); !errors.Is(err, ErrInvalid) {
+	if err := s.WriteRebalancerShares(ctx, changes, nil, ""); !errors.Is(err, regions.ErrInvalid) {
 		t.Fatalf("no actor: %v", err)
 	}
 
@@ -519,7 +520,7 @@ func TestStoreRebalancerShares(t *testing.T) {
 	}
 	got := map[string]float64{}
 	for _, sh := range shares {
-		if sh.Source != SourceRebalancer || !sh.ExpiresAt.IsZero() {
+		if sh.Source != regions.SourceRebalancer || !sh.ExpiresAt.IsZero() {
 			t.Fatalf("share %+v", sh)
 		}
 		got[sh.Scope.String()+"@"+sh.Region] = sh.Share
@@ -544,7 +545,7 @@ func TestStoreRebalancerShares(t *testing.T) {
 			t.Fatalf("inputs %s: %v", e.Inputs, err)
 		}
 		switch e.Scope {
-		case GlobalScope:
+		case regions.GlobalScope:
 			if e.Reason != "waterfill" || in["demand_rps"] == nil {
 				t.Fatalf("entry %+v inputs %s", e, e.Inputs)
 			}
@@ -571,10 +572,10 @@ func TestStoreInstances(t *testing.T) {
 	if err := s.Heartbeat(ctx, "gw-3", "eu-west"); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Heartbeat(ctx, "gw:1", "us-east"); !errors.Is(err, ErrInvalid) {
+	if err := s.Heartbeat(ctx, "gw:1", "us-east"); !errors.Is(err, regions.ErrInvalid) {
 		t.Fatalf("bad instance id: %v", err)
 	}
-	if err := s.Heartbeat(ctx, "gw-1", "us east"); !errors.Is(err, ErrInvalid) {
+	if err := s.Heartbeat(ctx, "gw-1", "us east"); !errors.Is(err, regions.ErrInvalid) {
 		t.Fatalf("bad region: %v", err)
 	}
 	exec(t, s, `UPDATE gateway_instance SET last_seen = now() - interval '1 hour' WHERE id = 'gw-2'`)
@@ -624,7 +625,7 @@ func TestLoadSnapshotLarge(t *testing.T) {
 		if snap.RuleCount() != rules+1 {
 			t.Fatalf("%d rules loaded, want %d", snap.RuleCount(), rules+1)
 		}
-		if tenant, ok := snap.Tenant(HashKey("key-77")); !ok || tenant != "t77" {
+		if tenant, ok := snap.Tenant(regions.HashKey("key-77")); !ok || tenant != "t77" {
 			t.Fatalf("key-77 -> %q %v", tenant, ok)
 		}
 		if i == 0 || d < best {
@@ -711,13 +712,13 @@ func TestStoreRegionChangesKeepSharesSummingToOne(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	tenant := Scope{Tenant: "shop-a", Route: Wildcard}
+	tenant := regions.Scope{Tenant: "shop-a", Route: regions.Wildcard}
 	if err := s.SetOverride(ctx, tenant, map[string]float64{"us-east": 0.6, "eu-west": 0.4}, "alice", "pin", 0); err != nil {
 		t.Fatal(err)
 	}
 	if err := s.WriteRebalancerShares(ctx, []ShareChange{
-		{Scope: GlobalScope, Region: "us-east", New: 0.7},
-		{Scope: GlobalScope, Region: "eu-west", New: 0.3},
+		{Scope: regions.GlobalScope, Region: "us-east", New: 0.7},
+		{Scope: regions.GlobalScope, Region: "eu-west", New: 0.3},
 	}, nil, "rebalancer"); err != nil {
 		t.Fatal(err)
 	}
@@ -758,7 +759,7 @@ func TestStoreRegionChangesKeepSharesSummingToOne(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got, src := snap.EffectiveShare("ap-south", "shop-a", "x", time.Now()); got != 0 || src != SourceOverride {
+	if got, src := snap.EffectiveShare("ap-south", "shop-a", "x", time.Now()); got != 0 || src != regions.SourceOverride {
 		t.Errorf("ap-south share under shop-a's override = %v (%s), want 0 (override)", got, src)
 	}
 

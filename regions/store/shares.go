@@ -1,4 +1,4 @@
-package regions
+package store
 
 import (
 	"context"
@@ -10,11 +10,12 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/quotaplane/quotaplane/migrations"
+	"github.com/quotaplane/quotaplane/regions"
 )
 
 // Shares lists every stored share row, expired overrides included, by scope, region and
 // source. ExpiresAt is zero for rows that never expire.
-func (s *Store) Shares(ctx context.Context) ([]Share, error) {
+func (s *Store) Shares(ctx context.Context) ([]regions.Share, error) {
 	rows, _ := s.pool.Query(ctx, `SELECT scope, region, share, source, expires_at, updated_at, reason
 		FROM region_share ORDER BY scope, region, source`)
 	shares, err := pgx.CollectRows(rows, scanShare)
@@ -30,19 +31,19 @@ func (s *Store) Shares(ctx context.Context) ([]Share, error) {
 // override rows of the scope for other regions are deleted. ttl > 0 makes the override
 // expire ttl after the database's now(); ttl 0 never expires. actor and reason are
 // required and recorded in the history, one row per changed region.
-func (s *Store) SetOverride(ctx context.Context, scope Scope, shares map[string]float64, actor, reason string, ttl time.Duration) error {
+func (s *Store) SetOverride(ctx context.Context, scope regions.Scope, shares map[string]float64, actor, reason string, ttl time.Duration) error {
 	if err := validateOverride(scope, actor, reason); err != nil {
 		return fmt.Errorf("set override: %w", err)
 	}
 	if ttl < 0 {
-		return fmt.Errorf("set override %s: %w ttl %v: must be >= 0", scope, ErrInvalid, ttl)
+		return fmt.Errorf("set override %s: %w ttl %v: must be >= 0", scope, regions.ErrInvalid, ttl)
 	}
 	for r, v := range shares {
-		if err := ValidateID("region", r); err != nil {
+		if err := regions.ValidateID("region", r); err != nil {
 			return fmt.Errorf("set override %s: %w", scope, err)
 		}
 		if math.IsNaN(v) || v < 0 || v > 1 {
-			return fmt.Errorf("set override %s: %w share %v of region %s: must be between 0 and 1", scope, ErrInvalid, v, r)
+			return fmt.Errorf("set override %s: %w share %v of region %s: must be between 0 and 1", scope, regions.ErrInvalid, v, r)
 		}
 	}
 	var expires *int64 // microseconds from now()
@@ -53,14 +54,14 @@ func (s *Store) SetOverride(ctx context.Context, scope Scope, shares map[string]
 	err := s.write(ctx, audit{actor, reason}, func(tx pgx.Tx) error {
 		// FOR SHARE: no region is added or removed until we commit.
 		rows, _ := tx.Query(ctx, `SELECT name FROM region ORDER BY name FOR SHARE`)
-		regions, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		names, err := pgx.CollectRows(rows, pgx.RowTo[string])
 		if err != nil {
 			return err
 		}
-		if err := ValidateShares(shares, regions); err != nil {
+		if err := regions.ValidateShares(shares, names); err != nil {
 			return err
 		}
-		for _, r := range regions {
+		for _, r := range names {
 			_, err := tx.Exec(ctx, `INSERT INTO region_share (scope, region, share, source, expires_at, updated_at, reason)
 				VALUES ($1, $2, $3, 'override', now() + $4::double precision * interval '1 microsecond', now(), $5)
 				ON CONFLICT (scope, region, source) DO UPDATE SET share = EXCLUDED.share,
@@ -71,7 +72,7 @@ func (s *Store) SetOverride(ctx context.Context, scope Scope, shares map[string]
 			}
 		}
 		_, err = tx.Exec(ctx, `DELETE FROM region_share WHERE scope = $1 AND source = 'override' AND NOT (region = ANY($2))`,
-			scope.String(), regions)
+			scope.String(), names)
 		return err
 	})
 	if err != nil {
@@ -82,7 +83,7 @@ func (s *Store) SetOverride(ctx context.Context, scope Scope, shares map[string]
 
 // ClearOverride deletes the operator override of scope (expired or not), leaving a
 // history row per region. Clearing a scope without an override does nothing.
-func (s *Store) ClearOverride(ctx context.Context, scope Scope, actor, reason string) error {
+func (s *Store) ClearOverride(ctx context.Context, scope regions.Scope, actor, reason string) error {
 	if err := validateOverride(scope, actor, reason); err != nil {
 		return fmt.Errorf("clear override: %w", err)
 	}
@@ -96,22 +97,22 @@ func (s *Store) ClearOverride(ctx context.Context, scope Scope, actor, reason st
 	return nil
 }
 
-func validateOverride(scope Scope, actor, reason string) error {
+func validateOverride(scope regions.Scope, actor, reason string) error {
 	if err := scope.Validate(); err != nil {
 		return err
 	}
 	if actor == "" {
-		return fmt.Errorf("%w: an actor is required", ErrInvalid)
+		return fmt.Errorf("%w: an actor is required", regions.ErrInvalid)
 	}
 	if reason == "" {
-		return fmt.Errorf("%w: a reason is required", ErrInvalid)
+		return fmt.Errorf("%w: a reason is required", regions.ErrInvalid)
 	}
 	return nil
 }
 
 // ShareChange is one rebalancer share to write.
 type ShareChange struct {
-	Scope  Scope
+	Scope  regions.Scope
 	Region string
 	// Old is the share the rebalancer computed from; the history records the value the
 	// write actually replaced.
@@ -137,7 +138,7 @@ type ShareChange struct {
 // never touched.
 func (s *Store) WriteRebalancerShares(ctx context.Context, changes []ShareChange, inputs any, actor string) error {
 	if actor == "" {
-		return fmt.Errorf("write rebalancer shares: %w: an actor is required", ErrInvalid)
+		return fmt.Errorf("write rebalancer shares: %w: an actor is required", regions.ErrInvalid)
 	}
 	callInputs, err := marshalInputs(inputs)
 	if err != nil {
@@ -153,11 +154,11 @@ func (s *Store) WriteRebalancerShares(ctx context.Context, changes []ShareChange
 		if err := c.Scope.Validate(); err != nil {
 			return fmt.Errorf("write rebalancer shares: %w", err)
 		}
-		if err := ValidateID("region", c.Region); err != nil {
+		if err := regions.ValidateID("region", c.Region); err != nil {
 			return fmt.Errorf("write rebalancer shares %s: %w", c.Scope, err)
 		}
 		if !c.Delete && (math.IsNaN(c.New) || c.New < 0 || c.New > 1) {
-			return fmt.Errorf("write rebalancer shares %s: %w share %v of region %s: must be between 0 and 1", c.Scope, ErrInvalid, c.New, c.Region)
+			return fmt.Errorf("write rebalancer shares %s: %w share %v of region %s: must be between 0 and 1", c.Scope, regions.ErrInvalid, c.New, c.Region)
 		}
 		in := callInputs
 		if c.Inputs != nil {
@@ -197,7 +198,7 @@ func marshalInputs(v any) (string, error) {
 	}
 	b, err := json.Marshal(v)
 	if err != nil {
-		return "", fmt.Errorf("%w inputs: %w", ErrInvalid, err)
+		return "", fmt.Errorf("%w inputs: %w", regions.ErrInvalid, err)
 	}
 	if string(b) == "null" {
 		return "", nil
@@ -208,7 +209,7 @@ func marshalInputs(v any) (string, error) {
 // HistoryFilter selects history entries. Zero fields select everything.
 type HistoryFilter struct {
 	// Scope selects one exact scope.
-	Scope *Scope
+	Scope *regions.Scope
 	// Tenant selects the tenant's scopes: "TENANT" and every "TENANT/ROUTE".
 	Tenant string
 	// Since selects entries at or after it.
@@ -221,9 +222,9 @@ type HistoryFilter struct {
 type HistoryEntry struct {
 	ID     int64
 	At     time.Time
-	Scope  Scope
+	Scope  regions.Scope
 	Region string
-	Source Source
+	Source regions.Source
 	// Old is nil when the row was created, New nil when it was deleted.
 	Old, New *float64
 	// ExpiresAt is the override's expiry after the change (before it, for a deletion).
@@ -245,7 +246,7 @@ func (s *Store) History(ctx context.Context, f HistoryFilter) ([]HistoryEntry, e
 		scope = &str
 	}
 	if f.Tenant != "" {
-		if err := ValidateID("tenant", f.Tenant); err != nil {
+		if err := regions.ValidateID("tenant", f.Tenant); err != nil {
 			return nil, fmt.Errorf("share history: %w", err)
 		}
 	}
@@ -273,11 +274,11 @@ func (s *Store) History(ctx context.Context, f HistoryFilter) ([]HistoryEntry, e
 		if err := row.Scan(&e.ID, &e.At, &scope, &e.Region, &source, &e.Old, &e.New, &expires, &e.Actor, &e.Reason, &inputs); err != nil {
 			return HistoryEntry{}, err
 		}
-		sc, err := ParseScope(scope)
+		sc, err := regions.ParseScope(scope)
 		if err != nil {
 			return HistoryEntry{}, err
 		}
-		e.Scope, e.Source = sc, Source(source)
+		e.Scope, e.Source = sc, regions.Source(source)
 		if expires != nil {
 			e.ExpiresAt = *expires
 		}

@@ -1,4 +1,4 @@
-package regions
+package store
 
 import (
 	"context"
@@ -10,17 +10,18 @@ import (
 	"time"
 
 	"github.com/quotaplane/quotaplane/internal/testenv"
+	"github.com/quotaplane/quotaplane/regions"
 )
 
 // countingLoad returns a Load func that builds a fresh snapshot (or fails while fail is
 // set) and counts its calls.
-func countingLoad(loads *atomic.Int32, fail *atomic.Bool) func(context.Context) (*Snapshot, error) {
-	return func(context.Context) (*Snapshot, error) {
+func countingLoad(loads *atomic.Int32, fail *atomic.Bool) func(context.Context) (*regions.Snapshot, error) {
+	return func(context.Context) (*regions.Snapshot, error) {
 		loads.Add(1)
 		if fail.Load() {
 			return nil, errors.New("database down")
 		}
-		return NewSnapshot(SnapshotData{Rules: []Rule{defaultRule()}, LoadedAt: time.Now()})
+		return regions.NewSnapshot(regions.SnapshotData{Rules: []regions.Rule{defaultRule()}, LoadedAt: time.Now()})
 	}
 }
 
@@ -35,7 +36,7 @@ func TestReloaderTimer(t *testing.T) {
 			Load:     countingLoad(&loads, &fail),
 			Interval: 30 * time.Second,
 			OnError:  func(error) { errs.Add(1) },
-			OnReload: func(*Snapshot) { reloads.Add(1) },
+			OnReload: func(*regions.Snapshot) { reloads.Add(1) },
 		})
 		if r.Current() != nil {
 			t.Fatal("Current before any load is not nil")
@@ -132,19 +133,19 @@ func TestReloaderDebouncesNotifications(t *testing.T) {
 func TestReloaderKeepsPreviousOnFailure(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	good := mustSnapshot(t, SnapshotData{Rules: []Rule{defaultRule()}})
-	results := []func() (*Snapshot, error){
-		func() (*Snapshot, error) { return good, nil },
-		func() (*Snapshot, error) { return nil, errors.New("boom") },
-		func() (*Snapshot, error) { return nil, nil },
-		func() (*Snapshot, error) {
-			return NewSnapshot(SnapshotData{}) // invalid: no default rule
+	good := mustSnapshot(t, regions.SnapshotData{Rules: []regions.Rule{defaultRule()}})
+	results := []func() (*regions.Snapshot, error){
+		func() (*regions.Snapshot, error) { return good, nil },
+		func() (*regions.Snapshot, error) { return nil, errors.New("boom") },
+		func() (*regions.Snapshot, error) { return nil, nil },
+		func() (*regions.Snapshot, error) {
+			return regions.NewSnapshot(regions.SnapshotData{}) // invalid: no default rule
 		},
 	}
 	var i int
 	var errs []error
 	r := NewReloader(ReloaderOptions{
-		Load:    func(context.Context) (*Snapshot, error) { f := results[i]; i++; return f() },
+		Load:    func(context.Context) (*regions.Snapshot, error) { f := results[i]; i++; return f() },
 		OnError: func(err error) { errs = append(errs, err) },
 	})
 	if err := r.Reload(ctx); err != nil || r.Current() != good {
@@ -162,7 +163,7 @@ func TestReloaderKeepsPreviousOnFailure(t *testing.T) {
 		t.Fatalf("OnError called %d times, want 3", len(errs))
 	}
 
-	static := mustSnapshot(t, SnapshotData{Rules: []Rule{defaultRule()}})
+	static := mustSnapshot(t, regions.SnapshotData{Rules: []regions.Rule{defaultRule()}})
 	r.SetStatic(static)
 	if r.Current() != static {
 		t.Fatal("SetStatic did not take")
@@ -219,7 +220,7 @@ func TestReloaderFollowsDatabaseChanges(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := NewReloader(ReloaderOptions{
-		Load:      func(ctx context.Context) (*Snapshot, error) { return s.LoadSnapshot(ctx, time.Minute) },
+		Load:      func(ctx context.Context) (*regions.Snapshot, error) { return s.LoadSnapshot(ctx, time.Minute) },
 		ListenURL: url,
 		Interval:  time.Hour, // only NOTIFY can explain a prompt reload
 		Logger:    slog.New(slog.NewTextHandler(t.Output(), nil)),
@@ -239,19 +240,19 @@ func TestReloaderFollowsDatabaseChanges(t *testing.T) {
 	changes := []struct {
 		name string
 		sql  string
-		seen func(*Snapshot) bool
+		seen func(*regions.Snapshot) bool
 	}{
 		{"rule change", `INSERT INTO rate_limit_rule (tenant_id, route_id, capacity, refill_per_second) VALUES ('shop-a', 'create-order', 2, 1)`,
-			func(s *Snapshot) bool { return s.Rule("shop-a", "create-order").Capacity == 2 }},
+			func(s *regions.Snapshot) bool { return s.Rule("shop-a", "create-order").Capacity == 2 }},
 		{"share change", `INSERT INTO region_share (scope, region, share, source) VALUES ('shop-a', 'us-east', 0.7, 'rebalancer')`,
-			func(s *Snapshot) bool {
+			func(s *regions.Snapshot) bool {
 				v, _ := s.EffectiveShare("us-east", "shop-a", "create-order", time.Now())
 				return v == 0.7
 			}},
 		{"key revoked", `UPDATE api_key SET revoked_at = now()`,
-			func(s *Snapshot) bool { _, ok := s.Tenant(HashKey(secret)); return !ok }},
+			func(s *regions.Snapshot) bool { _, ok := s.Tenant(regions.HashKey(secret)); return !ok }},
 		{"region added", `INSERT INTO region (name) VALUES ('ap-south')`,
-			func(s *Snapshot) bool { return len(s.Regions()) == 3 }},
+			func(s *regions.Snapshot) bool { return len(s.Regions()) == 3 }},
 	}
 	for _, c := range changes {
 		exec(t, s, c.sql)
@@ -278,7 +279,7 @@ func TestReloaderSurvivesPostgresOutage(t *testing.T) {
 	}
 	var errs atomic.Int32
 	r := NewReloader(ReloaderOptions{
-		Load:        func(ctx context.Context) (*Snapshot, error) { return s.LoadSnapshot(ctx, time.Minute) },
+		Load:        func(ctx context.Context) (*regions.Snapshot, error) { return s.LoadSnapshot(ctx, time.Minute) },
 		ListenURL:   url,
 		Interval:    time.Second,
 		LoadTimeout: 2 * time.Second,
@@ -315,7 +316,7 @@ func TestReloaderSurvivesPostgresOutage(t *testing.T) {
 	}
 	// The first write may meet a pooled connection that died with the server.
 	waitFor(t, 10*time.Second, "write after restart", func() bool {
-		return s.SetRule(ctx, Rule{Tenant: "shop-a", Route: "*", Capacity: 7, RefillPerSecond: 1}) == nil
+		return s.SetRule(ctx, regions.Rule{Tenant: "shop-a", Route: "*", Capacity: 7, RefillPerSecond: 1}) == nil
 	})
 	took := waitFor(t, 10*time.Second, "change after restart", func() bool { return r.Current().Rule("shop-a", "x").Capacity == 7 })
 	t.Logf("change after restart visible after %v", took)

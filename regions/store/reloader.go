@@ -1,4 +1,4 @@
-package regions
+package store
 
 import (
 	"context"
@@ -11,12 +11,13 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/quotaplane/quotaplane/regions"
 )
 
 // ReloaderOptions configures a Reloader. Only Load is required.
 type ReloaderOptions struct {
 	// Load reads and validates a whole new snapshot, e.g. a Store's LoadSnapshot.
-	Load func(ctx context.Context) (*Snapshot, error)
+	Load func(ctx context.Context) (*regions.Snapshot, error)
 	// ListenURL is the database to LISTEN on for NotifyChannel, on a connection of its own.
 	// Empty: no LISTEN, the timer alone reloads.
 	ListenURL string
@@ -29,7 +30,7 @@ type ReloaderOptions struct {
 	// Logger receives state changes (nil: discard). Never logs data.
 	Logger *slog.Logger
 	// OnReload, if set, is called with every new snapshot after it is swapped in (metrics).
-	OnReload func(*Snapshot)
+	OnReload func(*regions.Snapshot)
 	// OnError, if set, is called with every failed load (metrics); the previous snapshot
 	// stays current.
 	OnError func(error)
@@ -53,7 +54,7 @@ const (
 type Reloader struct {
 	opts   ReloaderOptions
 	log    *slog.Logger
-	cur    atomic.Pointer[Snapshot]
+	cur    atomic.Pointer[regions.Snapshot]
 	kick   chan struct{} // a notification arrived (buffered 1: bursts fold)
 	loadMu sync.Mutex    // one load at a time, so an older load never overwrites a newer one
 	failed bool          // guarded by loadMu: the last load failed (log state changes only)
@@ -80,11 +81,11 @@ func NewReloader(o ReloaderOptions) *Reloader {
 
 // Current is the last good snapshot; nil until the first load (or SetStatic) succeeds.
 // It is safe for concurrent use and cheap: call it once per request.
-func (r *Reloader) Current() *Snapshot { return r.cur.Load() }
+func (r *Reloader) Current() *regions.Snapshot { return r.cur.Load() }
 
 // SetStatic makes s the current snapshot, for a standalone gateway whose configuration
 // comes from a file (it need not call Run), or for tests.
-func (r *Reloader) SetStatic(s *Snapshot) { r.cur.Store(s) }
+func (r *Reloader) SetStatic(s *regions.Snapshot) { r.cur.Store(s) }
 
 // Reload loads a new snapshot now and swaps it in; on error the previous one stays and
 // the error is returned (and passed to OnError unless ctx ended).

@@ -1,4 +1,4 @@
-package regions
+package store
 
 import (
 	"context"
@@ -7,6 +7,8 @@ import (
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/quotaplane/quotaplane/regions"
 )
 
 // TestStoreDeleteRebalancerShares: a Delete change removes one rebalancer row, in the
@@ -22,10 +24,10 @@ func TestStoreDeleteRebalancerShares(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	gone := Scope{"shop-a", "create-order"}
-	kept := Scope{"shop-b", "list"}
+	gone := regions.Scope{Tenant: "shop-a", Route: "create-order"}
+	kept := regions.Scope{Tenant: "shop-b", Route: "list"}
 	var write []ShareChange
-	for _, sc := range []Scope{GlobalScope, gone, kept} {
+	for _, sc := range []regions.Scope{regions.GlobalScope, gone, kept} {
 		write = append(write,
 			ShareChange{Scope: sc, Region: "us-east", New: 0.7, Reason: "waterfill"},
 			ShareChange{Scope: sc, Region: "eu-west", New: 0.3, Reason: "waterfill"})
@@ -42,7 +44,7 @@ func TestStoreDeleteRebalancerShares(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got, want := snap.RebalancerScopes(), []Scope{GlobalScope, gone, kept}; !slices.Equal(got, want) {
+	if got, want := snap.RebalancerScopes(), []regions.Scope{regions.GlobalScope, gone, kept}; !slices.Equal(got, want) {
 		t.Fatalf("RebalancerScopes before = %v, want %v", got, want)
 	}
 
@@ -54,8 +56,8 @@ func TestStoreDeleteRebalancerShares(t *testing.T) {
 	del := []ShareChange{
 		{Scope: gone, Region: "eu-west", Old: 0.3, New: 7, Delete: true, Reason: reason, Inputs: expiry{"expired", 3}}, // New ignored
 		{Scope: gone, Region: "us-east", Old: 0.7, Delete: true, Reason: reason, Inputs: expiry{"expired", 3}},
-		{Scope: Scope{"shop-c", "none"}, Region: "us-east", Delete: true, Reason: reason}, // no row: no-op
-		{Scope: kept, Region: "eu-west", New: 0.35, Reason: "waterfill"},                  // an upsert beside them
+		{Scope: regions.Scope{Tenant: "shop-c", Route: "none"}, Region: "us-east", Delete: true, Reason: reason}, // no row: no-op
+		{Scope: kept, Region: "eu-west", New: 0.35, Reason: "waterfill"},                                         // an upsert beside them
 	}
 	hist0 := count(t, s, `SELECT count(*) FROM region_share_history`)
 	if err := s.WriteRebalancerShares(ctx, del, nil, "rebalancer"); err != nil {
@@ -67,7 +69,7 @@ func TestStoreDeleteRebalancerShares(t *testing.T) {
 	}
 	// A bad change still rolls the whole call back, deletes included.
 	bad := []ShareChange{{Scope: kept, Region: "us-east", Delete: true, Reason: reason}, {Scope: kept, Region: "ap-south", New: 0.5}}
-	if err := s.WriteRebalancerShares(ctx, bad, nil, "rebalancer"); !errors.Is(err, ErrInvalid) {
+	if err := s.WriteRebalancerShares(ctx, bad, nil, "rebalancer"); !errors.Is(err, regions.ErrInvalid) {
 		t.Fatalf("a call with a share of an unknown region: %v, want ErrInvalid", err)
 	}
 
@@ -102,7 +104,7 @@ func TestStoreDeleteRebalancerShares(t *testing.T) {
 	}
 	deleted := map[string]bool{}
 	for _, e := range hist {
-		if e.Source != SourceRebalancer || e.New != nil {
+		if e.Source != regions.SourceRebalancer || e.New != nil {
 			continue
 		}
 		deleted[e.Region] = true
@@ -123,11 +125,11 @@ func TestStoreDeleteRebalancerShares(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got, want := snap.RebalancerScopes(), []Scope{GlobalScope, kept}; !slices.Equal(got, want) {
+	if got, want := snap.RebalancerScopes(), []regions.Scope{regions.GlobalScope, kept}; !slices.Equal(got, want) {
 		t.Errorf("RebalancerScopes after = %v, want %v", got, want)
 	}
 	// The override still decides the pair; without it, the pair would fall back to "*".
-	if sh, src := snap.EffectiveShare("us-east", gone.Tenant, gone.Route, snap.LoadedAt()); sh != 0.5 || src != SourceOverride {
+	if sh, src := snap.EffectiveShare("us-east", gone.Tenant, gone.Route, snap.LoadedAt()); sh != 0.5 || src != regions.SourceOverride {
 		t.Errorf("effective share of %s = %v (%s), want the override's 0.5", gone, sh, src)
 	}
 	if err := s.ClearOverride(ctx, gone, "alice", "done"); err != nil {
@@ -136,7 +138,7 @@ func TestStoreDeleteRebalancerShares(t *testing.T) {
 	if snap, err = s.LoadSnapshot(ctx, 0); err != nil {
 		t.Fatal(err)
 	}
-	if sh, src := snap.EffectiveShare("us-east", gone.Tenant, gone.Route, snap.LoadedAt()); sh != 0.7 || src != SourceRebalancer {
+	if sh, src := snap.EffectiveShare("us-east", gone.Tenant, gone.Route, snap.LoadedAt()); sh != 0.7 || src != regions.SourceRebalancer {
 		t.Errorf("effective share of %s = %v (%s), want the * rebalancer share 0.7", gone, sh, src)
 	}
 }
@@ -145,37 +147,37 @@ func TestStoreDeleteRebalancerShares(t *testing.T) {
 // whatever the order of the data; overrides alone do not count.
 func TestRebalancerScopes(t *testing.T) {
 	t.Parallel()
-	share := func(scope string, region string, src Source) Share {
-		sc, err := ParseScope(scope)
+	share := func(scope string, region string, src regions.Source) regions.Share {
+		sc, err := regions.ParseScope(scope)
 		if err != nil {
 			t.Fatal(err)
 		}
-		return Share{Scope: sc, Region: region, Share: 0.5, Source: src}
+		return regions.Share{Scope: sc, Region: region, Share: 0.5, Source: src}
 	}
-	d := SnapshotData{
+	d := regions.SnapshotData{
 		Regions: []string{"us-east", "eu-west"},
-		Rules:   []Rule{{Tenant: Wildcard, Route: Wildcard, Capacity: 10, RefillPerSecond: 1, Shards: 1}},
-		Shares: []Share{
-			share("shop-b/list", "us-east", SourceRebalancer), share("shop-b/list", "eu-west", SourceRebalancer),
-			share("shop-a", "eu-west", SourceRebalancer), share("*", "us-east", SourceRebalancer),
-			share("shop-a/x", "us-east", SourceRebalancer), share("shop-z/y", "us-east", SourceOverride),
-			share("shop-b/list", "us-east", SourceOverride),
+		Rules:   []regions.Rule{{Tenant: regions.Wildcard, Route: regions.Wildcard, Capacity: 10, RefillPerSecond: 1, Shards: 1}},
+		Shares: []regions.Share{
+			share("shop-b/list", "us-east", regions.SourceRebalancer), share("shop-b/list", "eu-west", regions.SourceRebalancer),
+			share("shop-a", "eu-west", regions.SourceRebalancer), share("*", "us-east", regions.SourceRebalancer),
+			share("shop-a/x", "us-east", regions.SourceRebalancer), share("shop-z/y", "us-east", regions.SourceOverride),
+			share("shop-b/list", "us-east", regions.SourceOverride),
 		},
 	}
-	snap, err := NewSnapshot(d)
+	snap, err := regions.NewSnapshot(d)
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []Scope{GlobalScope, {"shop-a", Wildcard}, {"shop-a", "x"}, {"shop-b", "list"}}
+	want := []regions.Scope{regions.GlobalScope, {Tenant: "shop-a", Route: regions.Wildcard}, {Tenant: "shop-a", Route: "x"}, {Tenant: "shop-b", Route: "list"}}
 	got := snap.RebalancerScopes()
 	if !slices.Equal(got, want) {
 		t.Fatalf("RebalancerScopes = %v, want %v", got, want)
 	}
-	got[0] = Scope{"mutated", "x"}
+	got[0] = regions.Scope{Tenant: "mutated", Route: "x"}
 	if again := snap.RebalancerScopes(); !slices.Equal(again, want) {
 		t.Fatalf("RebalancerScopes after mutating a result = %v: the snapshot must not share it", again)
 	}
-	empty, err := NewSnapshot(SnapshotData{Regions: d.Regions, Rules: d.Rules})
+	empty, err := regions.NewSnapshot(regions.SnapshotData{Regions: d.Regions, Rules: d.Rules})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,0 +1,10 @@
+// Package store is the PostgreSQL store of the control-plane data (regions' model): every
+// write one validated transaction, recorded by the schema's history and audit triggers
+// with the actor and reason given to the method or by WithAudit; the bulk loader that
+// builds a regions.Snapshot in one consistent read; heartbeats of gateway instances; the
+// NOTIFY channel (NotifyChannel) and the Reloader through which gateways hold a Snapshot:
+// loaded whole, validated, swapped atomically, reloaded on NOTIFY and on a timer. It
+// also owns redacting database URLs (RedactURL), since it is what parses them.
+//
+// It imports regions (the model) and migrations; never gateway, rebalancer or cmd.
+package store
