@@ -169,7 +169,7 @@ func (s scrape) sum(name string, match ...string) float64 {
 	}
 	total := 0.0
 	for _, m := range f.GetMetric() {
-		if !labelsMatch(m, match) {
+		if !testenv.LabelsMatch(m, match) {
 			continue
 		}
 		switch {
@@ -188,26 +188,11 @@ func (s scrape) sum(name string, match ...string) float64 {
 func (s scrape) series(name string, match ...string) int {
 	n := 0
 	for _, m := range s[name].GetMetric() {
-		if labelsMatch(m, match) {
+		if testenv.LabelsMatch(m, match) {
 			n++
 		}
 	}
 	return n
-}
-
-func labelsMatch(m *dto.Metric, match []string) bool {
-	for i := 0; i+1 < len(match); i += 2 {
-		found := false
-		for _, l := range m.GetLabel() {
-			if l.GetName() == match[i] && l.GetValue() == match[i+1] {
-				found = true
-			}
-		}
-		if !found {
-			return false
-		}
-	}
-	return true
 }
 
 // waitFor polls cond until it holds or timeout passes; it returns how long it took.

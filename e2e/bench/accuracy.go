@@ -204,7 +204,7 @@ func (b *bench) accuracyOnce(ctx context.Context, run int, name string) (accurac
 		a.maxOver = max(a.maxOver, e)
 		sumErr += math.Abs(e)
 		firstBin := int(time.Unix(0, t.first.Load()).Sub(origin) / time.Millisecond)
-		exact := float64(exactAdmitted(t.lim, t.arrivals[firstBin:]))
+		exact := float64(testenv.ExactAdmitted(t.lim.Capacity, t.lim.RefillPerSecond, t.arrivals[firstBin:]))
 		ee := 100 * (got - exact) / exact
 		a.maxErrExact = max(a.maxErrExact, math.Abs(ee))
 		sumExact += math.Abs(ee)
@@ -212,22 +212,4 @@ func (b *bench) accuracyOnce(ctx context.Context, run int, name string) (accurac
 	a.meanErr = sumErr / float64(len(tenants))
 	a.meanErrExact = sumExact / float64(len(tenants))
 	return a, nil
-}
-
-// exactAdmitted is what one exact token bucket of lim, full at the first arrival,
-// admits for the arrivals (per millisecond; those of one millisecond taken at its
-// start). With arrivals always above the refill it is capacity + refill x elapsed; it
-// differs when the load itself stalls (the driver not scheduled on a busy machine).
-func exactAdmitted(lim regions.Limit, arrivals []int64) int64 {
-	tokens, admitted := float64(lim.Capacity), int64(0)
-	perMs := lim.RefillPerSecond / 1000
-	for i, n := range arrivals {
-		if i > 0 {
-			tokens = min(float64(lim.Capacity), tokens+perMs)
-		}
-		take := min(n, int64(tokens+1e-9))
-		tokens -= float64(take)
-		admitted += take
-	}
-	return admitted
 }

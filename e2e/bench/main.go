@@ -12,6 +12,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/quotaplane/quotaplane/internal/testenv"
 )
 
 // ChildKind is the kind of child process this one was started as ("echo" or "gateway"),
@@ -98,7 +100,7 @@ func (o options) has(phase string) bool { return slices.Contains(o.phases, phase
 
 // run is the whole suite.
 func run(ctx context.Context, args []string, stdout io.Writer) error {
-	root, err := moduleRoot(ctx)
+	root, err := testenv.ModuleRoot(ctx)
 	if err != nil {
 		return err
 	}
@@ -258,16 +260,4 @@ func (b *bench) runPhases(ctx context.Context) error {
 		}
 	}
 	return nil
-}
-
-func moduleRoot(ctx context.Context) (string, error) {
-	out, err := exec.CommandContext(ctx, "go", "env", "GOMOD").Output()
-	if err != nil {
-		return "", fmt.Errorf("find the module (is Go installed?): %w", err)
-	}
-	mod := strings.TrimSpace(string(out))
-	if mod == "" || mod == os.DevNull {
-		return "", errors.New("run the benchmarks from inside the quotaplane module")
-	}
-	return filepath.Dir(mod), nil
 }

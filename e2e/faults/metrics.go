@@ -10,6 +10,8 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
+
+	"github.com/quotaplane/quotaplane/internal/testenv"
 )
 
 // Scrape is one /metrics page by family name.
@@ -37,28 +39,13 @@ func ScrapeURL(ctx context.Context, base string) (Scrape, error) {
 	return fams, nil
 }
 
-func labelsMatch(m *dto.Metric, match []string) bool {
-	for i := 0; i+1 < len(match); i += 2 {
-		found := false
-		for _, l := range m.GetLabel() {
-			if l.GetName() == match[i] && l.GetValue() == match[i+1] {
-				found = true
-			}
-		}
-		if !found {
-			return false
-		}
-	}
-	return true
-}
-
 // Sum adds the values of name's series whose labels include every pair of match
 // ("k", "v", ...): counters and gauges by value, histograms by count. A missing family
 // is 0.
 func (s Scrape) Sum(name string, match ...string) float64 {
 	total := 0.0
 	for _, m := range s[name].GetMetric() {
-		if !labelsMatch(m, match) {
+		if !testenv.LabelsMatch(m, match) {
 			continue
 		}
 		switch {
@@ -86,7 +73,7 @@ type Hist struct {
 func (s Scrape) Histogram(name string, match ...string) Hist {
 	var h Hist
 	for _, m := range s[name].GetMetric() {
-		if m.Histogram == nil || !labelsMatch(m, match) {
+		if m.Histogram == nil || !testenv.LabelsMatch(m, match) {
 			continue
 		}
 		bs := m.Histogram.GetBucket()

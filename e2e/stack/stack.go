@@ -2,7 +2,6 @@ package stack
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -162,7 +161,7 @@ func Start(ctx context.Context, opts Options) (_ *Stack, err error) {
 
 // Build compiles cmd/gateway and cmd/rebalancer into dir.
 func Build(ctx context.Context, dir string) error {
-	root, err := moduleRoot(ctx)
+	root, err := testenv.ModuleRoot(ctx)
 	if err != nil {
 		return err
 	}
@@ -172,18 +171,6 @@ func Build(ctx context.Context, dir string) error {
 		return fmt.Errorf("build binaries: %w\n%s", err, out)
 	}
 	return nil
-}
-
-func moduleRoot(ctx context.Context) (string, error) {
-	out, err := exec.CommandContext(ctx, "go", "env", "GOMOD").Output()
-	if err != nil {
-		return "", fmt.Errorf("find the module (is Go installed?): %w", err)
-	}
-	mod := strings.TrimSpace(string(out))
-	if mod == "" || mod == os.DevNull {
-		return "", errors.New("run the stack from inside the quotaplane module")
-	}
-	return filepath.Dir(mod), nil
 }
 
 func (s *Stack) startData(ctx context.Context) error {
@@ -326,7 +313,7 @@ func (s *Stack) scrapeJobs(rebalancerAdmin string) []testenv.ScrapeJob {
 }
 
 func (s *Stack) startPrometheus(ctx context.Context) error {
-	root, err := moduleRoot(ctx)
+	root, err := testenv.ModuleRoot(ctx)
 	if err != nil {
 		return err
 	}

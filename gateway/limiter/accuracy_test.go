@@ -52,25 +52,6 @@ type hotKeyRun struct {
 	arrivals            []int64       // decisions asked per millisecond since the first call
 }
 
-// exactAdmitted is what one exact token bucket of lim, full at the first arrival,
-// admits for the run's arrivals (every request costing 1, arrivals within a millisecond
-// taken at its start): the reference that a stall of the load itself (the driver's
-// goroutines not scheduled, which a loaded box does for 100 ms or more under -race)
-// cannot bias. With the load never stalling it is capacity + refill x elapsed.
-func exactAdmitted(lim regions.Limit, arrivals []int64) int64 {
-	tokens, admitted := float64(lim.Capacity), int64(0)
-	perMs := lim.RefillPerSecond / 1000
-	for i, n := range arrivals {
-		if i > 0 {
-			tokens = min(float64(lim.Capacity), tokens+perMs)
-		}
-		a := min(n, int64(tokens+1e-9))
-		tokens -= float64(a)
-		admitted += a
-	}
-	return admitted
-}
-
 // driveHotKey runs instances limiters, each with its own local state, on one Redis,
 // and drives one key from workers goroutines per instance for d, open loop at rate
 // decisions per second in all (paced in 1 ms steps; a worker that falls behind catches
@@ -205,7 +186,7 @@ func TestHotKeyAccuracy(t *testing.T) {
 				run = driveHotKey(t, rdb, instances, 2, 25*refill, duration, r, opts)
 			}
 			bound := float64(capacity) + refill*run.elapsed.Seconds()
-			exact := float64(exactAdmitted(r.Limit, run.arrivals))
+			exact := float64(testenv.ExactAdmitted(r.Limit.Capacity, r.Limit.RefillPerSecond, run.arrivals))
 			offered := float64(run.decisions) / run.elapsed.Seconds()
 			errPct := 100 * (float64(run.admitted) - exact) / exact
 			perAdmitted := float64(run.calls) / float64(run.admitted)
