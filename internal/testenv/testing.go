@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"go.uber.org/goleak"
 )
 
 // Redis starts a fresh redis-server for one test and stops it at cleanup. Each test gets
@@ -117,7 +118,7 @@ func createOn(ctx context.Context, base, name string) (string, error) {
 // RunTests runs the tests and then stops the shared servers. Use it from TestMain in every
 // package that calls PostgresDB:
 //
-//	func TestMain(m *testing.M) { os.Exit(local.RunTests(m)) }
+//	func TestMain(m *testing.M) { os.Exit(testenv.RunTests(m)) }
 func RunTests(m *testing.M) int {
 	code := m.Run()
 	shared.mu.Lock()
@@ -128,4 +129,22 @@ func RunTests(m *testing.M) int {
 		shared.pg = nil
 	}
 	return code
+}
+
+// RunTestsNoLeaks is RunTests, and then fails the run when a goroutine outlives the tests
+// (goleak), except the one this package keeps for starting servers and any that opts
+// ignore. Use it from TestMain in every package that starts goroutines:
+//
+//	func TestMain(m *testing.M) { os.Exit(testenv.RunTestsNoLeaks(m)) }
+func RunTestsNoLeaks(m *testing.M, opts ...goleak.Option) int {
+	code := RunTests(m)
+	if code != 0 {
+		return code
+	}
+	opts = append(opts, goleak.IgnoreAnyFunction("github.com/quotaplane/quotaplane/internal/testenv.spawn.func1.1"))
+	if err := goleak.Find(opts...); err != nil {
+		fmt.Fprintln(os.Stderr, "goroutine leak:", err)
+		return 1
+	}
+	return 0
 }

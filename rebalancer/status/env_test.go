@@ -26,7 +26,7 @@ import (
 	"github.com/quotaplane/quotaplane/regions/store"
 )
 
-func TestMain(m *testing.M) { os.Exit(testenv.RunTests(m)) }
+func TestMain(m *testing.M) { os.Exit(testenv.RunTestsNoLeaks(m)) }
 
 const (
 	usEast = "us-east"
