@@ -193,7 +193,7 @@ func TestOverloadConverges(t *testing.T) {
 	writes := 0
 	for run := range 5 {
 		in := []RegionInput{ok("us-east", 1400, shares["us-east"]), ok("eu-west", 600, shares["eu-west"])}
-		d, err := Decide(cfg, limit, t0.Add(time.Duration(run)*5*time.Minute), in, st, true)
+		d, err := Decide(cfg, limit, t0.Add(time.Duration(run)*5*time.Minute), in, st, FullRun)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -145,9 +145,20 @@ type Decision struct {
 	First, Second map[string]float64
 }
 
-// Decide runs one tick for one scope: Allocate; on a check tick (full false) act only
-// when FastPathTrigger fires; then apply the hysteresis and plan the write.
-func Decide(cfg Config, limit regions.Limit, now time.Time, in []RegionInput, st State, full bool) (Decision, error) {
+// Tick says which of the rebalancer's two ticks Decide runs.
+type Tick int
+
+const (
+	// CheckTick is the cheap check between full runs: it acts only when FastPathTrigger
+	// fires.
+	CheckTick Tick = iota
+	// FullRun is the run on the interval tick: it always considers a write.
+	FullRun
+)
+
+// Decide runs one tick for one scope: Allocate; on a CheckTick act only when
+// FastPathTrigger fires; then apply the hysteresis and plan the write.
+func Decide(cfg Config, limit regions.Limit, now time.Time, in []RegionInput, st State, tick Tick) (Decision, error) {
 	trig, fired := FastPathTrigger(cfg, limit, in, st)
 	a, err := Allocate(cfg, limit, now, in, st)
 	if err != nil {
@@ -155,7 +166,7 @@ func Decide(cfg Config, limit regions.Limit, now time.Time, in []RegionInput, st
 	}
 	d := Decision{Allocation: a}
 	switch {
-	case full:
+	case tick == FullRun:
 		d.Reason = ReasonInterval
 	case fired:
 		d.Reason, d.Region = trig.Reason, trig.Region

@@ -178,7 +178,7 @@ func checkPlan(t *testing.T, old, new, first, second map[string]float64) {
 func TestDecide(t *testing.T) {
 	cfg := DefaultConfig(2)
 	steady := []RegionInput{ok("us-east", 600, 0.8125), ok("eu-west", 100, 0.1875)}
-	d, err := Decide(cfg, limit, t0, steady, State{}, false)
+	d, err := Decide(cfg, limit, t0, steady, State{}, CheckTick)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -188,7 +188,7 @@ func TestDecide(t *testing.T) {
 	if d.Allocation.State.Regions["eu-west"].Peak != 100 {
 		t.Fatalf("check tick did not update the peak state: %+v", d.Allocation.State)
 	}
-	d, err = Decide(cfg, limit, t0, steady, State{}, true)
+	d, err = Decide(cfg, limit, t0, steady, State{}, FullRun)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -197,7 +197,7 @@ func TestDecide(t *testing.T) {
 	}
 	// A flash crowd in eu-west on a check tick: the fast path writes, decreases first.
 	crowd := []RegionInput{ok("us-east", 600, 0.8125), ok("eu-west", 350, 0.1875)}
-	d, err = Decide(cfg, limit, t0, crowd, State{}, false)
+	d, err = Decide(cfg, limit, t0, crowd, State{}, CheckTick)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -207,7 +207,7 @@ func TestDecide(t *testing.T) {
 	if _, ok := d.First["us-east"]; !ok || len(d.First) != 1 || len(d.Second) != 1 || d.Second["eu-west"] <= 0.1875 {
 		t.Fatalf("plan first %v second %v, want us-east shrinking first, eu-west growing second", d.First, d.Second)
 	}
-	if _, err := Decide(cfg, limit, t0, nil, State{}, true); err == nil {
+	if _, err := Decide(cfg, limit, t0, nil, State{}, FullRun); err == nil {
 		t.Fatal("Decide with no regions: want an error")
 	}
 }

@@ -5,7 +5,7 @@
 //
 // One tick of the rebalancer, for one scope, is
 //
-//	d, err := rebalancer.Decide(cfg, limit, now, inputs, state, full)
+//	d, err := rebalancer.Decide(cfg, limit, now, inputs, state, rebalancer.FullRun)
 //	state = d.Allocation.State // always keep it, written or not
 //	if d.Write {
 //		write d.First (the decreases); wait one gateway reload period;

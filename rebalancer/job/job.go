@@ -254,6 +254,14 @@ func (k kind) String() string {
 	return "check"
 }
 
+// tick is the rebalancer's name for the kind.
+func (k kind) tick() rebalancer.Tick {
+	if k == kindRun {
+		return rebalancer.FullRun
+	}
+	return rebalancer.CheckTick
+}
+
 // RunOnce runs one full tick now, whoever leads (--once takes the lock itself).
 func (j *Job) RunOnce(ctx context.Context) (Report, error) { return j.tick(ctx, kindRun) }
 
@@ -638,7 +646,7 @@ func (j *Job) decide(snap *regions.Snapshot, d demand.Demand, regs []string, sc 
 		}
 	}
 
-	dec, err := rebalancer.Decide(cfg, limit, now, in, st, k == kindRun)
+	dec, err := rebalancer.Decide(cfg, limit, now, in, st, k.tick())
 	if err != nil {
 		unchanged()
 		return skip(SkipError, fmt.Errorf("allocate %s: %w", sc, err))

@@ -294,7 +294,11 @@ func (tr *tenantRun) waterfill(t int, full bool) error {
 			Share: tr.written[i],
 		}
 	}
-	d, err := rebalancer.Decide(tr.cfg.Rebalancer, tr.limit, epoch.Add(time.Duration(t)*time.Second), in, tr.state, full)
+	tick := rebalancer.CheckTick
+	if full {
+		tick = rebalancer.FullRun
+	}
+	d, err := rebalancer.Decide(tr.cfg.Rebalancer, tr.limit, epoch.Add(time.Duration(t)*time.Second), in, tr.state, tick)
 	if err != nil {
 		return err
 	}
