@@ -42,7 +42,7 @@ const (
 	DefaultBreakerOpenFor    = time.Second
 	DefaultReloadInterval    = 30 * time.Second
 	DefaultHeartbeatInterval = 5 * time.Second
-	DefaultExpectedInstances = 20
+	DefaultExpectedInstances = 1
 	DefaultDrainTimeout      = 15 * time.Second
 	DefaultMaxTenants        = 1000
 	DefaultTenantInterval    = time.Minute
@@ -70,6 +70,10 @@ const (
 type Config struct {
 	// Region is the region this gateway serves (required).
 	Region string `yaml:"region"`
+	// Mode is database (keys and rules from PostgreSQL) or standalone (from Tenants). It
+	// may be left out only when the rest says which (see checkMode); LoadConfig and New
+	// fill it in.
+	Mode string `yaml:"mode"`
 	// Listen is the proxy's address.
 	Listen string `yaml:"listen"`
 	// AdminListen serves /metrics, /healthz and /readyz.
@@ -85,8 +89,10 @@ type Config struct {
 	// HeartbeatInterval is how often this instance records itself alive; an instance unseen
 	// for three intervals counts as dead.
 	HeartbeatInterval time.Duration `yaml:"heartbeat_interval"`
-	// ExpectedInstances divides the regional limit for the local fallback while the live
-	// instance count is unknown.
+	// ExpectedInstances is the floor of the fallback's divisor N: while Redis is down each
+	// instance admits 1/N of the regional limit, with N the live instances of the region
+	// by heartbeat, or this when that is larger or unknown (default 1). Set it to the
+	// fewest replicas the region ever runs (an HPA's minReplicas).
 	ExpectedInstances int `yaml:"expected_instances"`
 	// DrainTimeout bounds the graceful shutdown: in-flight requests get this long.
 	DrainTimeout time.Duration `yaml:"drain_timeout"`
@@ -112,8 +118,18 @@ type Config struct {
 	// MaxHeaderBytes bounds a request's header block; a larger one is answered 431.
 	MaxHeaderBytes int `yaml:"max_header_bytes"`
 
+	// Observability configures the proxy's access log (observe.go).
+	Observability ObservabilityConfig `yaml:"observability"`
+
 	// file is where the configuration came from, for error messages.
 	file string
+	// modeSource says how Mode was decided (checkMode); emptyEnv lists the URL variables
+	// that were set but empty (OverridesFromLookupEnv).
+	modeSource string
+	emptyEnv   []string
+	// normalized is set once normalize has succeeded: checks that need the values as
+	// written, before defaults, are not repeated.
+	normalized bool
 }
 
 // RedisConfig is the region's Redis.
@@ -133,6 +149,8 @@ type RedisConfig struct {
 	// TLS configures a rediss:// connection: the CA that signed the server's certificate
 	// and, for servers that verify clients, this gateway's certificate and key.
 	TLS RedisTLSConfig `yaml:"tls"`
+	// Sentinel finds the master through Redis Sentinel instead of URL (sentinel.go).
+	Sentinel SentinelConfig `yaml:"sentinel"`
 }
 
 // RedisTLSConfig are PEM files for a rediss:// connection. Empty fields mean the system's
@@ -223,6 +241,8 @@ type Overrides struct {
 	Region      string
 	DatabaseURL string
 	RedisURL    string
+
+	emptyEnv []string // set-but-empty URL variables (OverridesFromLookupEnv)
 }
 
 // OverridesFromEnv reads RATELIMIT_DATABASE_URL and RATELIMIT_REDIS_URL.
@@ -309,6 +329,7 @@ func (c *Config) Apply(ov Overrides) {
 	if ov.RedisURL != "" {
 		c.Redis.URL = ov.RedisURL
 	}
+	c.emptyEnv = append(c.emptyEnv, ov.emptyEnv...)
 }
 
 // Standalone reports whether keys and rules come from the file rather than a database.
@@ -322,6 +343,7 @@ func (c *Config) normalize() error {
 	bad := func(key, format string, args ...any) error {
 		return &ConfigError{File: c.file, Key: key, Reason: fmt.Sprintf(format, args...)}
 	}
+	redisSet := c.Redis.configuredKey() // before the defaults fill it in
 	if c.Listen == "" {
 		c.Listen = DefaultListen
 	}
@@ -408,8 +430,8 @@ func (c *Config) normalize() error {
 		}
 	}
 	if t := c.Redis.TLS; t != (RedisTLSConfig{}) {
-		if !strings.HasPrefix(c.Redis.URL, "rediss://") {
-			return bad("redis.tls", "only used with a rediss:// redis.url")
+		if !strings.HasPrefix(c.Redis.URL, "rediss://") && !c.Redis.Sentinel.TLS {
+			return bad("redis.tls", "only used with a rediss:// redis.url (or redis.sentinel.tls)")
 		}
 		if (t.CertFile == "") != (t.KeyFile == "") {
 			return bad("redis.tls", "give both cert_file and key_file, or neither")
@@ -574,6 +596,16 @@ func (c *Config) normalize() error {
 			}
 		}
 	}
+	if err := c.checkMode(redisSet); err != nil {
+		return err
+	}
+	if err := c.checkObservability(); err != nil {
+		return err
+	}
+	if err := c.Redis.Sentinel.check(c); err != nil {
+		return err
+	}
+	c.normalized = true
 	return nil
 }
 

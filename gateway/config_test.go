@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -56,7 +57,7 @@ func TestLoadConfigDefaults(t *testing.T) {
 
 func equalConfig(a, b Config) bool {
 	return a.Region == b.Region && a.Listen == b.Listen && a.AdminListen == b.AdminListen &&
-		a.DatabaseURL == b.DatabaseURL && a.Redis == b.Redis && a.ReloadInterval == b.ReloadInterval &&
+		a.DatabaseURL == b.DatabaseURL && reflect.DeepEqual(a.Redis, b.Redis) && a.ReloadInterval == b.ReloadInterval &&
 		a.HeartbeatInterval == b.HeartbeatInterval && a.ExpectedInstances == b.ExpectedInstances &&
 		a.DrainTimeout == b.DrainTimeout && a.InstanceID == b.InstanceID && a.LogLevel == b.LogLevel &&
 		a.DefaultRule == b.DefaultRule && a.Metrics == b.Metrics && a.MaxHeaderBytes == b.MaxHeaderBytes &&
@@ -70,7 +71,7 @@ func TestLoadConfigOverrides(t *testing.T) {
 	}
 	ov := OverridesFromEnv(func(k string) string { return env[k] })
 	ov.Listen, ov.Region = "127.0.0.1:18080", "ap-south"
-	c, err := LoadConfig("testdata/good-minimal.yaml", ov)
+	c, err := LoadConfig("testdata/good-database.yaml", ov)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -128,7 +129,18 @@ func TestBadConfigs(t *testing.T) {
 		"trusted-proxy-not-cidr":            `trusted_proxies[1]: "10.0.0.1/33" is not a CIDR or an address`,
 		"unauthenticated-limit-zero-refill": `unauthenticated_limit.refill_per_second: must be > 0, got 0`,
 		"max-header-bytes-too-small":        `max_header_bytes: must be between 4096 and 1048576, got 100`,
-		"redis-tls-without-rediss":          `redis.tls: only used with a rediss:// redis.url`,
+		"redis-tls-without-rediss":          `redis.tls: only used with a rediss:// redis.url (or redis.sentinel.tls)`,
+		"mode-missing":                      "mode: not set, and neither database_url (RATELIMIT_DATABASE_URL) nor tenants say which mode: set mode: database with a database URL, or mode: standalone with tenants",
+		"mode-database-without-url":         "database_url: mode database needs a PostgreSQL URL (database_url, or RATELIMIT_DATABASE_URL): none is set",
+		"mode-standalone-with-database":     "database_url: mode standalone takes no database (database_url, or RATELIMIT_DATABASE_URL, is set): set mode: database, or remove the URL",
+		"mode-standalone-without-keys":      "tenants: mode standalone needs at least one tenant with a key: without one every request is answered 401",
+		"mode-unknown":                      `mode: want database or standalone, got "regional"`,
+		"redis-section-without-url":         "redis.url: empty, but the redis section sets timeout: give the URL (redis.url, or RATELIMIT_REDIS_URL), or drop the section to limit per instance",
+		"sentinel-without-master":           "redis.sentinel.master_name: required: the name the sentinels monitor",
+		"sentinel-and-url":                  "redis.sentinel: give redis.url or redis.sentinel, not both (RATELIMIT_REDIS_URL is set?)",
+		"sentinel-bad-addr":                 `redis.sentinel.addrs[0]: want host:port, got "26379"`,
+		"access-log-bad-sample-ratio":       "observability.access_log.sample_ratio: must be between 0 and 1",
+		"access-log-with-warn-level":        "observability.access_log.enabled: access log lines are INFO: log_level warn would drop every one (set log_level: info)",
 		"redis-cluster-database":            `redis.cluster: a Redis Cluster has only database 0: drop the /db from redis.url`,
 	}
 	files, err := filepath.Glob("testdata/bad/*.yaml")

@@ -64,8 +64,11 @@ type Gateway struct {
 	// a reload racing the drain cannot set ratelimit_gateway_ready back to 1.
 	readyMu  sync.Mutex
 	draining atomic.Bool
+	// emptySnapshot: the last database snapshot had no region rows (acceptSnapshot).
+	emptySnapshot atomic.Bool
 
 	lim      decider
+	obs      *observer    // proxy metrics, upstream error log, access log (observe.go)
 	fallback func() bool  // reports the Redis breaker not closed; nil without Redis
 	guard    *clientGuard // nil when unauthenticated_limit is disabled
 	trusted  trustedProxies
@@ -84,7 +87,6 @@ type route struct {
 	id       string
 	proxy    *httputil.ReverseProxy
 	counters *routeCounters
-	upErrs   prometheus.Counter
 }
 
 // New validates cfg, fills its defaults and builds the gateway. It dials nothing and
@@ -152,6 +154,9 @@ func New(cfg Config, opts Options) (_ *Gateway, err error) {
 		return nil, fmt.Errorf("gateway %s: register metrics: %w", cfg.Region, err)
 	}
 	g.m = m
+	if g.obs, err = newObserver(g.registerer, m, &g.cfg, g.log, g.now, g.trusted); err != nil {
+		return nil, fmt.Errorf("gateway %s: register metrics: %w", cfg.Region, err)
+	}
 	g.tenants = newTenantTracker(m, cfg.Region, cfg.Metrics.MaxTenants, g.pairShare)
 
 	if err := g.newLimiter(); err != nil {
@@ -188,7 +193,7 @@ func (g *Gateway) InstanceID() string { return g.instanceID }
 func (g *Gateway) Ready() bool { return g.snap.Load() != nil && !g.draining.Load() }
 
 func (g *Gateway) newLimiter() error {
-	if g.cfg.Redis.URL == "" {
+	if !g.cfg.Redis.enabled() {
 		l, err := limiter.NewLocal(limiter.LocalOptions{Region: g.cfg.Region, Registerer: g.registerer})
 		if err != nil {
 			return fmt.Errorf("gateway %s: local limiter: %w", g.cfg.Region, err)
@@ -208,7 +213,7 @@ func (g *Gateway) newLimiter() error {
 		BreakerFailures:    g.cfg.Redis.Breaker.Failures,
 		BreakerFailureSpan: g.cfg.Redis.Breaker.FailureSpan,
 		BreakerOpenFor:     g.cfg.Redis.Breaker.OpenFor,
-		Instances:          g.liveInstances,
+		Instances:          g.fallbackInstances,
 		ExpectedInstances:  g.cfg.ExpectedInstances,
 		Registerer:         g.registerer,
 		Logger:             g.log,
@@ -232,6 +237,9 @@ const warmConns = limiter.DefaultPipelineInFlight
 // these keep a connection attempt or a pool slot from lasting long either.
 func (g *Gateway) newRedisClient() (redis.UniversalClient, error) {
 	dial := max(10*g.cfg.Redis.Timeout, 100*time.Millisecond)
+	if g.cfg.Redis.Sentinel.configured() {
+		return g.newSentinelClient(dial)
+	}
 	if g.cfg.Redis.Cluster {
 		co, err := redis.ParseClusterURL(g.cfg.Redis.URL)
 		if err != nil {
@@ -417,7 +425,7 @@ func (g *Gateway) Run(ctx context.Context) error {
 func (g *Gateway) run(ctx context.Context, ln, aln net.Listener) error {
 	g.log.Info("gateway starting", "region", g.cfg.Region, "instance", g.instanceID,
 		"listen", ln.Addr().String(), "admin_listen", aln.Addr().String(),
-		"mode", map[bool]string{true: "standalone", false: "database"}[g.cfg.Standalone()])
+		"mode", g.cfg.Mode, "mode_source", g.cfg.modeSource)
 	if g.rdb == nil {
 		g.log.Warn("no redis configured: limits are enforced per instance, not per region",
 			"region", g.cfg.Region)
@@ -509,7 +517,7 @@ func (g *Gateway) newServer() *http.Server {
 // decisionBounds are extra decision-histogram bounds at the Redis timeout and 1 ms past
 // it, so "p99 of decisions <= timeout + 1 ms" can be read off the histogram exactly.
 func (g *Gateway) decisionBounds() []float64 {
-	if g.cfg.Redis.URL == "" {
+	if !g.cfg.Redis.enabled() {
 		return nil
 	}
 	return []float64{g.cfg.Redis.Timeout.Seconds(), (g.cfg.Redis.Timeout + time.Millisecond).Seconds()}
@@ -552,6 +560,9 @@ func serve(srv *http.Server, ln net.Listener) error {
 func (g *Gateway) instanceTTL() time.Duration { return 3 * g.cfg.HeartbeatInterval }
 
 func (g *Gateway) onReload(s *regions.Snapshot) {
+	if !g.acceptSnapshot(s) {
+		return
+	}
 	known := false
 	for _, r := range s.Regions() {
 		known = known || r == g.cfg.Region

@@ -36,7 +36,6 @@ func (g *Gateway) newHandler() error {
 		rt := &route{
 			id:       rc.ID,
 			counters: g.m.newRouteCounters(g.cfg.Region, rc.ID),
-			upErrs:   g.m.upstreamErrors.WithLabelValues(rc.ID),
 		}
 		rt.proxy = &httputil.ReverseProxy{
 			Rewrite: func(pr *httputil.ProxyRequest) {
@@ -53,14 +52,11 @@ func (g *Gateway) newHandler() error {
 				// inbound X-Tenant-Id was already replaced by the gateway's own (serve).
 				delete(pr.Out.Header, hdrAPIKey)
 			},
-			Transport:      transport,
+			Transport:      g.upstreamTransport(rc.ID, transport),
 			BufferPool:     proxyBuffers,
 			ModifyResponse: stripUpstreamRateHeaders,
 			ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
-				if r.Context().Err() == nil {
-					rt.upErrs.Inc()
-					g.log.Debug("upstream failed", "region", g.cfg.Region, "route", rt.id, "err", err)
-				}
+				g.upstreamFailed(r, rt.id, err)
 				problemUpstream.write(w)
 			},
 		}
@@ -78,7 +74,7 @@ func (g *Gateway) newHandler() error {
 	_ = registerPattern(mux, "/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		g.serveUnmatched(w, r, un)
 	}))
-	g.handler = mux
+	g.handler = g.observeRequests(mux)
 	return nil
 }
 

@@ -62,7 +62,7 @@ type metrics struct {
 	instances      prometheus.Gauge
 	decisionErrors prometheus.Counter
 	unmatched      prometheus.Counter
-	upstreamErrors *prometheus.CounterVec // region, route
+	upstreamErrors *prometheus.CounterVec // region, route, reason
 	heartbeatErrs  prometheus.Counter
 	ready          prometheus.Gauge
 	// unauthThrottled counts requests refused 429 by unauthenticated_limit.
@@ -92,9 +92,9 @@ func newMetrics(reg prometheus.Registerer, region string, extraBounds []float64)
 		}, []string{"scope"}),
 		upstreamErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name:        "ratelimit_upstream_errors_total",
-			Help:        "Requests answered 502 because the upstream could not be reached.",
+			Help:        "Requests answered 502 because the upstream failed, by reason: timeout, connect, tls, reset, other.",
 			ConstLabels: r,
-		}, []string{"route"}),
+		}, []string{"route", "reason"}),
 	}
 	duration := prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name:        "ratelimit_decision_duration_seconds",

@@ -48,6 +48,13 @@ heartbeat_interval: 200ms
 %s`, region, routesYAML(upstream))
 }
 
+// withoutRedis drops the redis section of a test config, for a gateway that is given no
+// Redis URL: a redis section without a URL is refused (it means RATELIMIT_REDIS_URL was
+// meant to be set).
+func withoutRedis(yaml string) string {
+	return strings.Replace(yaml, "redis: {timeout: 250ms}\n", "", 1)
+}
+
 func TestProcessArticleStandalone(t *testing.T) {
 	up := newUpstream(t, 0)
 	t.Run("redis", func(t *testing.T) {
@@ -62,7 +69,7 @@ func TestProcessArticleStandalone(t *testing.T) {
 		}
 	})
 	t.Run("no redis", func(t *testing.T) {
-		p := startProc(t, standaloneYAML("us-east", up.URL, 2, 0.5))
+		p := startProc(t, withoutRedis(standaloneYAML("us-east", up.URL, 2, 0.5)))
 		checkArticle(t, p.url, "key-shop-a")
 		w := p.logLines("limits are enforced per instance")
 		if len(w) != 1 || w[0]["level"] != "WARN" {
@@ -390,7 +397,7 @@ func TestProcessPostgresStopped(t *testing.T) {
 	db := newDatabase(t, url, "us-east")
 	db.setRule(t, regions.Rule{Tenant: "shop-a", Route: "create-order", Capacity: 50, RefillPerSecond: 100})
 	key, _ := db.createKey(t, "shop-a")
-	p := startProc(t, strings.Replace(databaseYAML("us-east", up.URL), "reload_interval: 1s", "reload_interval: 300ms", 1),
+	p := startProc(t, strings.Replace(withoutRedis(databaseYAML("us-east", up.URL)), "reload_interval: 1s", "reload_interval: 300ms", 1),
 		"RATELIMIT_DATABASE_URL="+url)
 	p.waitReady(t, 10*time.Second)
 
@@ -438,7 +445,7 @@ func TestProcessDatabaseDownAtStart(t *testing.T) {
 	if err := pg.Stop(); err != nil {
 		t.Fatal(err)
 	}
-	p := startProc(t, databaseYAML("us-east", up.URL), "RATELIMIT_DATABASE_URL="+url)
+	p := startProc(t, withoutRedis(databaseYAML("us-east", up.URL)), "RATELIMIT_DATABASE_URL="+url)
 	if resp, _ := call(t, "GET", p.admin+"/readyz", ""); resp.StatusCode != 503 {
 		t.Fatalf("/readyz %d with the database down at start, want 503", resp.StatusCode)
 	}
@@ -459,7 +466,7 @@ func TestProcessDatabaseDownAtStart(t *testing.T) {
 func TestProcessHeartbeats(t *testing.T) {
 	up := newUpstream(t, 0)
 	db := newDatabase(t, testenv.PostgresDB(t), "us-east")
-	cfg := strings.Replace(databaseYAML("us-east", up.URL), "reload_interval: 1s", "reload_interval: 300ms", 1)
+	cfg := strings.Replace(withoutRedis(databaseYAML("us-east", up.URL)), "reload_interval: 1s", "reload_interval: 300ms", 1)
 	a := startProc(t, cfg, "RATELIMIT_DATABASE_URL="+db.url)
 	b := startProc(t, cfg, "RATELIMIT_DATABASE_URL="+db.url)
 	instances := func(p *proc) float64 {
@@ -485,7 +492,7 @@ func TestProcessHeartbeats(t *testing.T) {
 func TestProcessGracefulDrain(t *testing.T) {
 	started := make(chan struct{}, 1)
 	upstream := newSignalUpstream(t, started, 1500*time.Millisecond)
-	p := startProc(t, standaloneYAML("us-east", upstream, 5, 1))
+	p := startProc(t, withoutRedis(standaloneYAML("us-east", upstream, 5, 1)))
 	done := make(chan int, 1)
 	go func() {
 		req, _ := http.NewRequest("POST", p.url+"/orders", nil)

@@ -21,7 +21,7 @@ import (
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, os.Args[1:], os.Getenv); err != nil {
+	if err := run(ctx, os.Args[1:], os.LookupEnv); err != nil {
 		if !errors.Is(err, flag.ErrHelp) {
 			fmt.Fprintln(os.Stderr, "gateway:", err)
 		}
@@ -31,7 +31,9 @@ func main() {
 }
 
 // run parses the flags, loads the configuration and runs the gateway until ctx ends.
-func run(ctx context.Context, args []string, getenv func(string) string) error {
+// lookupEnv is os.LookupEnv: a URL variable that is set but empty is refused, not read
+// as "no database" or "no Redis".
+func run(ctx context.Context, args []string, lookupEnv func(string) (string, bool)) error {
 	fs := flag.NewFlagSet("gateway", flag.ContinueOnError)
 	fs.SetOutput(os.Stderr)
 	configPath := fs.String("config", "", "configuration file (YAML; see docs/configuration.md)")
@@ -47,7 +49,7 @@ func run(ctx context.Context, args []string, getenv func(string) string) error {
 	if *configPath == "" {
 		return errors.New("--config FILE is required")
 	}
-	ov := gateway.OverridesFromEnv(getenv)
+	ov := gateway.OverridesFromLookupEnv(lookupEnv)
 	ov.Listen, ov.Region = *listen, *region
 	cfg, err := gateway.LoadConfig(*configPath, ov)
 	if err != nil {
@@ -64,7 +66,7 @@ func run(ctx context.Context, args []string, getenv func(string) string) error {
 		return err
 	}
 	if *check {
-		fmt.Fprintf(os.Stdout, "config %s: ok\n", *configPath)
+		fmt.Fprintf(os.Stdout, "config %s: ok (mode %s, %s)\n", *configPath, cfg.Mode, cfg.ModeSource())
 		return nil
 	}
 	return g.Run(ctx)

@@ -7,17 +7,23 @@ import (
 )
 
 func TestRun(t *testing.T) {
-	noEnv := func(string) string { return "" }
-	withDB := func(k string) string {
-		if k == "RATELIMIT_DATABASE_URL" {
-			return "postgres://gw@127.0.0.1:5432/q"
+	env := func(kv ...string) func(string) (string, bool) {
+		return func(k string) (string, bool) {
+			for i := 0; i+1 < len(kv); i += 2 {
+				if kv[i] == k {
+					return kv[i+1], true
+				}
+			}
+			return "", false
 		}
-		return ""
 	}
+	noEnv := env()
+	withDB := env("RATELIMIT_DATABASE_URL", "postgres://gw@127.0.0.1:5432/q")
+	prod := "../../deploy/regions/us-east/gateway.yaml"
 	tests := []struct {
 		name    string
 		args    []string
-		getenv  func(string) string
+		getenv  func(string) (string, bool)
 		wantErr string // "" means success
 	}{
 		{"no config", nil, noEnv, "--config FILE is required"},
@@ -31,6 +37,14 @@ func TestRun(t *testing.T) {
 			`config ../../gateway/testdata/bad/unknown-key.yaml: regoin: unknown key "regoin"`},
 		{"env database turns tenants into an error", []string{"--config", "../../gateway/testdata/good-full.yaml", "--check"}, withDB,
 			"tenants: only allowed without database_url"},
+		{"production config", []string{"--config", prod, "--check"},
+			env("RATELIMIT_DATABASE_URL", "postgres://gw@127.0.0.1:5432/q", "RATELIMIT_REDIS_URL", "redis://127.0.0.1:6379/0"), ""},
+		{"production config, empty database url", []string{"--config", prod, "--check"},
+			env("RATELIMIT_DATABASE_URL", "", "RATELIMIT_REDIS_URL", "redis://127.0.0.1:6379/0"),
+			"database_url: RATELIMIT_DATABASE_URL is set but empty"},
+		{"production config, empty redis url", []string{"--config", prod, "--check"},
+			env("RATELIMIT_DATABASE_URL", "postgres://gw@127.0.0.1:5432/q", "RATELIMIT_REDIS_URL", ""),
+			"redis.url: RATELIMIT_REDIS_URL is set but empty"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

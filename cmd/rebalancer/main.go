@@ -31,7 +31,7 @@ import (
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, os.Args[1:], os.Getenv, os.Stderr); err != nil {
+	if err := run(ctx, os.Args[1:], os.LookupEnv, os.Stderr); err != nil {
 		if !errors.Is(err, flag.ErrHelp) {
 			fmt.Fprintln(os.Stderr, "rebalancer:", err)
 		}
@@ -63,7 +63,7 @@ type options struct {
 	logLevel      string
 }
 
-func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (options, error) {
+func parseFlags(args []string, lookupEnv func(string) (string, bool), stderr io.Writer) (options, error) {
 	var o options
 	fs := flag.NewFlagSet("rebalancer", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -78,7 +78,7 @@ func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (op
 	fs.IntVar(&o.expireAfter, "expire-after-runs", job.DefaultExpireAfterRuns, "delete a tenant/route pair's rebalancer shares after this many full runs without its demand (history reason \"expired\"); -1 never")
 	fs.BoolVar(&o.once, "once", false, "run once and exit: takes the leader lock (fails while another rebalancer holds it); non-zero if the run was skipped")
 	fs.BoolVar(&o.dryRun, "dry-run", false, "compute and log the shares, write nothing")
-	fs.StringVar(&o.adminListen, "admin-listen", "127.0.0.1:9102", "admin address for /metrics, /healthz and the status page (/ and /status.json); empty disables it")
+	fs.StringVar(&o.adminListen, "admin-listen", "127.0.0.1:9102", "admin address for /metrics, /healthz, /readyz and the status page (/ and /status.json); empty disables it")
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
 	if err := fs.Parse(args); err != nil {
 		return o, err
@@ -87,7 +87,12 @@ func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (op
 		return o, fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
 	if o.databaseURL == "" {
-		o.databaseURL = getenv(EnvDatabaseURL)
+		v, set := lookupEnv(EnvDatabaseURL)
+		if set && strings.TrimSpace(v) == "" {
+			// An unfilled Secret: say so, rather than "required" (the operator did set it).
+			return o, fmt.Errorf("$%s is set but empty: give the PostgreSQL URL (or --database-url)", EnvDatabaseURL)
+		}
+		o.databaseURL = v
 	}
 	switch {
 	case o.databaseURL == "":
@@ -114,8 +119,8 @@ func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (op
 // (JSON) and flag errors go to stderr. PostgreSQL need not be up: the store is opened
 // lazily and every tick retries (counted as skipped_database until it is back); only a
 // malformed --database-url fails at start.
-func run(ctx context.Context, args []string, getenv func(string) string, stderr io.Writer) error {
-	o, err := parseFlags(args, getenv, stderr)
+func run(ctx context.Context, args []string, lookupEnv func(string) (string, bool), stderr io.Writer) error {
+	o, err := parseFlags(args, lookupEnv, stderr)
 	if err != nil {
 		return err
 	}
@@ -180,7 +185,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 			ln.Close()
 			return err
 		}
-		srv = &http.Server{Handler: adminMux(reg, page), ReadHeaderTimeout: 5 * time.Second}
+		srv = &http.Server{Handler: adminMux(reg, page, st), ReadHeaderTimeout: 5 * time.Second}
 		go func() { srvDone <- srv.Serve(ln) }()
 		log.Info("admin listening", "addr", ln.Addr().String())
 	}
@@ -222,10 +227,11 @@ func statusPage(sources []demand.Source, o options, store status.Store, j *job.J
 	return status.New(status.Config{Prometheus: proms, InstanceTTL: o.instanceTTL, LastRun: j.Last, Logger: log}, store)
 }
 
-// adminMux serves /metrics, /healthz and, at "/", the status page (its /status.json and
-// /assets/ included).
-func adminMux(g prometheus.Gatherer, page http.Handler) *http.ServeMux {
+// adminMux serves /metrics, /healthz, /readyz (the database answers with a region row)
+// and, at "/", the status page (its /status.json and /assets/ included).
+func adminMux(g prometheus.Gatherer, page http.Handler, st regionLister) *http.ServeMux {
 	mux := http.NewServeMux()
+	mux.Handle("GET /readyz", readyHandler(st))
 	mux.Handle("GET /", page)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(g, promhttp.HandlerOpts{}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {

@@ -25,7 +25,7 @@ import (
 
 func TestMain(m *testing.M) { os.Exit(testenv.RunTests(m)) }
 
-func noEnv(string) string { return "" }
+func noEnv(string) (string, bool) { return "", false }
 
 func TestParseFlags(t *testing.T) {
 	t.Parallel()
@@ -45,6 +45,7 @@ func TestParseFlags(t *testing.T) {
 		{name: "malformed expire runs", args: append(base, "--expire-after-runs", "three"), wantErr: "-expire-after-runs"},
 		{name: "database url from env", args: []string{"--prometheus-url", "http://p"}, env: map[string]string{EnvDatabaseURL: "postgres://e/db"}},
 		{name: "no database url", args: []string{"--prometheus-url", "http://p"}, wantErr: "--database-url"},
+		{name: "empty database url in env", args: []string{"--prometheus-url", "http://p"}, env: map[string]string{EnvDatabaseURL: ""}, wantErr: "$RATELIMIT_DATABASE_URL is set but empty"},
 		{name: "no prometheus", args: []string{"--database-url", "postgres://x/db"}, wantErr: "--prometheus-url is required"},
 		{name: "interval too short", args: append(base, "--interval", "10ms"), wantErr: "--interval"},
 		{name: "zero check interval", args: append(base, "--check-interval", "0s"), wantErr: "--check-interval"},
@@ -53,7 +54,7 @@ func TestParseFlags(t *testing.T) {
 		{name: "unknown flag", args: append(base, "--nope"), wantErr: "not defined"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			o, err := parseFlags(tc.args, func(k string) string { return tc.env[k] }, io.Discard)
+			o, err := parseFlags(tc.args, func(k string) (string, bool) { v, ok := tc.env[k]; return v, ok }, io.Discard)
 			if tc.wantErr == "" {
 				if err != nil {
 					t.Fatal(err)

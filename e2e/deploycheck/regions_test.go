@@ -56,6 +56,11 @@ func TestGatewayConfigs(t *testing.T) {
 			if err != nil {
 				t.Fatalf("parse: %v", err)
 			}
+			// The mode is written down, so a missing database URL is an error at start
+			// rather than a standalone gateway with no tenants (issue 16).
+			if raw.Mode != gateway.ModeDatabase {
+				t.Errorf("mode: %q, want %q written in the file", raw.Mode, gateway.ModeDatabase)
+			}
 			if raw.Region != region {
 				t.Errorf("region: %q, want the folder's name %q", raw.Region, region)
 			}

@@ -1,0 +1,172 @@
+package gateway
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/quotaplane/quotaplane/regions"
+)
+
+// The gateway's modes (the mode key).
+const (
+	// ModeDatabase: keys, rules and shares come from PostgreSQL (database_url, or
+	// RATELIMIT_DATABASE_URL); the file has no tenants.
+	ModeDatabase = "database"
+	// ModeStandalone: keys and rules come from the file's tenants and default_rule; no
+	// database.
+	ModeStandalone = "standalone"
+)
+
+// How the mode was decided, for the start-up log line.
+const (
+	modeFromConfig        = "config"
+	modeFromDatabaseURL   = "inferred from database_url"
+	modeFromTenantsNoDB   = "inferred from tenants without database_url"
+	modeSourceUnnormalize = ""
+)
+
+// OverridesFromLookupEnv is OverridesFromEnv that also notices a variable that is set but
+// empty (an unfilled Secret, a `${VAR}` that expanded to nothing): LoadConfig refuses
+// such a configuration instead of quietly reading "no database" or "no Redis" into it.
+func OverridesFromLookupEnv(lookup func(string) (string, bool)) Overrides {
+	var ov Overrides
+	for _, e := range []struct {
+		name string
+		dst  *string
+	}{{EnvDatabaseURL, &ov.DatabaseURL}, {EnvRedisURL, &ov.RedisURL}} {
+		v, ok := lookup(e.name)
+		if ok && strings.TrimSpace(v) == "" {
+			ov.emptyEnv = append(ov.emptyEnv, e.name)
+			continue
+		}
+		*e.dst = v
+	}
+	return ov
+}
+
+// ModeSource says how the mode was decided: "config", or how it was inferred.
+func (c *Config) ModeSource() string { return c.modeSource }
+
+// checkMode decides and checks the mode, before anything else reads it. A configuration
+// may leave mode out only when what it holds says which mode it is: a database URL
+// means database mode, tenants without one mean standalone. One that says neither is
+// refused rather than guessed: an empty RATELIMIT_DATABASE_URL used to turn a production
+// gateway into a standalone one with no tenants that answered every request 401.
+//
+// It also refuses a Redis that is configured but empty (redis settings without a URL,
+// or RATELIMIT_REDIS_URL set to ""): limits would silently become per instance. A
+// gateway without Redis must say so by having no redis section at all.
+func (c *Config) checkMode(redisSet string) error {
+	bad := func(key, format string, args ...any) error {
+		return &ConfigError{File: c.file, Key: key, Reason: fmt.Sprintf(format, args...)}
+	}
+	for _, name := range c.emptyEnv {
+		switch name {
+		case EnvDatabaseURL:
+			if c.DatabaseURL == "" {
+				return bad("database_url", "%s is set but empty: give the PostgreSQL URL, or unset it (and set mode: standalone)", name)
+			}
+		case EnvRedisURL:
+			if c.Redis.URL == "" {
+				return bad("redis.url", "%s is set but empty: give the Redis URL, or unset it and drop the redis section to limit per instance", name)
+			}
+		}
+	}
+	switch c.Mode {
+	case ModeDatabase:
+		if c.DatabaseURL == "" {
+			return bad("database_url", "mode database needs a PostgreSQL URL (database_url, or %s): none is set", EnvDatabaseURL)
+		}
+		if c.modeSource == modeSourceUnnormalize {
+			c.modeSource = modeFromConfig
+		}
+	case ModeStandalone:
+		if c.DatabaseURL != "" {
+			return bad("database_url", "mode standalone takes no database (database_url, or %s, is set): set mode: database, or remove the URL", EnvDatabaseURL)
+		}
+		if c.modeSource == modeSourceUnnormalize {
+			c.modeSource = modeFromConfig
+		}
+	case "":
+		switch {
+		case c.DatabaseURL != "":
+			c.modeSource = modeFromDatabaseURL
+		case len(c.Tenants) > 0:
+			c.modeSource = modeFromTenantsNoDB
+		default:
+			return bad("mode", "not set, and neither database_url (%s) nor tenants say which mode: set mode: database with a database URL, or mode: standalone with tenants", EnvDatabaseURL)
+		}
+		c.Mode = ModeStandalone
+		if c.DatabaseURL != "" {
+			c.Mode = ModeDatabase
+		}
+	default:
+		return bad("mode", "want %s or %s, got %q", ModeDatabase, ModeStandalone, c.Mode)
+	}
+	if c.Mode == ModeStandalone && !hasKeys(c.Tenants) {
+		return bad("tenants", "mode standalone needs at least one tenant with a key: without one every request is answered 401")
+	}
+	// A file's redis settings without a URL mean the URL was to come from the environment;
+	// a Config built in code has no environment to lose one to.
+	if !c.normalized && c.file != "" && !c.Redis.enabled() && redisSet != "" {
+		return bad("redis.url", "empty, but the redis section sets %s: give the URL (redis.url, or %s), or drop the section to limit per instance", redisSet, EnvRedisURL)
+	}
+	return nil
+}
+
+func hasKeys(ts []TenantConfig) bool {
+	for _, t := range ts {
+		if len(t.Keys) > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// enabled reports whether a Redis is configured: a URL, or Sentinel.
+func (r *RedisConfig) enabled() bool { return r.URL != "" || r.Sentinel.configured() }
+
+// configuredKey names a redis setting other than the URL that is given, or is ""; only
+// meaningful before defaults are filled in.
+func (r *RedisConfig) configuredKey() string {
+	switch {
+	case r.Cluster:
+		return "cluster"
+	case r.Timeout != 0:
+		return "timeout"
+	case r.KeyPrefix != "":
+		return "key_prefix"
+	case r.Breaker != BreakerConfig{}:
+		return "breaker"
+	case r.TLS != RedisTLSConfig{}:
+		return "tls"
+	}
+	return ""
+}
+
+// fallbackInstances is the fallback's divisor N: the live instances of this region by
+// heartbeat, never fewer than expected_instances (a floor: 1 unless configured). The
+// live count is what keeps a small fleet from being over-throttled; the floor is what
+// keeps a fleet whose heartbeats are not loaded yet from admitting N times the limit.
+func (g *Gateway) fallbackInstances() int {
+	return max(g.liveInstances(), g.cfg.ExpectedInstances)
+}
+
+// acceptSnapshot checks a database snapshot before it is swapped in: one without a
+// single region row (an empty or unmigrated control plane) would make this gateway
+// ready while every share is unknown, so it is refused and the previous snapshot (or
+// none: not ready) stays. Logged once per state change.
+func (g *Gateway) acceptSnapshot(s *regions.Snapshot) bool {
+	if len(s.Regions()) > 0 {
+		if g.emptySnapshot.Swap(false) {
+			g.log.Info("snapshot has regions again", "region", g.cfg.Region)
+		}
+		return true
+	}
+	g.m.reloadErrors.Inc()
+	if !g.emptySnapshot.Swap(true) {
+		g.log.Warn("snapshot has no region rows; keeping the previous one (not ready until one loads): add regions with ratectl",
+			"region", g.cfg.Region, "ready", g.snap.Load() != nil)
+	}
+	return false
+}
