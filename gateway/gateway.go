@@ -70,6 +70,10 @@ type Gateway struct {
 	trusted  trustedProxies
 	rdb      redis.UniversalClient // *redis.Client, or *redis.ClusterClient with redis.cluster
 
+	// identityHeaders are the header names stripped from every proxied request under
+	// any spelling: the tenant header and the headers that carry the key.
+	identityHeaders []string
+
 	handler   http.Handler
 	admin     http.Handler
 	transport *http.Transport // to the upstreams
@@ -156,6 +160,7 @@ func New(cfg Config, opts Options) (_ *Gateway, err error) {
 	if err := g.newLimiter(); err != nil {
 		return nil, err
 	}
+	g.identityHeaders = []string{hdrTenant, hdrAPIKey}
 	if err := g.newHandler(); err != nil {
 		return nil, err
 	}

@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"context"
 	"crypto/sha256"
 	"net/http"
 	"net/http/httputil"
@@ -49,9 +50,13 @@ func (g *Gateway) newHandler() error {
 					}
 				}
 				pr.SetXForwarded()
-				// The key stays at the edge; the upstream learns the tenant instead. The
-				// inbound X-Tenant-Id was already replaced by the gateway's own (serve).
-				delete(pr.Out.Header, hdrAPIKey)
+				// The key stays at the edge; the upstream learns the tenant instead. Set on
+				// the outbound request only: the inbound one's Connection header has been
+				// applied already, so "Connection: X-Tenant-Id" cannot remove it.
+				g.stripIdentity(pr.Out.Header)
+				if tenant, ok := pr.In.Context().Value(tenantKey{}).(string); ok {
+					pr.Out.Header[hdrTenant] = []string{tenant}
+				}
 			},
 			Transport:      transport,
 			BufferPool:     proxyBuffers,
@@ -236,11 +241,61 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, rt *route) {
 	g.forward(w, r, rt, tenant)
 }
 
+// tenantKey carries the authenticated tenant from serve to the proxy's Rewrite.
+type tenantKey struct{}
+
 // forward proxies to the route's upstream with X-Tenant-Id set to the authenticated
-// tenant; any client-sent X-Tenant-Id is replaced, never passed on.
+// tenant (in Rewrite); any client-sent X-Tenant-Id, under any spelling, is dropped.
 func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, rt *route, tenant string) {
-	r.Header[hdrTenant] = []string{tenant}
-	rt.proxy.ServeHTTP(w, r)
+	rt.proxy.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), tenantKey{}, tenant)))
+}
+
+// stripIdentity deletes every header whose name normalises (case-insensitively, with '_'
+// taken for '-') to the tenant header or to a header that carries the API key. Upstreams
+// built on CGI, WSGI or PHP fold "X-Tenant_Id" and "X-Tenant-Id" into one variable, so
+// either spelling from a client could pose as the gateway's own.
+func (g *Gateway) stripIdentity(h http.Header) {
+	for name := range h {
+		if g.identityHeader(name) {
+			delete(h, name)
+		}
+	}
+}
+
+// identityHeader reports whether name is, normalised, one of the identity headers.
+func (g *Gateway) identityHeader(name string) bool {
+	for _, id := range g.identityHeaders {
+		if sameHeaderName(name, id) {
+			return true
+		}
+	}
+	return false
+}
+
+// sameHeaderName compares header names ignoring ASCII case and treating '_' as '-'.
+func sameHeaderName(a, b string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := 0; i < len(a); i++ {
+		x, y := a[i], b[i]
+		if x == '_' {
+			x = '-'
+		}
+		if y == '_' {
+			y = '-'
+		}
+		if 'A' <= x && x <= 'Z' {
+			x += 'a' - 'A'
+		}
+		if 'A' <= y && y <= 'Z' {
+			y += 'a' - 'A'
+		}
+		if x != y {
+			return false
+		}
+	}
+	return true
 }
 
 // serveUnmatched answers requests no route matches: 401 like any other without a valid

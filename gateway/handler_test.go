@@ -9,6 +9,7 @@ import (
 	"net/http/httptest"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -384,5 +385,53 @@ func TestShardedRuleReachesTheLimiter(t *testing.T) {
 	}
 	if len(keys) < 2 {
 		t.Errorf("bucket keys %v: want per-shard keys", keys)
+	}
+}
+
+// TestTenantHeaderCannotBeStrippedOrDoubled: the upstream always receives exactly the
+// authenticated tenant, whatever the client puts in Connection or spells with '_'.
+func TestTenantHeaderCannotBeStrippedOrDoubled(t *testing.T) {
+	var got http.Header
+	var mu sync.Mutex
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		got = r.Header.Clone()
+		mu.Unlock()
+	}))
+	defer up.Close()
+	gw := newInProcess(t, articleConfig("us-east", up.URL, ""))
+	for _, tc := range []struct {
+		name string
+		hdr  []string
+	}{
+		{"connection names the tenant header", []string{"Connection", "X-Tenant-Id"}},
+		{"connection names it in lowercase", []string{"Connection", "keep-alive, x-tenant-id"}},
+		{"underscore spelling", []string{"X-Tenant_Id", "victim"}},
+		{"underscore lowercase", []string{"x_tenant_id", "victim"}},
+		{"key under another spelling", []string{"X_Api_Key", "key-shop-b"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			resp, body := call(t, "GET", gw.srv.URL+"/orders/1", "key-shop-a", tc.hdr...)
+			if resp.StatusCode != 200 {
+				t.Fatalf("status %d: %s", resp.StatusCode, body)
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			var tenants, keys []string
+			for name, v := range got {
+				if strings.EqualFold(strings.ReplaceAll(name, "_", "-"), "X-Tenant-Id") {
+					tenants = append(tenants, name+"="+strings.Join(v, ","))
+				}
+				if strings.EqualFold(strings.ReplaceAll(name, "_", "-"), "X-Api-Key") {
+					keys = append(keys, name)
+				}
+			}
+			if len(tenants) != 1 || tenants[0] != "X-Tenant-Id=shop-a" {
+				t.Errorf("upstream tenant headers %q, want exactly X-Tenant-Id=shop-a", tenants)
+			}
+			if len(keys) != 0 {
+				t.Errorf("upstream received key headers %q", keys)
+			}
+		})
 	}
 }
