@@ -21,6 +21,7 @@ import (
 	"github.com/goccy/go-yaml/ast"
 	"github.com/goccy/go-yaml/parser"
 	"github.com/jackc/pgx/v5/pgconn"
+	"golang.org/x/net/http/httpguts"
 
 	"github.com/quotaplane/quotaplane/lua"
 	"github.com/quotaplane/quotaplane/regions"
@@ -49,6 +50,7 @@ const (
 	DefaultCapacity          = 20
 	DefaultRefillPerSecond   = 10
 	DefaultMaxHeaderBytes    = 64 << 10
+	DefaultKeyHeader         = "X-Api-Key"
 	// The per-client limit on requests without a valid API key (unauthenticated_limit).
 	DefaultUnauthCapacity   = 100
 	DefaultUnauthRefill     = 10
@@ -111,9 +113,20 @@ type Config struct {
 	TrustedProxies []string `yaml:"trusted_proxies"`
 	// MaxHeaderBytes bounds a request's header block; a larger one is answered 431.
 	MaxHeaderBytes int `yaml:"max_header_bytes"`
+	// Auth is how clients present their API key.
+	Auth AuthConfig `yaml:"auth"`
 
 	// file is where the configuration came from, for error messages.
 	file string
+}
+
+// AuthConfig is how a client presents its API key.
+type AuthConfig struct {
+	// KeyHeader is the header that carries the key (default X-Api-Key).
+	KeyHeader string `yaml:"key_header"`
+	// Bearer also accepts "Authorization: Bearer <key>". The Authorization header is then
+	// an identity header: it never reaches an upstream.
+	Bearer bool `yaml:"bearer"`
 }
 
 // RedisConfig is the region's Redis.
@@ -371,6 +384,9 @@ func (c *Config) normalize() error {
 	if c.MaxHeaderBytes == 0 {
 		c.MaxHeaderBytes = DefaultMaxHeaderBytes
 	}
+	if c.Auth.KeyHeader == "" {
+		c.Auth.KeyHeader = DefaultKeyHeader
+	}
 	if u := &c.UnauthenticatedLimit; !u.Disabled {
 		if u.Capacity == 0 && u.RefillPerSecond == 0 {
 			u.Capacity, u.RefillPerSecond = DefaultUnauthCapacity, DefaultUnauthRefill
@@ -475,6 +491,10 @@ func (c *Config) normalize() error {
 			return bad("unauthenticated_limit.max_clients", "must be between 1 and %d, got %d", maxUnauthClients, u.MaxClients)
 		}
 	}
+	if err := checkKeyHeader(c.Auth.KeyHeader); err != nil {
+		return bad("auth.key_header", "%v", err)
+	}
+	c.Auth.KeyHeader = http.CanonicalHeaderKey(c.Auth.KeyHeader)
 	for i, p := range c.TrustedProxies {
 		if _, err := parseTrustedProxy(p); err != nil {
 			return bad(fmt.Sprintf("trusted_proxies[%d]", i), "%v", err)
@@ -572,6 +592,33 @@ func (c *Config) normalize() error {
 			if err := checkBucket(r.Capacity, r.RefillPerSecond, r.Shards); err != nil {
 				return bad(rk+"."+err.key, "%s", err.reason)
 			}
+		}
+	}
+	return nil
+}
+
+// reservedHeaders may not carry the key: the gateway sets or reads them for its own
+// purpose, or they describe the connection rather than the client.
+var reservedHeaders = []string{
+	hdrTenant, "Authorization", "Connection", "Content-Length", "Content-Type", "Cookie",
+	"Forwarded", "Host", "Keep-Alive", "Proxy-Authorization", "Proxy-Connection", "Te",
+	"Trailer", "Transfer-Encoding", "Upgrade", "X-Forwarded-For", "X-Forwarded-Host",
+	"X-Forwarded-Proto", "X-Forwarded-Method", "X-Forwarded-Uri", "X-Original-Method",
+	"X-Original-Uri", hdrLimit, hdrRemaining, hdrPolicy, hdrRateLimit, hdrRetryAfter,
+}
+
+// checkKeyHeader accepts a header name (an RFC 9110 token of at most 64 bytes) that the
+// gateway does not use for anything else.
+func checkKeyHeader(name string) error {
+	if len(name) > 64 || !httpguts.ValidHeaderFieldName(name) {
+		return fmt.Errorf("%q is not a header name", name)
+	}
+	for _, r := range reservedHeaders {
+		if sameHeaderName(name, r) {
+			if r == "Authorization" {
+				return fmt.Errorf("%q is reserved: set auth.bearer to accept \"Authorization: Bearer <key>\"", name)
+			}
+			return fmt.Errorf("%q is reserved: the gateway or a proxy uses it for something else", name)
 		}
 	}
 	return nil

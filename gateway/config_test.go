@@ -130,6 +130,9 @@ func TestBadConfigs(t *testing.T) {
 		"max-header-bytes-too-small":        `max_header_bytes: must be between 4096 and 1048576, got 100`,
 		"redis-tls-without-rediss":          `redis.tls: only used with a rediss:// redis.url`,
 		"redis-cluster-database":            `redis.cluster: a Redis Cluster has only database 0: drop the /db from redis.url`,
+		"key-header-reserved":               `auth.key_header: "X-Tenant_Id" is reserved: the gateway or a proxy uses it for something else`,
+		"key-header-not-a-name":             `auth.key_header: "X Api Key" is not a header name`,
+		"key-header-authorization":          `auth.key_header: "authorization" is reserved: set auth.bearer to accept "Authorization: Bearer <key>"`,
 	}
 	files, err := filepath.Glob("testdata/bad/*.yaml")
 	if err != nil {

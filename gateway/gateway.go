@@ -73,6 +73,7 @@ type Gateway struct {
 	// identityHeaders are the header names stripped from every proxied request under
 	// any spelling: the tenant header and the headers that carry the key.
 	identityHeaders []string
+	problems        keyProblems
 
 	handler   http.Handler
 	admin     http.Handler
@@ -160,7 +161,11 @@ func New(cfg Config, opts Options) (_ *Gateway, err error) {
 	if err := g.newLimiter(); err != nil {
 		return nil, err
 	}
-	g.identityHeaders = []string{hdrTenant, hdrAPIKey}
+	g.identityHeaders = []string{hdrTenant, g.cfg.Auth.KeyHeader}
+	if g.cfg.Auth.Bearer {
+		g.identityHeaders = append(g.identityHeaders, "Authorization")
+	}
+	g.problems = newKeyProblems(g.cfg.Auth)
 	if err := g.newHandler(); err != nil {
 		return nil, err
 	}

@@ -7,6 +7,7 @@ import (
 	"net/http/httputil"
 	"net/netip"
 	"net/url"
+	"strings"
 	"sync"
 	"time"
 
@@ -16,7 +17,7 @@ import (
 	"github.com/quotaplane/quotaplane/regions"
 )
 
-// maxKeyLen bounds the X-Api-Key value the gateway hashes; longer keys are unknown.
+// maxKeyLen bounds the API key the gateway hashes; longer keys are unknown.
 const maxKeyLen = 256
 
 // newHandler builds the proxy handler: a ServeMux with one handler per route and a
@@ -126,8 +127,8 @@ func stripUpstreamRateHeaders(res *http.Response) error {
 
 // authenticate resolves the request's key to a tenant, or writes the refusal and returns
 // ok false. It never touches Redis. Refusals: 401 for no key or an unknown, revoked or
-// over-long one; 400 for more than one X-Api-Key header (which key would an upstream or
-// a log believe?); 503 before the first snapshot; 429 for a client that has used up its
+// over-long one; 400 for more than one key (which key would an upstream or a log
+// believe?); 503 before the first snapshot; 429 for a client that has used up its
 // unauthenticated_limit, decided before the key is looked up (see clientGuard).
 func (g *Gateway) authenticate(w http.ResponseWriter, r *http.Request, rt *route) (*regions.Snapshot, string, bool) {
 	var client netip.Addr
@@ -138,13 +139,9 @@ func (g *Gateway) authenticate(w http.ResponseWriter, r *http.Request, rt *route
 			return nil, "", false
 		}
 	}
-	vals := r.Header[hdrAPIKey]
-	switch {
-	case len(vals) > 1: // even if some are empty (found by FuzzAPIKeyHeader)
-		g.refuse(w, r, rt, client, problemManyKeys, 0)
-		return nil, "", false
-	case len(vals) == 0 || vals[0] == "":
-		g.refuse(w, r, rt, client, problemMissingKey, 0)
+	key, p := g.readKey(r.Header)
+	if p != nil {
+		g.refuse(w, r, rt, client, p, 0)
 		return nil, "", false
 	}
 	snap := g.snap.Load()
@@ -152,17 +149,54 @@ func (g *Gateway) authenticate(w http.ResponseWriter, r *http.Request, rt *route
 		problemNotReady.write(w)
 		return nil, "", false
 	}
-	key := vals[0]
-	var tenant string
-	ok := len(key) <= maxKeyLen
-	if ok {
-		tenant, ok = snap.Tenant(hashKey(key))
-	}
+	tenant, ok := lookupKey(snap, key)
 	if !ok {
 		g.refuse(w, r, rt, client, problemBadKey, 0)
 		return nil, "", false
 	}
 	return snap, tenant, true
+}
+
+// readKey finds the one API key of a request: the value of auth.key_header, or with
+// auth.bearer the token of "Authorization: Bearer <key>". p is the refusal when there
+// is none (401) or more than one (400).
+func (g *Gateway) readKey(h http.Header) (key string, p *problem) {
+	vals := h[g.cfg.Auth.KeyHeader]
+	var auth []string
+	if g.cfg.Auth.Bearer {
+		auth = h["Authorization"]
+	}
+	switch {
+	case len(vals)+len(auth) > 1: // even if some are empty (found by FuzzAPIKeyHeader)
+		return "", g.problems.manyKeys
+	case len(vals) == 1 && vals[0] != "":
+		return vals[0], nil
+	case len(auth) == 1:
+		if token, ok := bearerToken(auth[0]); ok {
+			return token, nil
+		}
+	}
+	return "", g.problems.missingKey
+}
+
+// bearerToken is the token of an RFC 6750 "Bearer <token>" credential; the scheme is
+// case-insensitive.
+func bearerToken(v string) (string, bool) {
+	const scheme = "bearer "
+	if len(v) <= len(scheme) || !strings.EqualFold(v[:len(scheme)], scheme) {
+		return "", false
+	}
+	token := strings.TrimLeft(v[len(scheme):], " ")
+	return token, token != ""
+}
+
+// lookupKey resolves a presented key to its tenant: false for an unknown, revoked or
+// over-long key.
+func lookupKey(snap *regions.Snapshot, key string) (string, bool) {
+	if key == "" || len(key) > maxKeyLen {
+		return "", false
+	}
+	return snap.Tenant(hashKey(key))
 }
 
 // refuse answers a request that did not authenticate with p, counted as unauthenticated;

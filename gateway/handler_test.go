@@ -435,3 +435,55 @@ func TestTenantHeaderCannotBeStrippedOrDoubled(t *testing.T) {
 		})
 	}
 }
+
+// TestKeyHeaderAndBearer: the key is read from auth.key_header, and with auth.bearer from
+// "Authorization: Bearer"; neither reaches the upstream, two keys are 400.
+func TestKeyHeaderAndBearer(t *testing.T) {
+	var got http.Header
+	var mu sync.Mutex
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		got = r.Header.Clone()
+		mu.Unlock()
+	}))
+	defer up.Close()
+	cfg := articleConfig("us-east", up.URL, "")
+	cfg.Auth = AuthConfig{KeyHeader: "x-client-key", Bearer: true}
+	gw := newInProcess(t, cfg)
+	for _, tc := range []struct {
+		name   string
+		hdr    []string
+		status int
+	}{
+		{"configured header", []string{"X-Client-Key", "key-shop-a"}, 200},
+		{"bearer", []string{"Authorization", "Bearer key-shop-a"}, 200},
+		{"bearer scheme in lowercase", []string{"Authorization", "bearer key-shop-a"}, 200},
+		{"the default header is no longer read", []string{"X-Api-Key", "key-shop-a"}, 401},
+		{"basic credentials are no key", []string{"Authorization", "Basic a2V5"}, 401},
+		{"empty bearer", []string{"Authorization", "Bearer "}, 401},
+		{"unknown bearer", []string{"Authorization", "Bearer nope"}, 401},
+		{"header and bearer", []string{"X-Client-Key", "key-shop-a", "Authorization", "Bearer key-shop-a"}, 400},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			mu.Lock()
+			got = nil
+			mu.Unlock()
+			resp, body := call(t, "GET", gw.srv.URL+"/orders/1", "", tc.hdr...)
+			if tc.status != 200 {
+				checkProblem(t, resp, body, tc.status)
+				if tc.name != "unknown bearer" && !strings.Contains(string(body), "X-Client-Key") {
+					t.Errorf("problem %s does not name the key header", body)
+				}
+				return
+			}
+			if resp.StatusCode != 200 {
+				t.Fatalf("status %d: %s", resp.StatusCode, body)
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if got.Get("X-Tenant-Id") != "shop-a" || got.Get("X-Client-Key") != "" || got.Get("Authorization") != "" {
+				t.Errorf("upstream headers %v: want the tenant and no key", got)
+			}
+		})
+	}
+}
