@@ -13,7 +13,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
-	"github.com/quotaplane/quotaplane/gateway/limiter"
 	"github.com/quotaplane/quotaplane/regions"
 )
 
@@ -30,16 +29,23 @@ func (g *Gateway) newHandler() error {
 	g.transport = transport
 
 	mux := http.NewServeMux()
+	g.routes = make(map[string]*route, len(g.cfg.Routes))
+	g.byPattern = make(map[string]*route, len(g.cfg.Routes))
 	for _, rc := range g.cfg.Routes {
 		target, err := url.Parse(rc.Upstream)
 		if err != nil {
 			return &ConfigError{File: g.cfg.file, Key: "routes.upstream", Reason: redactedReason(err, rc.Upstream)}
 		}
+		lb, _ := parseLimitBy(rc.LimitBy) // normalize has checked it
 		rt := &route{
 			id:       rc.ID,
-			counters: g.m.newRouteCounters(g.cfg.Region, rc.ID),
+			counters: g.m.newRouteCounters(g.cfg.Region, rc.ID, g.doors()...),
 			upErrs:   g.m.upstreamErrors.WithLabelValues(rc.ID),
+			cost:     rc.Cost,
+			limitBy:  lb,
 		}
+		g.routes[rc.ID] = rt
+		g.byPattern[rc.Match] = rt
 		rt.proxy = &httputil.ReverseProxy{
 			Rewrite: func(pr *httputil.ProxyRequest) {
 				pr.SetURL(target)
@@ -79,13 +85,41 @@ func (g *Gateway) newHandler() error {
 	// registering the fallback fails; that is fine.
 	un := &route{id: routeUnmatched}
 	un.counters = &routeCounters{}
-	un.counters[decUnauthenticated][srcNone] = g.m.requests.WithLabelValues(
-		g.cfg.Region, routeUnmatched, decisionNames[decUnauthenticated], sourceNames[srcNone])
+	un.counters[doorProxy][decUnauthenticated][srcNone] = g.m.requests.WithLabelValues(
+		g.cfg.Region, routeUnmatched, decisionNames[decUnauthenticated], sourceNames[srcNone], doorNames[doorProxy])
 	_ = registerPattern(mux, "/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		g.serveUnmatched(w, r, un)
 	}))
+	g.mux = mux
 	g.handler = mux
+	// The RLS service and the check endpoint decide requests that match no route under
+	// the "*" rule, counted as route "*".
+	if doors := g.doors()[1:]; len(doors) > 0 {
+		g.anyRoute = &route{id: regions.Wildcard, counters: g.m.newRouteCounters(g.cfg.Region, regions.Wildcard, doors...)}
+	}
+	if !g.cfg.Check.Disabled {
+		g.handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.URL.Path == checkPath {
+				g.serveCheck(w, r)
+				return
+			}
+			mux.ServeHTTP(w, r)
+		})
+	}
 	return nil
+}
+
+// doors are the interfaces this gateway decides requests for: the proxy, and RLS and
+// the check endpoint when they are on.
+func (g *Gateway) doors() []door {
+	d := []door{doorProxy}
+	if g.cfg.RLSListen != "" {
+		d = append(d, doorRLS)
+	}
+	if !g.cfg.Check.Disabled {
+		d = append(d, doorCheck)
+	}
+	return d
 }
 
 // proxyBuffers lends the reverse proxies the buffers they copy response bodies through.
@@ -130,18 +164,18 @@ func stripUpstreamRateHeaders(res *http.Response) error {
 // over-long one; 400 for more than one key (which key would an upstream or a log
 // believe?); 503 before the first snapshot; 429 for a client that has used up its
 // unauthenticated_limit, decided before the key is looked up (see clientGuard).
-func (g *Gateway) authenticate(w http.ResponseWriter, r *http.Request, rt *route) (*regions.Snapshot, string, bool) {
+func (g *Gateway) authenticate(w http.ResponseWriter, r *http.Request, rt *route, d door) (*regions.Snapshot, string, bool) {
 	var client netip.Addr
 	if g.guard != nil {
 		client = clientKey(g.trusted.clientAddr(r))
 		if retry, blocked := g.guard.blocked(client); blocked {
-			g.refuse(w, r, rt, client, nil, retry)
+			g.refuse(w, r, rt, d, client, nil, retry)
 			return nil, "", false
 		}
 	}
 	key, p := g.readKey(r.Header)
 	if p != nil {
-		g.refuse(w, r, rt, client, p, 0)
+		g.refuse(w, r, rt, d, client, p, 0)
 		return nil, "", false
 	}
 	snap := g.snap.Load()
@@ -151,7 +185,7 @@ func (g *Gateway) authenticate(w http.ResponseWriter, r *http.Request, rt *route
 	}
 	tenant, ok := lookupKey(snap, key)
 	if !ok {
-		g.refuse(w, r, rt, client, problemBadKey, 0)
+		g.refuse(w, r, rt, d, client, problemBadKey, 0)
 		return nil, "", false
 	}
 	return snap, tenant, true
@@ -202,8 +236,8 @@ func lookupKey(snap *regions.Snapshot, key string) (string, bool) {
 // refuse answers a request that did not authenticate with p, counted as unauthenticated;
 // with the per-client limit on it also takes one of the client's attempts, and answers
 // 429 instead when none is left. A nil p means the client is already blocked.
-func (g *Gateway) refuse(w http.ResponseWriter, r *http.Request, rt *route, client netip.Addr, p *problem, retry time.Duration) {
-	rt.counters[decUnauthenticated][srcNone].Inc()
+func (g *Gateway) refuse(w http.ResponseWriter, r *http.Request, rt *route, d door, client netip.Addr, p *problem, retry time.Duration) {
+	rt.counters[d][decUnauthenticated][srcNone].Inc()
 	if p != nil && g.guard != nil {
 		if wait, ok := g.guard.fail(r.Context(), client); !ok {
 			p, retry = nil, wait
@@ -225,50 +259,23 @@ func hashKey(key string) regions.KeyHash {
 
 // serve is the hot path of one routed request.
 func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, rt *route) {
-	snap, tenant, ok := g.authenticate(w, r, rt)
+	snap, tenant, ok := g.authenticate(w, r, rt, doorProxy)
 	if !ok {
 		return
 	}
-	rule, lim, _ := snap.Regional(g.cfg.Region, tenant, rt.id, g.now())
-	start := time.Now()
-	d, err := g.lim.Decide(r.Context(), limiter.Request{Tenant: tenant, Route: rt.id, Limit: lim, Cost: 1, Shards: rule.Shards})
-	elapsed := time.Since(start)
-	if err != nil {
-		if r.Context().Err() != nil {
-			return // the client is gone; there is no one to answer
-		}
-		// Could not decide: let the request through (fail open) and count it. The
-		// client sees no limit headers rather than made-up ones.
-		g.m.decisionErrors.Inc()
-		g.m.duration[srcNone].Observe(elapsed.Seconds())
-		rt.counters[decAllowed][srcNone].Inc()
-		g.tenants.count(tenant, rt.id, decAllowed)
-		g.log.Debug("limiter failed; request let through", "region", g.cfg.Region, "tenant", tenant, "route", rt.id, "err", err)
-		g.forward(w, r, rt, tenant)
+	cost, value, p := g.costAndValue(r, rt)
+	if p != nil {
+		p.write(w)
 		return
 	}
-	src := parseSource(string(d.Source))
-	g.m.duration[src].Observe(elapsed.Seconds())
-	dec := decAllowed
-	if !d.Allowed {
-		dec = decThrottled
-		if rule.Shadow {
-			dec = decShadowThrottled
-		}
+	v, ok := g.decide(r.Context(), ask{door: doorProxy, snap: snap, tenant: tenant, rt: rt, cost: cost, value: value})
+	if !ok {
+		return // the client is gone; there is no one to answer
 	}
-	rt.counters[dec][src].Inc()
-	g.tenants.count(tenant, rt.id, dec)
-
-	// A shadow rule is not enforced, so it is not advertised either: a client must not
-	// slow down for a limit that is only being measured.
-	if !rule.Shadow {
-		refill := lim.RefillPerSecond
-		if lim.Capacity > 0 && d.Limit != lim.Capacity {
-			refill *= float64(d.Limit) / float64(lim.Capacity) // the fallback's 1/N bucket
-		}
-		newRateHeaders(d.Limit, refill, d.Remaining, d.ResetAfter, d.RetryAfter, !d.Allowed).write(w.Header())
+	if v.advertised {
+		v.hdr.write(w.Header())
 	}
-	if dec == decThrottled {
+	if v.dec == decThrottled {
 		problemThrottled.write(w)
 		return
 	}
@@ -335,7 +342,7 @@ func sameHeaderName(a, b string) bool {
 // serveUnmatched answers requests no route matches: 401 like any other without a valid
 // key, 404 with one. Nothing is limited and no tenant series is touched.
 func (g *Gateway) serveUnmatched(w http.ResponseWriter, r *http.Request, rt *route) {
-	if _, _, ok := g.authenticate(w, r, rt); !ok {
+	if _, _, ok := g.authenticate(w, r, rt, doorProxy); !ok {
 		return
 	}
 	g.m.unmatched.Inc()
