@@ -83,7 +83,7 @@ type Gateway struct {
 	admin     http.Handler
 	transport *http.Transport // to the upstreams
 
-	rlsLn net.Listener      // rls_listen, opened by Run
+	rlsLn net.Listener       // rls_listen, opened by Run
 	drain context.CancelFunc // ends drainCtx's context when draining starts
 
 	storeMu sync.Mutex
