@@ -205,3 +205,53 @@ func TestNginxCheckEndpoint(t *testing.T) {
 		t.Fatalf("upstream saw %d requests, want still 2", n)
 	}
 }
+
+// FuzzCheckRequest drives /v1/check with arbitrary original methods, URIs, costs and
+// values: no panic, only the documented statuses, a fixed problem body on refusals, and
+// 200 only with the rate headers of a decided request.
+func FuzzCheckRequest(f *testing.F) {
+	for _, s := range [][4]string{
+		{"POST", "/orders", "", ""}, {"POST", "/export", "5", ""}, {"GET", "/search", "", "u"},
+		{"", "/orders", "", ""}, {"POST", "orders", "", ""}, {"GET", "//x/../search?q=%zz", "", ""},
+		{"POST", "/export", "-1", ""}, {"POST", "/export", "99999999999999999999", ""},
+	} {
+		f.Add(s[0], s[1], s[2], s[3], true)
+	}
+	cfg := checkConfig("http://127.0.0.1:1")
+	cfg.Tenants[0].Rules[0].Capacity = 1 << 40 // never throttled here
+	cfg.Tenants[0].Rules[0].RefillPerSecond = 1 << 30
+	g, err := New(cfg, Options{})
+	if err != nil {
+		f.Fatal(err)
+	}
+	h := g.Handler()
+	f.Fuzz(func(t *testing.T, method, uri, cost, user string, traefik bool) {
+		r := httptest.NewRequest("GET", "/v1/check", nil)
+		r.Header["X-Api-Key"] = []string{"key-shop-a"}
+		if traefik {
+			r.Header["X-Forwarded-Method"], r.Header["X-Forwarded-Uri"] = []string{method}, []string{uri}
+		} else {
+			r.Header["X-Original-Method"], r.Header["X-Original-Uri"] = []string{method}, []string{uri}
+		}
+		if cost != "" {
+			r.Header["X-Cost"] = []string{cost}
+		}
+		if user != "" {
+			r.Header["X-User"] = []string{user}
+		}
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		switch w.Code {
+		case 200:
+			if w.Header().Get("X-Tenant-Id") != "shop-a" {
+				t.Fatalf("200 without the tenant: %v", w.Header())
+			}
+		case 400, 429:
+			if ct := w.Header().Get("Content-Type"); ct != "application/problem+json" {
+				t.Fatalf("%d with Content-Type %q", w.Code, ct)
+			}
+		default:
+			t.Fatalf("status %d for %q %q cost %q user %q", w.Code, method, uri, cost, user)
+		}
+	})
+}

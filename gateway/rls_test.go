@@ -312,3 +312,63 @@ func TestRLSRedisOutageUsesFallback(t *testing.T) {
 		t.Errorf("rls fallback decisions %v, want 3", got)
 	}
 }
+
+// FuzzRLSDescriptor drives the descriptor parser with arbitrary entries and hits: no
+// panic, no error but InvalidArgument-worthy shapes, and an identity only for the one
+// valid key (unknown, missing or doubled identities never reach the limiter).
+func FuzzRLSDescriptor(f *testing.F) {
+	for _, s := range [][6]string{
+		{"api_key", "key-shop-a", "route", "create-order", "remote_address", "10.0.0.1"},
+		{"api_key", "nope", "route", "search", "remote_address", "2001:db8::1"},
+		{"tenant", "shop-a", "route", "*", "", ""},
+		{"api_key", "key-shop-a", "api_key", "key-shop-a", "route", "x"},
+		{"route", "search", "remote_address", "10.0.0.1%eth0", "api_key", "key-shop-a"},
+	} {
+		f.Add(s[0], s[1], s[2], s[3], s[4], s[5], uint32(0), uint64(3), false)
+	}
+	cfg := rlsConfig("http://127.0.0.1:1", "")
+	g, err := New(cfg, Options{})
+	if err != nil {
+		f.Fatal(err)
+	}
+	snap := g.snap.Load()
+	f.Fuzz(func(t *testing.T, k1, v1, k2, v2, k3, v3 string, reqHits uint32, hits uint64, setHits bool) {
+		d := desc(k1, v1, k2, v2, k3, v3)
+		if setHits {
+			d.HitsAddend = wrapperspb.UInt64(hits)
+		}
+		q, err := g.parseDescriptor(snap, d, reqHits)
+		if err != nil {
+			return // more than one route entry
+		}
+		if q.rt == nil {
+			t.Fatal("no route")
+		}
+		if q.unauthenticated || q.refund {
+			return
+		}
+		nKeys := 0
+		for _, e := range d.Entries {
+			if e.Key == "api_key" || e.Key == "tenant" {
+				nKeys++
+			}
+		}
+		if nKeys != 1 || (q.tenant != "shop-a" && q.tenant != "shop-b") {
+			t.Fatalf("entries %v authenticated as %q", d.Entries, q.tenant)
+		}
+		for _, e := range d.Entries {
+			if e.Key == "tenant" {
+				t.Fatalf("an untrusted tenant entry authenticated: %v", d.Entries)
+			}
+		}
+		if q.refused {
+			return
+		}
+		if q.cost < 1 || (q.rt.cost.Max > 0 && q.cost > q.rt.cost.Max) {
+			t.Fatalf("cost %d for route %s (cap %d)", q.cost, q.rt.id, q.rt.cost.Max)
+		}
+		if q.rt.limitBy.kind != limitByNone && (q.value == "" || len(q.value) > 256) {
+			t.Fatalf("route %s limited by value %q", q.rt.id, q.value)
+		}
+	})
+}
