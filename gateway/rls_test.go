@@ -372,3 +372,34 @@ func FuzzRLSDescriptor(f *testing.F) {
 		}
 	})
 }
+
+// TestRLSServedByRun: Run serves rls_listen beside the proxy and stops it on shutdown.
+func TestRLSServedByRun(t *testing.T) {
+	up := newUpstream(t, 0)
+	port, err := local.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := rlsConfig(up.URL, "")
+	cfg.RLSListen = "127.0.0.1:" + strconv.Itoa(port)
+	gw := runInProcess(t, cfg, Options{})
+	conn, err := grpc.NewClient(cfg.RLSListen, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	c := rlsv3.NewRateLimitServiceClient(conn)
+	var r *rlsv3.RateLimitResponse
+	waitFor(t, 10*time.Second, "the RLS listener", func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		r, err = c.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Descriptors: []*rlcommon.RateLimitDescriptor{desc("api_key", "key-shop-a", "route", "create-order")}})
+		return err == nil
+	})
+	if r.OverallCode != rlsOK || r.Statuses[0].LimitRemaining != 1 {
+		t.Fatalf("first RLS call: %v", r)
+	}
+	if resp, _ := call(t, "POST", gw.url+"/orders", "key-shop-a"); resp.StatusCode != 200 {
+		t.Fatalf("proxy: %d", resp.StatusCode)
+	}
+}
