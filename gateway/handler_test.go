@@ -487,3 +487,30 @@ func TestKeyHeaderAndBearer(t *testing.T) {
 		})
 	}
 }
+
+// TestLeasesFromConfig: leases.* in the config reach the limiter: a hot key is then
+// decided from leased tokens (source "lease") with far fewer Redis calls than requests.
+func TestLeasesFromConfig(t *testing.T) {
+	up := newUpstream(t, 0)
+	rp := local.Redis(t)
+	rdb := redis.NewClient(&redis.Options{Addr: rp.Addr()})
+	defer rdb.Close()
+	cfg := articleConfig("us-east", up.URL, local.RedisURL(rp))
+	cfg.Redis.Timeout = 500 * time.Millisecond
+	cfg.DefaultRule = RuleConfig{Capacity: 100000, RefillPerSecond: 100000}
+	cfg.Leases = LeasesConfig{Threshold: 1, Fraction: 1, TTL: time.Minute}
+	gw := newInProcess(t, cfg)
+	before := evalCalls(t, rdb)
+	const n = 200
+	for i := range n {
+		if resp, body := call(t, "GET", gw.srv.URL+"/orders/1", "key-shop-a"); resp.StatusCode != 200 {
+			t.Fatalf("request %d: %d %s", i, resp.StatusCode, body)
+		}
+	}
+	calls := evalCalls(t, rdb) - before
+	leased := scrapeURL(t, gw.admin.URL).sum("ratelimit_requests_total", "route", "get-order", "source", "lease")
+	if leased == 0 || calls > n/4 {
+		t.Fatalf("%v of %d decisions leased with %d Redis calls: leases are not on", leased, n, calls)
+	}
+	t.Logf("%d requests, %v from leases, %d Redis calls", n, leased, calls)
+}
