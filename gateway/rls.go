@@ -77,8 +77,24 @@ func (s *rlsService) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRe
 		switch {
 		case q.refund:
 			continue // refunds are not supported: nothing is taken or given back
+		case !q.unauthenticated && g.guard != nil && q.client.IsValid():
+			// A client blocked by unauthenticated_limit is refused before its key counts,
+			// as by the proxy: a guesser must not learn which guesses hit.
+			if _, blocked := g.guard.blocked(q.client); blocked {
+				q.unauthenticated, q.blocked = true, true
+			}
+		}
+		switch {
 		case q.unauthenticated:
 			q.rt.counters[doorRLS][decUnauthenticated][srcNone].Inc()
+			if g.guard != nil && q.client.IsValid() && !q.blocked {
+				if _, ok := g.guard.fail(ctx, q.client); !ok {
+					q.blocked = true
+				}
+			}
+			if q.blocked {
+				g.m.unauthThrottled.Inc()
+			}
 			st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
 			resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
 			continue
@@ -171,6 +187,11 @@ type rlsAsk struct {
 	unauthenticated bool // no usable identity: over the limit, Redis untouched
 	refused         bool // a cost or value this route refuses: over the limit
 	refund          bool // is_negative_hits: not supported, answered OK untouched
+	// client is the remote_address entry as the unauthenticated guard counts clients;
+	// invalid when there is none. Failed authentications of a client are charged to
+	// unauthenticated_limit, as the proxy does.
+	client  netip.Addr
+	blocked bool // the client has used up its unauthenticated_limit
 }
 
 // errDescriptor is a malformed descriptor (InvalidArgument).
@@ -189,8 +210,13 @@ func (g *Gateway) parseDescriptor(snap *regions.Snapshot, d *rlcommon.RateLimitD
 	}
 	var key, tenant, routeID string
 	var nKey, nTenant, nRoute int
+	var client netip.Addr
 	for _, e := range entries {
 		switch e.GetKey() {
+		case entryRemoteAddress:
+			if a, err := netip.ParseAddr(e.GetValue()); err == nil && a.Zone() == "" {
+				client = clientKey(a.Unmap())
+			}
 		case entryAPIKey:
 			key, nKey = e.GetValue(), nKey+1
 		case entryTenant:
@@ -199,7 +225,7 @@ func (g *Gateway) parseDescriptor(snap *regions.Snapshot, d *rlcommon.RateLimitD
 			routeID, nRoute = e.GetValue(), nRoute+1
 		}
 	}
-	q := rlsAsk{rt: g.anyRoute}
+	q := rlsAsk{rt: g.anyRoute, client: client}
 	if nRoute > 1 {
 		return rlsAsk{}, fmt.Errorf("%w: more than one route entry", errDescriptor)
 	}

@@ -403,3 +403,30 @@ func TestRLSServedByRun(t *testing.T) {
 		t.Fatalf("proxy: %d", resp.StatusCode)
 	}
 }
+
+// TestRLSUnauthenticatedLimit: failed authentications over RLS are charged to the
+// client's unauthenticated_limit by remote_address, as the proxy charges them; once it
+// is used up, even a valid key from that client is OVER_LIMIT, so a guesser learns
+// nothing, while other clients are unaffected.
+func TestRLSUnauthenticatedLimit(t *testing.T) {
+	up := newUpstream(t, 0)
+	cfg := rlsConfig(up.URL, "")
+	cfg.UnauthenticatedLimit = UnauthLimitConfig{Capacity: 2, RefillPerSecond: 0.01}
+	gw := newInProcess(t, cfg)
+	c := rlsClient(t, gw.g)
+	guesser, other := "203.0.113.7", "203.0.113.8"
+	for i := range 3 {
+		if r := shouldRateLimit(t, c, 0, desc("api_key", "guess-"+strconv.Itoa(i), "remote_address", guesser)); r.OverallCode != rlsOver {
+			t.Fatalf("guess %d: %v", i, r.OverallCode)
+		}
+	}
+	if r := shouldRateLimit(t, c, 0, desc("api_key", "key-shop-a", "route", "get-order", "remote_address", guesser)); r.OverallCode != rlsOver {
+		t.Fatalf("a valid key from a blocked client: %v, want OVER_LIMIT", r.OverallCode)
+	}
+	if r := shouldRateLimit(t, c, 0, desc("api_key", "key-shop-a", "route", "get-order", "remote_address", other)); r.OverallCode != rlsOK {
+		t.Fatalf("a valid key from another client: %v, want OK", r.OverallCode)
+	}
+	if got := scrapeURL(t, gw.admin.URL).sum("ratelimit_unauthenticated_throttled_total"); got != 2 {
+		t.Errorf("unauthenticated throttled %v, want 2 (the third guess and the blocked valid key)", got)
+	}
+}
