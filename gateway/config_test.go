@@ -18,7 +18,8 @@ func TestLoadConfigGoodFull(t *testing.T) {
 	}
 	if c.Region != "us-east" || c.Redis.Timeout != 5*time.Millisecond || c.ReloadInterval != 30*time.Second ||
 		c.HeartbeatInterval != 5*time.Second || c.ExpectedInstances != 20 || c.Metrics.MaxTenants != 1000 ||
-		len(c.Routes) != 2 || len(c.Tenants) != 2 || c.Tenants[1].Rules[0].Shards != 2 || c.File() != "testdata/good-full.yaml" ||
+		len(c.Routes) != 3 || c.Routes[2].Cost.Max != 50 || c.Routes[1].LimitBy != "client_ip" || c.Leases.Threshold != 200 || c.RLSListen == "" ||
+		len(c.Tenants) != 2 || c.Tenants[1].Rules[0].Shards != 2 || c.File() != "testdata/good-full.yaml" ||
 		c.UnauthenticatedLimit.Capacity != 100 || len(c.TrustedProxies) != 3 || c.MaxHeaderBytes != 65536 {
 		t.Fatalf("unexpected config: %+v", c)
 	}
