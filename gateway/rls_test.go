@@ -430,3 +430,24 @@ func TestRLSUnauthenticatedLimit(t *testing.T) {
 		t.Errorf("unauthenticated throttled %v, want 2 (the third guess and the blocked valid key)", got)
 	}
 }
+
+// BenchmarkRLSShouldRateLimit is one RLS decision without gRPC or Redis (the local
+// limiter): descriptor parsing, the shared decision path and the response.
+func BenchmarkRLSShouldRateLimit(b *testing.B) {
+	cfg := rlsConfig("http://127.0.0.1:1", "")
+	cfg.Tenants[0].Rules[0].Capacity = 1 << 40
+	cfg.Tenants[0].Rules[0].RefillPerSecond = 1 << 30
+	g, err := New(cfg, Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	s := &rlsService{g: g}
+	req := &rlsv3.RateLimitRequest{Descriptors: []*rlcommon.RateLimitDescriptor{desc("api_key", "key-shop-a", "route", "create-order")}}
+	ctx := context.Background()
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := s.ShouldRateLimit(ctx, req); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
