@@ -563,10 +563,15 @@ func render(o options, rows []row, check []checkRow, rlBuild error, loadStart st
 	fmt.Fprintf(&b, "\nCheck endpoint, %d requests/s open loop for %s (latency from the intended send time):\n\n", o.checkRPS, o.duration)
 	b.WriteString("| path | requests | p50 | p99 | max | statuses | errors |\n|---|---|---|---|---|---|---|\n")
 	for _, c := range check {
-		fmt.Fprintf(&b, "| %s | %d | %s | %s | %s | %v | %d |\n", c.name, c.sent, ms(c.p50), ms(c.p99), ms(c.max), c.statuses, c.errs)
+		var st []string
+		for code, n := range c.statuses {
+			st = append(st, fmt.Sprintf("%d: %d", code, n))
+		}
+		slices.Sort(st)
+		fmt.Fprintf(&b, "| %s | %d | %s | %s | %s | %s | %d |\n", c.name, c.sent, ms(c.p50), ms(c.p99), ms(c.max), strings.Join(st, ", "), c.errs)
 	}
 	if len(check) == 2 {
-		fmt.Fprintf(&b, "\nAdded p99 of nginx + `/v1/check` over nginx alone: %s.\n", ms(check[1].p99-check[0].p99))
+		fmt.Fprintf(&b, "\nAdded by nginx + `/v1/check` over nginx alone: p50 %s, p99 %s.\n", ms(check[1].p50-check[0].p50), ms(check[1].p99-check[0].p99))
 	}
 	return b.String()
 }
