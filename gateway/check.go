@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"errors"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -22,6 +23,7 @@ const (
 var (
 	problemNoOriginal = newProblem(http.StatusBadRequest, "Send the original request's method and URI in X-Original-Method and X-Original-URI (nginx) or X-Forwarded-Method and X-Forwarded-Uri (Traefik).")
 	problemBadCost    = newProblem(http.StatusBadRequest, "This route takes its cost from a request header: send exactly one, a whole number from 1 to the route's maximum.")
+	problemRLSOnly    = newProblem(http.StatusBadRequest, "This route is limited per value of a rate-limit service descriptor entry: it is decided over gRPC (rls_listen), not over HTTP.")
 	problemBadValue   = newProblem(http.StatusBadRequest, "This route is limited per value of a client property: send exactly one non-empty value of at most 256 bytes.")
 )
 
@@ -141,13 +143,13 @@ func (g *Gateway) costAndValue(r *http.Request, rt *route) (cost int64, value st
 		}
 		value = vals[0]
 	case limitByDescriptor:
-		return 0, "", problemBadValue // an RLS descriptor entry: no HTTP request carries it
+		return 0, "", problemRLSOnly // an RLS descriptor entry: no HTTP request carries it
 	}
 	return cost, value, nil
 }
 
 // errBadCost: not a whole number from 1 to the cap.
-var errBadCost = strconv.ErrRange
+var errBadCost = errors.New("cost is not a whole number from 1 to the route's maximum")
 
 // parseCost reads a decimal cost 1..max (max 0: no cap but MaxCost). Signs, spaces and
 // leading zeros beyond "0" are refused: a cost is plain digits.
