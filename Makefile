@@ -8,7 +8,7 @@ FUZZTIME ?= 20s
 # latency and admission across real processes, which -race would only slow down.
 RACE_PKGS = $(shell $(GO) list ./... | grep -v /e2e/faults)
 
-.PHONY: test demo bench lint deps unit faults reliability-figures soak fuzz fuzz-run
+.PHONY: test demo bench bench-rls lint deps unit faults reliability-figures soak fuzz fuzz-run
 
 deps:
 	@./deploy/install-deps.sh
@@ -51,6 +51,8 @@ fuzz-run:
 	$(GO) test -run '^$$' -fuzz '^FuzzAPIKeyHeader$$' -fuzztime $(FUZZTIME) ./gateway/
 	$(GO) test -run '^$$' -fuzz '^FuzzClientAddr$$' -fuzztime $(FUZZTIME) ./gateway/
 	$(GO) test -run '^$$' -fuzz '^FuzzParseConfig$$' -fuzztime $(FUZZTIME) ./gateway/
+	$(GO) test -run '^$$' -fuzz '^FuzzRLSDescriptor$$' -fuzztime $(FUZZTIME) ./gateway/
+	$(GO) test -run '^$$' -fuzz '^FuzzCheckRequest$$' -fuzztime $(FUZZTIME) ./gateway/
 	$(GO) test -run '^$$' -fuzz '^FuzzLuaArguments$$' -fuzztime $(FUZZTIME) ./lua/
 	$(GO) test -run '^$$' -fuzz '^FuzzValidateID$$' -fuzztime $(FUZZTIME) ./regions/
 	$(GO) test -run '^$$' -fuzz '^FuzzParseScope$$' -fuzztime $(FUZZTIME) ./regions/
@@ -61,6 +63,11 @@ fuzz-run:
 ## bench: the benchmark suite (about 12 min); rewrites docs/BENCHMARKS.md and the README headline.
 bench: deps
 	$(GO) run ./cmd/bench -runs 3
+	$(MAKE) --no-print-directory bench-rls
+
+## bench-rls: the gateway's RLS door vs envoyproxy/ratelimit, and nginx + /v1/check (about 2 min); rewrites the figures in docs/proxies.md.
+bench-rls: deps
+	$(GO) run ./cmd/rlsbench
 
 ## demo: the local two-region stack (see README); DURATION=60s runs unattended.
 demo: deps

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Installs the real servers that the tests and the demo start: redis-server, PostgreSQL
-# and Prometheus (with promtool), and the headless Chromium that drives the status page's
+# Installs the real servers that the tests and the demo start: redis-server, PostgreSQL,
+# Prometheus (with promtool), nginx (in front of the check endpoint), and the headless Chromium that drives the status page's
 # browser test, from Debian's packages. Installs only what is missing.
 set -euo pipefail
 
@@ -14,6 +14,7 @@ fi
 command -v prometheus >/dev/null 2>&1 || need+=(prometheus)
 command -v promtool >/dev/null 2>&1 || need+=(prometheus)
 command -v chromium >/dev/null 2>&1 || need+=(chromium)
+command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || need+=(nginx-light)
 
 if [ ${#need[@]} -eq 0 ]; then
   exit 0

@@ -21,6 +21,7 @@ import (
 	"github.com/goccy/go-yaml/ast"
 	"github.com/goccy/go-yaml/parser"
 	"github.com/jackc/pgx/v5/pgconn"
+	"golang.org/x/net/http/httpguts"
 
 	"github.com/quotaplane/quotaplane/lua"
 	"github.com/quotaplane/quotaplane/regions"
@@ -49,6 +50,7 @@ const (
 	DefaultCapacity          = 20
 	DefaultRefillPerSecond   = 10
 	DefaultMaxHeaderBytes    = 64 << 10
+	DefaultKeyHeader         = "X-Api-Key"
 	// The per-client limit on requests without a valid API key (unauthenticated_limit).
 	DefaultUnauthCapacity   = 100
 	DefaultUnauthRefill     = 10
@@ -117,6 +119,18 @@ type Config struct {
 	TrustedProxies []string `yaml:"trusted_proxies"`
 	// MaxHeaderBytes bounds a request's header block; a larger one is answered 431.
 	MaxHeaderBytes int `yaml:"max_header_bytes"`
+	// Auth is how clients present their API key.
+	Auth AuthConfig `yaml:"auth"`
+	// Leases turns on token leases for hot keys (needs redis.url).
+	Leases LeasesConfig `yaml:"leases"`
+	// RLSListen serves Envoy's rate-limit service (gRPC, envoy.service.ratelimit.v3) on
+	// this address; empty means off.
+	RLSListen string `yaml:"rls_listen"`
+	// RLSTrustTenant accepts a "tenant" descriptor entry from the RLS caller as an
+	// already authenticated tenant. Only for callers that authenticated the client.
+	RLSTrustTenant bool `yaml:"rls_trust_tenant"`
+	// Check is the HTTP check endpoint for nginx auth_request and Traefik forwardAuth.
+	Check CheckConfig `yaml:"check"`
 
 	// Observability configures the proxy's access log (observe.go).
 	Observability ObservabilityConfig `yaml:"observability"`
@@ -130,6 +144,21 @@ type Config struct {
 	// normalized is set once normalize has succeeded: checks that need the values as
 	// written, before defaults, are not repeated.
 	normalized bool
+}
+
+// CheckConfig is the check endpoint on the proxy's listener.
+type CheckConfig struct {
+	// Disabled turns /v1/check off: the path is then routed like any other.
+	Disabled bool `yaml:"disabled"`
+}
+
+// AuthConfig is how a client presents its API key.
+type AuthConfig struct {
+	// KeyHeader is the header that carries the key (default X-Api-Key).
+	KeyHeader string `yaml:"key_header"`
+	// Bearer also accepts "Authorization: Bearer <key>". The Authorization header is then
+	// an identity header: it never reaches an upstream.
+	Bearer bool `yaml:"bearer"`
 }
 
 // RedisConfig is the region's Redis.
@@ -198,6 +227,37 @@ type RouteConfig struct {
 	ID       string `yaml:"id"`
 	Match    string `yaml:"match"`
 	Upstream string `yaml:"upstream"`
+	// Cost is how many tokens one request of the route takes.
+	Cost CostConfig `yaml:"cost"`
+	// LimitBy gives each distinct value of a client property a bucket of its own, of the
+	// rule's size: "client_ip", "header:NAME" or "descriptor:NAME" (an RLS descriptor
+	// entry). Empty: one bucket per tenant and route.
+	LimitBy string `yaml:"limit_by"`
+}
+
+// CostConfig is a route's cost: fixed, or read from a request header up to Max.
+type CostConfig struct {
+	// Fixed is the tokens every request takes (default 1); with Header, the cost of an
+	// RLS request that sends no hits_addend.
+	Fixed int64 `yaml:"fixed"`
+	// Header, when set, is the request header that carries the cost (a decimal integer
+	// 1..Max). A missing or malformed value is answered 400, never taken as free.
+	Header string `yaml:"header"`
+	// Max caps the cost a client may ask for, in Header or in an RLS hits_addend: more is
+	// 400 (HTTP) or over the limit (RLS). Required with Header.
+	Max int64 `yaml:"max"`
+}
+
+// LeasesConfig turns on token leases for hot keys (gateway/limiter, lease.go).
+type LeasesConfig struct {
+	// Threshold is the rate (tokens per second, seen by this instance) from which a key
+	// is leased; 0 (default) means leases off.
+	Threshold float64 `yaml:"threshold"`
+	// Fraction bounds the region's over-admission on a leased key (instances x batch) as
+	// a fraction of one second's regional refill (default 0.02).
+	Fraction float64 `yaml:"fraction"`
+	// TTL is how long leased tokens may be spent (default 250ms).
+	TTL time.Duration `yaml:"ttl"`
 }
 
 // TenantConfig is a standalone tenant: its API keys and its rules. Tenant "*" may carry
@@ -393,6 +453,9 @@ func (c *Config) normalize() error {
 	if c.MaxHeaderBytes == 0 {
 		c.MaxHeaderBytes = DefaultMaxHeaderBytes
 	}
+	if c.Auth.KeyHeader == "" {
+		c.Auth.KeyHeader = DefaultKeyHeader
+	}
 	if u := &c.UnauthenticatedLimit; !u.Disabled {
 		if u.Capacity == 0 && u.RefillPerSecond == 0 {
 			u.Capacity, u.RefillPerSecond = DefaultUnauthCapacity, DefaultUnauthRefill
@@ -497,6 +560,10 @@ func (c *Config) normalize() error {
 			return bad("unauthenticated_limit.max_clients", "must be between 1 and %d, got %d", maxUnauthClients, u.MaxClients)
 		}
 	}
+	if err := checkKeyHeader(c.Auth.KeyHeader); err != nil {
+		return bad("auth.key_header", "%v", err)
+	}
+	c.Auth.KeyHeader = http.CanonicalHeaderKey(c.Auth.KeyHeader)
 	for i, p := range c.TrustedProxies {
 		if _, err := parseTrustedProxy(p); err != nil {
 			return bad(fmt.Sprintf("trusted_proxies[%d]", i), "%v", err)
@@ -536,6 +603,28 @@ func (c *Config) normalize() error {
 		if err := checkURL(r.Upstream, "http", "https"); err != nil {
 			return bad(key+".upstream", "%v", err)
 		}
+		if err := c.checkCost(&r.Cost); err != nil {
+			return bad(key+".cost."+err.key, "%s", err.reason)
+		}
+		if _, err := parseLimitBy(r.LimitBy); err != nil {
+			return bad(key+".limit_by", "%v", err)
+		}
+		if lb, _ := parseLimitBy(r.LimitBy); lb.kind == limitByHeader {
+			if err := checkKeyHeader(lb.name); err != nil || sameHeaderName(lb.name, c.Auth.KeyHeader) {
+				return bad(key+".limit_by", "%q cannot be limited by: not a header name, or reserved", lb.name)
+			}
+		}
+	}
+	if c.RLSListen != "" {
+		if err := checkHostPort(c.RLSListen); err != nil {
+			return bad("rls_listen", "%v", err)
+		}
+	}
+	if c.RLSTrustTenant && c.RLSListen == "" {
+		return bad("rls_trust_tenant", "only used with rls_listen")
+	}
+	if err := c.checkLeases(); err != nil {
+		return err
 	}
 
 	if len(c.Tenants) > 0 && !c.Standalone() {
@@ -606,6 +695,127 @@ func (c *Config) normalize() error {
 		return err
 	}
 	c.normalized = true
+	return nil
+}
+
+// MaxCost bounds a route's cost (fixed, or the cap of a header or hits_addend).
+const MaxCost = 1_000_000_000
+
+// checkCost fills a route's cost defaults and validates them.
+func (c *Config) checkCost(k *CostConfig) *bucketError {
+	if k.Fixed == 0 {
+		k.Fixed = 1
+	}
+	if k.Fixed < 1 || k.Fixed > MaxCost {
+		return &bucketError{"fixed", fmt.Sprintf("must be between 1 and %d, got %d", MaxCost, k.Fixed)}
+	}
+	if k.Max < 0 || k.Max > MaxCost {
+		return &bucketError{"max", fmt.Sprintf("must be between 1 and %d, got %d", MaxCost, k.Max)}
+	}
+	if k.Header == "" {
+		if k.Max != 0 && k.Fixed > k.Max {
+			return &bucketError{"fixed", fmt.Sprintf("%d is above max %d", k.Fixed, k.Max)}
+		}
+		return nil
+	}
+	if err := checkKeyHeader(k.Header); err != nil {
+		return &bucketError{"header", err.Error()}
+	}
+	if sameHeaderName(k.Header, c.Auth.KeyHeader) {
+		return &bucketError{"header", fmt.Sprintf("%q is auth.key_header", k.Header)}
+	}
+	k.Header = http.CanonicalHeaderKey(k.Header)
+	if k.Max == 0 {
+		return &bucketError{"max", "required with cost.header: the most tokens one request may ask for"}
+	}
+	if k.Fixed > k.Max {
+		return &bucketError{"fixed", fmt.Sprintf("%d is above max %d", k.Fixed, k.Max)}
+	}
+	return nil
+}
+
+// checkLeases validates leases; the limiter fills the defaults (leaseOptions).
+func (c *Config) checkLeases() error {
+	bad := func(key, format string, args ...any) error {
+		return &ConfigError{File: c.file, Key: key, Reason: fmt.Sprintf(format, args...)}
+	}
+	l := c.Leases
+	if l == (LeasesConfig{}) {
+		return nil
+	}
+	if c.Redis.URL == "" {
+		return bad("leases", "only used with redis.url: without Redis every decision is local already")
+	}
+	if !(l.Threshold >= 0) || math.IsInf(l.Threshold, 0) || l.Threshold > 1e9 {
+		return bad("leases.threshold", "must be between 0 (off) and 1e9 tokens per second, got %v", l.Threshold)
+	}
+	if !(l.Fraction >= 0 && l.Fraction <= 1) {
+		return bad("leases.fraction", "must be between 0 and 1, got %v", l.Fraction)
+	}
+	if l.TTL < 0 || l.TTL > time.Minute {
+		return bad("leases.ttl", "must be between 0 and 1m, got %s", l.TTL)
+	}
+	if l.Threshold == 0 {
+		return bad("leases.threshold", "required (> 0) to turn leases on; remove leases to leave them off")
+	}
+	return nil
+}
+
+// limitBy is a parsed routes[].limit_by.
+type limitBy struct {
+	kind limitByKind
+	name string // the header or descriptor entry
+}
+
+type limitByKind uint8
+
+const (
+	limitByNone limitByKind = iota
+	limitByClientIP
+	limitByHeader
+	limitByDescriptor
+)
+
+// parseLimitBy reads "", "client_ip", "header:NAME" or "descriptor:NAME".
+func parseLimitBy(s string) (limitBy, error) {
+	kind, name, _ := strings.Cut(s, ":")
+	switch {
+	case s == "":
+		return limitBy{}, nil
+	case s == "client_ip":
+		return limitBy{kind: limitByClientIP}, nil
+	case kind == "header" && name != "":
+		return limitBy{kind: limitByHeader, name: http.CanonicalHeaderKey(name)}, nil
+	case kind == "descriptor" && name != "" && len(name) <= 64 && !strings.ContainsAny(name, " \t\r\n"):
+		return limitBy{kind: limitByDescriptor, name: name}, nil
+	}
+	return limitBy{}, fmt.Errorf("%q: want client_ip, header:NAME or descriptor:NAME", s)
+}
+
+// reservedHeaders may not carry the key: the gateway sets or reads them for its own
+// purpose, or they describe the connection rather than the client.
+var reservedHeaders = []string{
+	hdrTenant, "Authorization", "Connection", "Content-Length", "Content-Type", "Cookie",
+	"Forwarded", "Host", "Keep-Alive", "Proxy-Authorization", "Proxy-Connection", "Te",
+	"Trailer", "Transfer-Encoding", "Upgrade", "X-Forwarded-For", "X-Forwarded-Host",
+	"X-Forwarded-Proto", "X-Forwarded-Method", "X-Forwarded-Uri", "X-Original-Method",
+	"X-Original-Uri", hdrLimit, hdrRemaining, hdrPolicy, hdrRateLimit, hdrRetryAfter,
+}
+
+// checkKeyHeader accepts a header name (an RFC 9110 token of at most 64 bytes) that the
+// gateway does not use for anything else.
+func checkKeyHeader(name string) error {
+	if len(name) > 64 || !httpguts.ValidHeaderFieldName(name) {
+		return fmt.Errorf("%q is not a header name", name)
+	}
+	for _, r := range reservedHeaders {
+		if sameHeaderName(name, r) {
+			if r == "Authorization" {
+				return fmt.Errorf("%q is reserved: set auth.bearer to accept \"Authorization: Bearer <key>\"", name)
+			}
+			return fmt.Errorf("%q is reserved: the gateway or a proxy uses it for something else", name)
+		}
+	}
 	return nil
 }
 

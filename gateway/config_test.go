@@ -19,7 +19,8 @@ func TestLoadConfigGoodFull(t *testing.T) {
 	}
 	if c.Region != "us-east" || c.Redis.Timeout != 5*time.Millisecond || c.ReloadInterval != 30*time.Second ||
 		c.HeartbeatInterval != 5*time.Second || c.ExpectedInstances != 20 || c.Metrics.MaxTenants != 1000 ||
-		len(c.Routes) != 2 || len(c.Tenants) != 2 || c.Tenants[1].Rules[0].Shards != 2 || c.File() != "testdata/good-full.yaml" ||
+		len(c.Routes) != 3 || c.Routes[2].Cost.Max != 50 || c.Routes[1].LimitBy != "client_ip" || c.Leases.Threshold != 200 || c.RLSListen == "" ||
+		len(c.Tenants) != 2 || c.Tenants[1].Rules[0].Shards != 2 || c.File() != "testdata/good-full.yaml" ||
 		c.UnauthenticatedLimit.Capacity != 100 || len(c.TrustedProxies) != 3 || c.MaxHeaderBytes != 65536 {
 		t.Fatalf("unexpected config: %+v", c)
 	}
@@ -142,6 +143,20 @@ func TestBadConfigs(t *testing.T) {
 		"access-log-bad-sample-ratio":       "observability.access_log.sample_ratio: must be between 0 and 1",
 		"access-log-with-warn-level":        "observability.access_log.enabled: access log lines are INFO: log_level warn would drop every one (set log_level: info)",
 		"redis-cluster-database":            `redis.cluster: a Redis Cluster has only database 0: drop the /db from redis.url`,
+		"cost-header-without-max":           `routes[0].cost.max: required with cost.header: the most tokens one request may ask for`,
+		"cost-negative-max":                 `routes[0].cost.max: must be between 1 and 1000000000, got -1`,
+		"cost-header-is-key-header":         `routes[0].cost.header: "X-Api-Key" is auth.key_header`,
+		"cost-fixed-above-max":              `routes[0].cost.fixed: 10 is above max 5`,
+		"limit-by-unknown":                  `routes[0].limit_by: "cookie": want client_ip, header:NAME or descriptor:NAME`,
+		"limit-by-reserved-header":          `routes[0].limit_by: "Host" cannot be limited by: not a header name, or reserved`,
+		"rls-listen-bad":                    `rls_listen: want host:port, got "grpc"`,
+		"rls-trust-tenant-without-listen":   `rls_trust_tenant: only used with rls_listen`,
+		"leases-without-redis":              `leases: only used with redis.url: without Redis every decision is local already`,
+		"leases-fraction-above-one":         `leases.fraction: must be between 0 and 1, got 1.5`,
+		"leases-without-threshold":          `leases.threshold: required (> 0) to turn leases on; remove leases to leave them off`,
+		"key-header-reserved":               `auth.key_header: "X-Tenant_Id" is reserved: the gateway or a proxy uses it for something else`,
+		"key-header-not-a-name":             `auth.key_header: "X Api Key" is not a header name`,
+		"key-header-authorization":          `auth.key_header: "authorization" is reserved: set auth.bearer to accept "Authorization: Bearer <key>"`,
 	}
 	files, err := filepath.Glob("testdata/bad/*.yaml")
 	if err != nil {

@@ -74,9 +74,21 @@ type Gateway struct {
 	trusted  trustedProxies
 	rdb      redis.UniversalClient // *redis.Client, or *redis.ClusterClient with redis.cluster
 
+	// identityHeaders are the header names stripped from every proxied request under
+	// any spelling: the tenant header and the headers that carry the key.
+	identityHeaders []string
+	problems        keyProblems
+
 	handler   http.Handler
+	mux       *http.ServeMux    // the routes, for the check endpoint's matching
+	routes    map[string]*route // by id, for RLS descriptors
+	byPattern map[string]*route // by routes[].match, for the check endpoint
+	anyRoute  *route            // "*": RLS and check requests no route matches
 	admin     http.Handler
 	transport *http.Transport // to the upstreams
+
+	rlsLn net.Listener       // rls_listen, opened by Run
+	drain context.CancelFunc // ends drainCtx's context when draining starts
 
 	storeMu sync.Mutex
 	store   *store.Store
@@ -87,6 +99,8 @@ type route struct {
 	id       string
 	proxy    *httputil.ReverseProxy
 	counters *routeCounters
+	cost     CostConfig
+	limitBy  limitBy
 }
 
 // New validates cfg, fills its defaults and builds the gateway. It dials nothing and
@@ -162,6 +176,11 @@ func New(cfg Config, opts Options) (_ *Gateway, err error) {
 	if err := g.newLimiter(); err != nil {
 		return nil, err
 	}
+	g.identityHeaders = []string{hdrTenant, g.cfg.Auth.KeyHeader}
+	if g.cfg.Auth.Bearer {
+		g.identityHeaders = append(g.identityHeaders, "Authorization")
+	}
+	g.problems = newKeyProblems(g.cfg.Auth)
 	if err := g.newHandler(); err != nil {
 		return nil, err
 	}
@@ -206,7 +225,7 @@ func (g *Gateway) newLimiter() error {
 		return err
 	}
 	g.rdb = rdb
-	l, err := limiter.NewRedis(g.rdb, limiter.Options{
+	opts := limiter.Options{
 		Region:             g.cfg.Region,
 		Timeout:            g.cfg.Redis.Timeout,
 		KeyPrefix:          g.cfg.Redis.KeyPrefix,
@@ -217,13 +236,23 @@ func (g *Gateway) newLimiter() error {
 		ExpectedInstances:  g.cfg.ExpectedInstances,
 		Registerer:         g.registerer,
 		Logger:             g.log,
-	})
+	}
+	setLeases(&opts, g.cfg.Leases)
+	l, err := limiter.NewRedis(g.rdb, opts)
 	if err != nil {
 		return fmt.Errorf("gateway %s: redis limiter: %w", g.cfg.Region, err) // New closes g.rdb
 	}
 	g.lim = l
 	g.fallback = l.FallbackActive
 	return nil
+}
+
+// setLeases maps the leases config onto the limiter's options; zero values take the
+// limiter's defaults, a zero threshold leaves leases off.
+func setLeases(o *limiter.Options, l LeasesConfig) {
+	o.LeaseThreshold = l.Threshold
+	o.LeaseFraction = l.Fraction
+	o.LeaseTTL = l.TTL
 }
 
 // warmConns connections are kept open to Redis (per node of a cluster), one per pipeline
@@ -418,6 +447,13 @@ func (g *Gateway) Run(ctx context.Context) error {
 		_ = ln.Close()
 		return fmt.Errorf("gateway %s: admin listen: %w", g.cfg.Region, err)
 	}
+	if g.cfg.RLSListen != "" {
+		if g.rlsLn, err = net.Listen("tcp", g.cfg.RLSListen); err != nil {
+			_ = ln.Close()
+			_ = aln.Close()
+			return fmt.Errorf("gateway %s: rls listen: %w", g.cfg.Region, err)
+		}
+	}
 	return g.run(ctx, ln, aln)
 }
 
@@ -461,6 +497,17 @@ func (g *Gateway) run(ctx context.Context, ln, aln net.Listener) error {
 	}
 	wg.Go(func() { g.rotateTenants(bg) })
 
+	if g.rlsLn != nil {
+		rls, rctx := g.newRLSServer(), g.drainCtx(bg)
+		g.log.Info("rate limit service listening", "region", g.cfg.Region, "rls_listen", g.rlsLn.Addr().String())
+		wg.Go(func() {
+			// The RLS door drains with the proxy: it stops when the gateway starts draining.
+			if err := g.serveRLS(rctx, rls, g.rlsLn); err != nil {
+				g.log.Error("rate limit service stopped", "region", g.cfg.Region, "err", err)
+			}
+		})
+	}
+
 	srv := g.newServer()
 	adm := &http.Server{Handler: g.admin, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(g.log.Handler(), slog.LevelDebug)}
 	errc := make(chan error, 2)
@@ -476,6 +523,9 @@ func (g *Gateway) run(ctx context.Context, ln, aln net.Listener) error {
 		runErr = fmt.Errorf("gateway %s: serve: %w", g.cfg.Region, err)
 	}
 	g.startDraining()
+	if g.drain != nil {
+		g.drain()
+	}
 	g.log.Info("gateway draining", "region", g.cfg.Region, "drain_timeout", g.cfg.DrainTimeout.String())
 	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), g.cfg.DrainTimeout)
 	if err := srv.Shutdown(dctx); err != nil {
@@ -500,6 +550,13 @@ func (g *Gateway) run(ctx context.Context, ln, aln net.Listener) error {
 	}
 	g.log.Info("gateway stopped", "region", g.cfg.Region)
 	return runErr
+}
+
+// drainCtx is a context of parent that also ends when the gateway starts draining.
+func (g *Gateway) drainCtx(parent context.Context) context.Context {
+	ctx, cancel := context.WithCancel(parent)
+	g.drain = cancel
+	return ctx
 }
 
 // newServer is the proxy's http.Server: header size and read timeouts bound what one

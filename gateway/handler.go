@@ -1,21 +1,22 @@
 package gateway
 
 import (
+	"context"
 	"crypto/sha256"
 	"net/http"
 	"net/http/httputil"
 	"net/netip"
 	"net/url"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
-	"github.com/quotaplane/quotaplane/gateway/limiter"
 	"github.com/quotaplane/quotaplane/regions"
 )
 
-// maxKeyLen bounds the X-Api-Key value the gateway hashes; longer keys are unknown.
+// maxKeyLen bounds the API key the gateway hashes; longer keys are unknown.
 const maxKeyLen = 256
 
 // newHandler builds the proxy handler: a ServeMux with one handler per route and a
@@ -28,15 +29,22 @@ func (g *Gateway) newHandler() error {
 	g.transport = transport
 
 	mux := http.NewServeMux()
+	g.routes = make(map[string]*route, len(g.cfg.Routes))
+	g.byPattern = make(map[string]*route, len(g.cfg.Routes))
 	for _, rc := range g.cfg.Routes {
 		target, err := url.Parse(rc.Upstream)
 		if err != nil {
 			return &ConfigError{File: g.cfg.file, Key: "routes.upstream", Reason: redactedReason(err, rc.Upstream)}
 		}
+		lb, _ := parseLimitBy(rc.LimitBy) // normalize has checked it
 		rt := &route{
 			id:       rc.ID,
-			counters: g.m.newRouteCounters(g.cfg.Region, rc.ID),
+			counters: g.m.newRouteCounters(g.cfg.Region, rc.ID, g.doors()...),
+			cost:     rc.Cost,
+			limitBy:  lb,
 		}
+		g.routes[rc.ID] = rt
+		g.byPattern[rc.Match] = rt
 		rt.proxy = &httputil.ReverseProxy{
 			Rewrite: func(pr *httputil.ProxyRequest) {
 				pr.SetURL(target)
@@ -48,9 +56,13 @@ func (g *Gateway) newHandler() error {
 					}
 				}
 				pr.SetXForwarded()
-				// The key stays at the edge; the upstream learns the tenant instead. The
-				// inbound X-Tenant-Id was already replaced by the gateway's own (serve).
-				delete(pr.Out.Header, hdrAPIKey)
+				// The key stays at the edge; the upstream learns the tenant instead. Set on
+				// the outbound request only: the inbound one's Connection header has been
+				// applied already, so "Connection: X-Tenant-Id" cannot remove it.
+				g.stripIdentity(pr.Out.Header)
+				if tenant, ok := pr.In.Context().Value(tenantKey{}).(string); ok {
+					pr.Out.Header[hdrTenant] = []string{tenant}
+				}
 			},
 			Transport:      g.upstreamTransport(rc.ID, transport),
 			BufferPool:     proxyBuffers,
@@ -69,13 +81,42 @@ func (g *Gateway) newHandler() error {
 	// registering the fallback fails; that is fine.
 	un := &route{id: routeUnmatched}
 	un.counters = &routeCounters{}
-	un.counters[decUnauthenticated][srcNone] = g.m.requests.WithLabelValues(
-		g.cfg.Region, routeUnmatched, decisionNames[decUnauthenticated], sourceNames[srcNone])
+	un.counters[doorProxy][decUnauthenticated][srcNone] = g.m.requests.WithLabelValues(
+		g.cfg.Region, routeUnmatched, decisionNames[decUnauthenticated], sourceNames[srcNone], doorNames[doorProxy])
 	_ = registerPattern(mux, "/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		g.serveUnmatched(w, r, un)
 	}))
-	g.handler = g.observeRequests(mux)
+	g.mux = mux
+	var h http.Handler = mux
+	// The RLS service and the check endpoint decide requests that match no route under
+	// the "*" rule, counted as route "*".
+	if doors := g.doors()[1:]; len(doors) > 0 {
+		g.anyRoute = &route{id: regions.Wildcard, counters: g.m.newRouteCounters(g.cfg.Region, regions.Wildcard, doors...)}
+	}
+	if !g.cfg.Check.Disabled {
+		h = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.URL.Path == checkPath {
+				g.serveCheck(w, r)
+				return
+			}
+			mux.ServeHTTP(w, r)
+		})
+	}
+	g.handler = g.observeRequests(h)
 	return nil
+}
+
+// doors are the interfaces this gateway decides requests for: the proxy, and RLS and
+// the check endpoint when they are on.
+func (g *Gateway) doors() []door {
+	d := []door{doorProxy}
+	if g.cfg.RLSListen != "" {
+		d = append(d, doorRLS)
+	}
+	if !g.cfg.Check.Disabled {
+		d = append(d, doorCheck)
+	}
+	return d
 }
 
 // proxyBuffers lends the reverse proxies the buffers they copy response bodies through.
@@ -117,25 +158,21 @@ func stripUpstreamRateHeaders(res *http.Response) error {
 
 // authenticate resolves the request's key to a tenant, or writes the refusal and returns
 // ok false. It never touches Redis. Refusals: 401 for no key or an unknown, revoked or
-// over-long one; 400 for more than one X-Api-Key header (which key would an upstream or
-// a log believe?); 503 before the first snapshot; 429 for a client that has used up its
+// over-long one; 400 for more than one key (which key would an upstream or a log
+// believe?); 503 before the first snapshot; 429 for a client that has used up its
 // unauthenticated_limit, decided before the key is looked up (see clientGuard).
-func (g *Gateway) authenticate(w http.ResponseWriter, r *http.Request, rt *route) (*regions.Snapshot, string, bool) {
+func (g *Gateway) authenticate(w http.ResponseWriter, r *http.Request, rt *route, d door) (*regions.Snapshot, string, bool) {
 	var client netip.Addr
 	if g.guard != nil {
 		client = clientKey(g.trusted.clientAddr(r))
 		if retry, blocked := g.guard.blocked(client); blocked {
-			g.refuse(w, r, rt, client, nil, retry)
+			g.refuse(w, r, rt, d, client, nil, retry)
 			return nil, "", false
 		}
 	}
-	vals := r.Header[hdrAPIKey]
-	switch {
-	case len(vals) > 1: // even if some are empty (found by FuzzAPIKeyHeader)
-		g.refuse(w, r, rt, client, problemManyKeys, 0)
-		return nil, "", false
-	case len(vals) == 0 || vals[0] == "":
-		g.refuse(w, r, rt, client, problemMissingKey, 0)
+	key, p := g.readKey(r.Header)
+	if p != nil {
+		g.refuse(w, r, rt, d, client, p, 0)
 		return nil, "", false
 	}
 	snap := g.snap.Load()
@@ -143,24 +180,61 @@ func (g *Gateway) authenticate(w http.ResponseWriter, r *http.Request, rt *route
 		problemNotReady.write(w)
 		return nil, "", false
 	}
-	key := vals[0]
-	var tenant string
-	ok := len(key) <= maxKeyLen
-	if ok {
-		tenant, ok = snap.Tenant(hashKey(key))
-	}
+	tenant, ok := lookupKey(snap, key)
 	if !ok {
-		g.refuse(w, r, rt, client, problemBadKey, 0)
+		g.refuse(w, r, rt, d, client, problemBadKey, 0)
 		return nil, "", false
 	}
 	return snap, tenant, true
 }
 
+// readKey finds the one API key of a request: the value of auth.key_header, or with
+// auth.bearer the token of "Authorization: Bearer <key>". p is the refusal when there
+// is none (401) or more than one (400).
+func (g *Gateway) readKey(h http.Header) (key string, p *problem) {
+	vals := h[g.cfg.Auth.KeyHeader]
+	var auth []string
+	if g.cfg.Auth.Bearer {
+		auth = h["Authorization"]
+	}
+	switch {
+	case len(vals)+len(auth) > 1: // even if some are empty (found by FuzzAPIKeyHeader)
+		return "", g.problems.manyKeys
+	case len(vals) == 1 && vals[0] != "":
+		return vals[0], nil
+	case len(auth) == 1:
+		if token, ok := bearerToken(auth[0]); ok {
+			return token, nil
+		}
+	}
+	return "", g.problems.missingKey
+}
+
+// bearerToken is the token of an RFC 6750 "Bearer <token>" credential; the scheme is
+// case-insensitive.
+func bearerToken(v string) (string, bool) {
+	const scheme = "bearer "
+	if len(v) <= len(scheme) || !strings.EqualFold(v[:len(scheme)], scheme) {
+		return "", false
+	}
+	token := strings.TrimLeft(v[len(scheme):], " ")
+	return token, token != ""
+}
+
+// lookupKey resolves a presented key to its tenant: false for an unknown, revoked or
+// over-long key.
+func lookupKey(snap *regions.Snapshot, key string) (string, bool) {
+	if key == "" || len(key) > maxKeyLen {
+		return "", false
+	}
+	return snap.Tenant(hashKey(key))
+}
+
 // refuse answers a request that did not authenticate with p, counted as unauthenticated;
 // with the per-client limit on it also takes one of the client's attempts, and answers
 // 429 instead when none is left. A nil p means the client is already blocked.
-func (g *Gateway) refuse(w http.ResponseWriter, r *http.Request, rt *route, client netip.Addr, p *problem, retry time.Duration) {
-	rt.counters[decUnauthenticated][srcNone].Inc()
+func (g *Gateway) refuse(w http.ResponseWriter, r *http.Request, rt *route, d door, client netip.Addr, p *problem, retry time.Duration) {
+	rt.counters[d][decUnauthenticated][srcNone].Inc()
 	if p != nil && g.guard != nil {
 		if wait, ok := g.guard.fail(r.Context(), client); !ok {
 			p, retry = nil, wait
@@ -182,67 +256,90 @@ func hashKey(key string) regions.KeyHash {
 
 // serve is the hot path of one routed request.
 func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, rt *route) {
-	snap, tenant, ok := g.authenticate(w, r, rt)
+	snap, tenant, ok := g.authenticate(w, r, rt, doorProxy)
 	if !ok {
 		return
 	}
-	rule, lim, _ := snap.Regional(g.cfg.Region, tenant, rt.id, g.now())
-	start := time.Now()
-	d, err := g.lim.Decide(r.Context(), limiter.Request{Tenant: tenant, Route: rt.id, Limit: lim, Cost: 1, Shards: rule.Shards})
-	elapsed := time.Since(start)
-	if err != nil {
-		if r.Context().Err() != nil {
-			return // the client is gone; there is no one to answer
-		}
-		// Could not decide: let the request through (fail open) and count it. The
-		// client sees no limit headers rather than made-up ones.
-		g.m.decisionErrors.Inc()
-		g.m.duration[srcNone].Observe(elapsed.Seconds())
-		rt.counters[decAllowed][srcNone].Inc()
-		g.tenants.count(tenant, rt.id, decAllowed)
-		g.log.Debug("limiter failed; request let through", "region", g.cfg.Region, "tenant", tenant, "route", rt.id, "err", err)
-		g.forward(w, r, rt, tenant)
+	cost, value, p := g.costAndValue(r, rt)
+	if p != nil {
+		p.write(w)
 		return
 	}
-	src := parseSource(string(d.Source))
-	g.m.duration[src].Observe(elapsed.Seconds())
-	dec := decAllowed
-	if !d.Allowed {
-		dec = decThrottled
-		if rule.Shadow {
-			dec = decShadowThrottled
-		}
+	v, ok := g.decide(r.Context(), ask{door: doorProxy, snap: snap, tenant: tenant, rt: rt, cost: cost, value: value})
+	if !ok {
+		return // the client is gone; there is no one to answer
 	}
-	rt.counters[dec][src].Inc()
-	g.tenants.count(tenant, rt.id, dec)
-
-	// A shadow rule is not enforced, so it is not advertised either: a client must not
-	// slow down for a limit that is only being measured.
-	if !rule.Shadow {
-		refill := lim.RefillPerSecond
-		if lim.Capacity > 0 && d.Limit != lim.Capacity {
-			refill *= float64(d.Limit) / float64(lim.Capacity) // the fallback's 1/N bucket
-		}
-		newRateHeaders(d.Limit, refill, d.Remaining, d.ResetAfter, d.RetryAfter, !d.Allowed).write(w.Header())
+	if v.advertised {
+		v.hdr.write(w.Header())
 	}
-	if dec == decThrottled {
+	if v.dec == decThrottled {
 		problemThrottled.write(w)
 		return
 	}
 	g.forward(w, r, rt, tenant)
 }
 
+// tenantKey carries the authenticated tenant from serve to the proxy's Rewrite.
+type tenantKey struct{}
+
 // forward proxies to the route's upstream with X-Tenant-Id set to the authenticated
-// tenant; any client-sent X-Tenant-Id is replaced, never passed on.
+// tenant (in Rewrite); any client-sent X-Tenant-Id, under any spelling, is dropped.
 func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, rt *route, tenant string) {
-	r.Header[hdrTenant] = []string{tenant}
-	rt.proxy.ServeHTTP(w, r)
+	rt.proxy.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), tenantKey{}, tenant)))
+}
+
+// stripIdentity deletes every header whose name normalises (case-insensitively, with '_'
+// taken for '-') to the tenant header or to a header that carries the API key. Upstreams
+// built on CGI, WSGI or PHP fold "X-Tenant_Id" and "X-Tenant-Id" into one variable, so
+// either spelling from a client could pose as the gateway's own.
+func (g *Gateway) stripIdentity(h http.Header) {
+	for name := range h {
+		if g.identityHeader(name) {
+			delete(h, name)
+		}
+	}
+}
+
+// identityHeader reports whether name is, normalised, one of the identity headers.
+func (g *Gateway) identityHeader(name string) bool {
+	for _, id := range g.identityHeaders {
+		if sameHeaderName(name, id) {
+			return true
+		}
+	}
+	return false
+}
+
+// sameHeaderName compares header names ignoring ASCII case and treating '_' as '-'.
+func sameHeaderName(a, b string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := 0; i < len(a); i++ {
+		x, y := a[i], b[i]
+		if x == '_' {
+			x = '-'
+		}
+		if y == '_' {
+			y = '-'
+		}
+		if 'A' <= x && x <= 'Z' {
+			x += 'a' - 'A'
+		}
+		if 'A' <= y && y <= 'Z' {
+			y += 'a' - 'A'
+		}
+		if x != y {
+			return false
+		}
+	}
+	return true
 }
 
 // serveUnmatched answers requests no route matches: 401 like any other without a valid
 // key, 404 with one. Nothing is limited and no tenant series is touched.
 func (g *Gateway) serveUnmatched(w http.ResponseWriter, r *http.Request, rt *route) {
-	if _, _, ok := g.authenticate(w, r, rt); !ok {
+	if _, _, ok := g.authenticate(w, r, rt, doorProxy); !ok {
 		return
 	}
 	g.m.unmatched.Inc()

@@ -9,6 +9,7 @@ import (
 	"net/http/httptest"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -385,4 +386,131 @@ func TestShardedRuleReachesTheLimiter(t *testing.T) {
 	if len(keys) < 2 {
 		t.Errorf("bucket keys %v: want per-shard keys", keys)
 	}
+}
+
+// TestTenantHeaderCannotBeStrippedOrDoubled: the upstream always receives exactly the
+// authenticated tenant, whatever the client puts in Connection or spells with '_'.
+func TestTenantHeaderCannotBeStrippedOrDoubled(t *testing.T) {
+	var got http.Header
+	var mu sync.Mutex
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		got = r.Header.Clone()
+		mu.Unlock()
+	}))
+	defer up.Close()
+	gw := newInProcess(t, articleConfig("us-east", up.URL, ""))
+	for _, tc := range []struct {
+		name string
+		hdr  []string
+	}{
+		{"connection names the tenant header", []string{"Connection", "X-Tenant-Id"}},
+		{"connection names it in lowercase", []string{"Connection", "keep-alive, x-tenant-id"}},
+		{"underscore spelling", []string{"X-Tenant_Id", "victim"}},
+		{"underscore lowercase", []string{"x_tenant_id", "victim"}},
+		{"key under another spelling", []string{"X_Api_Key", "key-shop-b"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			resp, body := call(t, "GET", gw.srv.URL+"/orders/1", "key-shop-a", tc.hdr...)
+			if resp.StatusCode != 200 {
+				t.Fatalf("status %d: %s", resp.StatusCode, body)
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			var tenants, keys []string
+			for name, v := range got {
+				if strings.EqualFold(strings.ReplaceAll(name, "_", "-"), "X-Tenant-Id") {
+					tenants = append(tenants, name+"="+strings.Join(v, ","))
+				}
+				if strings.EqualFold(strings.ReplaceAll(name, "_", "-"), "X-Api-Key") {
+					keys = append(keys, name)
+				}
+			}
+			if len(tenants) != 1 || tenants[0] != "X-Tenant-Id=shop-a" {
+				t.Errorf("upstream tenant headers %q, want exactly X-Tenant-Id=shop-a", tenants)
+			}
+			if len(keys) != 0 {
+				t.Errorf("upstream received key headers %q", keys)
+			}
+		})
+	}
+}
+
+// TestKeyHeaderAndBearer: the key is read from auth.key_header, and with auth.bearer from
+// "Authorization: Bearer"; neither reaches the upstream, two keys are 400.
+func TestKeyHeaderAndBearer(t *testing.T) {
+	var got http.Header
+	var mu sync.Mutex
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		got = r.Header.Clone()
+		mu.Unlock()
+	}))
+	defer up.Close()
+	cfg := articleConfig("us-east", up.URL, "")
+	cfg.Auth = AuthConfig{KeyHeader: "x-client-key", Bearer: true}
+	gw := newInProcess(t, cfg)
+	for _, tc := range []struct {
+		name   string
+		hdr    []string
+		status int
+	}{
+		{"configured header", []string{"X-Client-Key", "key-shop-a"}, 200},
+		{"bearer", []string{"Authorization", "Bearer key-shop-a"}, 200},
+		{"bearer scheme in lowercase", []string{"Authorization", "bearer key-shop-a"}, 200},
+		{"the default header is no longer read", []string{"X-Api-Key", "key-shop-a"}, 401},
+		{"basic credentials are no key", []string{"Authorization", "Basic a2V5"}, 401},
+		{"empty bearer", []string{"Authorization", "Bearer "}, 401},
+		{"unknown bearer", []string{"Authorization", "Bearer nope"}, 401},
+		{"header and bearer", []string{"X-Client-Key", "key-shop-a", "Authorization", "Bearer key-shop-a"}, 400},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			mu.Lock()
+			got = nil
+			mu.Unlock()
+			resp, body := call(t, "GET", gw.srv.URL+"/orders/1", "", tc.hdr...)
+			if tc.status != 200 {
+				checkProblem(t, resp, body, tc.status)
+				if tc.name != "unknown bearer" && !strings.Contains(string(body), "X-Client-Key") {
+					t.Errorf("problem %s does not name the key header", body)
+				}
+				return
+			}
+			if resp.StatusCode != 200 {
+				t.Fatalf("status %d: %s", resp.StatusCode, body)
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if got.Get("X-Tenant-Id") != "shop-a" || got.Get("X-Client-Key") != "" || got.Get("Authorization") != "" {
+				t.Errorf("upstream headers %v: want the tenant and no key", got)
+			}
+		})
+	}
+}
+
+// TestLeasesFromConfig: leases.* in the config reach the limiter: a hot key is then
+// decided from leased tokens (source "lease") with far fewer Redis calls than requests.
+func TestLeasesFromConfig(t *testing.T) {
+	up := newUpstream(t, 0)
+	rp := testenv.Redis(t)
+	rdb := redis.NewClient(&redis.Options{Addr: rp.Addr()})
+	defer rdb.Close()
+	cfg := articleConfig("us-east", up.URL, testenv.RedisURL(rp))
+	cfg.Redis.Timeout = 500 * time.Millisecond
+	cfg.DefaultRule = RuleConfig{Capacity: 100000, RefillPerSecond: 100000}
+	cfg.Leases = LeasesConfig{Threshold: 1, Fraction: 1, TTL: time.Minute}
+	gw := newInProcess(t, cfg)
+	before := evalCalls(t, rdb)
+	const n = 200
+	for i := range n {
+		if resp, body := call(t, "GET", gw.srv.URL+"/orders/1", "key-shop-a"); resp.StatusCode != 200 {
+			t.Fatalf("request %d: %d %s", i, resp.StatusCode, body)
+		}
+	}
+	calls := evalCalls(t, rdb) - before
+	leased := scrapeURL(t, gw.admin.URL).sum("ratelimit_requests_total", "route", "get-order", "source", "lease")
+	if leased == 0 || calls > n/4 {
+		t.Fatalf("%v of %d decisions leased with %d Redis calls: leases are not on", leased, n, calls)
+	}
+	t.Logf("%d requests, %v from leases, %d Redis calls", n, leased, calls)
 }

@@ -15,7 +15,6 @@ const (
 	hdrPolicy     = "Ratelimit-Policy"      // RateLimit-Policy
 	hdrRateLimit  = "Ratelimit"             // RateLimit
 	hdrRetryAfter = "Retry-After"
-	hdrAPIKey     = "X-Api-Key"
 	hdrTenant     = "X-Tenant-Id"
 )
 

@@ -48,6 +48,20 @@ func parseSource(s string) source {
 	return srcNone
 }
 
+// door is the interface a decision was asked through, a label of
+// ratelimit_requests_total: the gateway's own reverse proxy, Envoy's rate-limit service
+// (rls_listen), or the HTTP check endpoint (/v1/check, for nginx and Traefik).
+type door uint8
+
+const (
+	doorProxy door = iota
+	doorRLS
+	doorCheck
+	numDoors
+)
+
+var doorNames = [numDoors]string{"proxy", "rls", "check"}
+
 // metrics are the gateway's series; the names are a contract (the rebalancer, ratectl and
 // the dashboards read them). The limiter registers its own (Redis errors, breaker,
 // fallback) on the same registerer.
@@ -79,8 +93,8 @@ func newMetrics(reg prometheus.Registerer, region string, extraBounds []float64)
 	m := &metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "ratelimit_requests_total",
-			Help: "Requests by route, decision (allowed, throttled, shadow_throttled, unauthenticated) and decision source (redis, fallback, local, lease, none).",
-		}, []string{"region", "route", "decision", "source"}),
+			Help: "Requests (RLS descriptors) by route, decision (allowed, throttled, shadow_throttled, unauthenticated), decision source (redis, fallback, local, lease, none) and interface (proxy, rls, check).",
+		}, []string{"region", "route", "decision", "source", "interface"}),
 		tenantRequests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "ratelimit_tenant_requests_total",
 			Help: "Requests of the busiest (tenant, route) pairs, at most metrics.max_tenants of them; the rest count as tenant=\"" + labelOther + "\", route=\"" + labelOther + "\".",
@@ -135,18 +149,21 @@ func newMetrics(reg prometheus.Registerer, region string, extraBounds []float64)
 
 // routeCounters are one route's ratelimit_requests_total series, resolved once so the
 // hot path does no label lookup.
-type routeCounters [numDecisions][numSources]prometheus.Counter
+type routeCounters [numDoors][numDecisions][numSources]prometheus.Counter
 
-// newRouteCounters resolves (and so pre-initialises) a route's series: every decision
-// with every source, except unauthenticated, which only ever has source "none".
-func (m *metrics) newRouteCounters(region, route string) *routeCounters {
+// newRouteCounters resolves (and so pre-initialises) a route's series for the given
+// doors: every decision with every source, except unauthenticated, which only ever has
+// source "none".
+func (m *metrics) newRouteCounters(region, route string, doors ...door) *routeCounters {
 	var rc routeCounters
-	for d := range numDecisions {
-		for s := range numSources {
-			if d == decUnauthenticated && s != srcNone {
-				continue // never counted; left nil
+	for _, i := range doors {
+		for d := range numDecisions {
+			for s := range numSources {
+				if d == decUnauthenticated && s != srcNone {
+					continue // never counted; left nil
+				}
+				rc[i][d][s] = m.requests.WithLabelValues(region, route, decisionNames[d], sourceNames[s], doorNames[i])
 			}
-			rc[d][s] = m.requests.WithLabelValues(region, route, decisionNames[d], sourceNames[s])
 		}
 	}
 	return &rc

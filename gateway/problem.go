@@ -31,16 +31,31 @@ func newProblem(status int, detail string) *problem {
 }
 
 var (
-	problemMissingKey = newProblem(http.StatusUnauthorized, "Send your API key in the X-Api-Key header.")
-	problemBadKey     = newProblem(http.StatusUnauthorized, "The API key is unknown or revoked.")
-	problemNotFound   = newProblem(http.StatusNotFound, "No route matches this method and path.")
-	problemThrottled  = newProblem(http.StatusTooManyRequests, "Rate limit exceeded; retry after the number of seconds in Retry-After.")
-	problemUpstream   = newProblem(http.StatusBadGateway, "The upstream service could not be reached.")
-	problemNotReady   = newProblem(http.StatusServiceUnavailable, "The gateway has not loaded its configuration yet; retry shortly.")
-	problemManyKeys   = newProblem(http.StatusBadRequest, "Send exactly one X-Api-Key header.")
+	problemBadKey    = newProblem(http.StatusUnauthorized, "The API key is unknown or revoked.")
+	problemNotFound  = newProblem(http.StatusNotFound, "No route matches this method and path.")
+	problemThrottled = newProblem(http.StatusTooManyRequests, "Rate limit exceeded; retry after the number of seconds in Retry-After.")
+	problemUpstream  = newProblem(http.StatusBadGateway, "The upstream service could not be reached.")
+	problemNotReady  = newProblem(http.StatusServiceUnavailable, "The gateway has not loaded its configuration yet; retry shortly.")
 	// problemTooManyFailures answers a client blocked by unauthenticated_limit.
 	problemTooManyFailures = newProblem(http.StatusTooManyRequests, "Too many requests without a valid API key from this address; retry after the number of seconds in Retry-After.")
 )
+
+// keyProblems are the refusals that name where the key goes, built once per gateway
+// from auth.
+type keyProblems struct {
+	missingKey, manyKeys *problem
+}
+
+func newKeyProblems(a AuthConfig) keyProblems {
+	where := "the " + a.KeyHeader + " header"
+	if a.Bearer {
+		where += " or as \"Authorization: Bearer <key>\""
+	}
+	return keyProblems{
+		missingKey: newProblem(http.StatusUnauthorized, "Send your API key in "+where+"."),
+		manyKeys:   newProblem(http.StatusBadRequest, "Send exactly one API key, in "+where+"."),
+	}
+}
 
 // write sends the problem. Shared slices are safe in the header map: nothing appends to
 // a response's header after it is written.

@@ -50,7 +50,7 @@ func TestSentinelFailoverUnderLoad(t *testing.T) {
 		rec := httptest.NewRecorder()
 		g.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/orders/1", nil))
 		req := httptest.NewRequest("POST", "/orders", nil)
-		req.Header.Set(hdrAPIKey, "key-shop-a")
+		req.Header.Set(DefaultKeyHeader, "key-shop-a")
 		g.Handler().ServeHTTP(httptest.NewRecorder(), req)
 		return redisDecisions() > 0
 	})
@@ -68,7 +68,7 @@ func TestSentinelFailoverUnderLoad(t *testing.T) {
 				default:
 				}
 				req := httptest.NewRequest("POST", "/orders", nil).WithContext(ctx)
-				req.Header.Set(hdrAPIKey, "key-shop-a")
+				req.Header.Set(DefaultKeyHeader, "key-shop-a")
 				rec := httptest.NewRecorder()
 				g.Handler().ServeHTTP(rec, req)
 				switch rec.Code {

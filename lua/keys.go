@@ -1,6 +1,10 @@
 package lua
 
-import "strconv"
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"strconv"
+)
 
 // DefaultPrefix is the key prefix of Keys with an empty Prefix.
 const DefaultPrefix = "rl"
@@ -33,4 +37,13 @@ func (k Keys) Bucket(tenant, route string) string {
 // hash tag on purpose, so the shards of one hot key spread over a Redis Cluster.
 func (k Keys) Shard(tenant, route string, i int) string {
 	return k.prefix() + ":" + tenant + ":" + route + ":" + strconv.Itoa(i)
+}
+
+// ValueRoute is the route part of a per-value bucket: "route:v:<hash>", the hash being
+// the first 16 bytes of the SHA-256 of value in hex. Values are client data (an IP, a
+// header), so they are hashed: the key holds no ':', '{' or '}' from a client and has a
+// fixed length whatever the value.
+func ValueRoute(route, value string) string {
+	h := sha256.Sum256([]byte(value))
+	return route + ":v:" + hex.EncodeToString(h[:16])
 }

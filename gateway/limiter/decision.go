@@ -61,6 +61,26 @@ type Request struct {
 	// A sharded request's cost must fit in one shard (at most Capacity/K). The Local
 	// limiter and the fallback ignore it.
 	Shards int
+	// Value, when not empty, is a client property (an IP, a header's value, an RLS
+	// descriptor entry) that gets a bucket of its own of the same Limit: the bucket key
+	// becomes "rl:{tenant}:route:v:<hash of Value>" (lua.Keys.ValueRoute), so Value may
+	// hold any bytes. At most MaxValueLen bytes.
+	Value string
+}
+
+// MaxValueLen bounds Request.Value.
+const MaxValueLen = 256
+
+// bucketRoute is the route part of the bucket's name: Route, or Route with the hash of
+// Value for a per-value bucket.
+func (r *Request) bucketRoute() (string, error) {
+	if r.Value == "" {
+		return r.Route, nil
+	}
+	if len(r.Value) > MaxValueLen {
+		return "", fmt.Errorf("%w %s/%s: value of %d bytes is longer than %d", ErrInvalidRequest, r.Tenant, r.Route, len(r.Value), MaxValueLen)
+	}
+	return lua.ValueRoute(r.Route, r.Value), nil
 }
 
 // ErrInvalidRequest is wrapped by the error of a request no bucket can answer: a

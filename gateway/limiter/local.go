@@ -131,6 +131,9 @@ func (l *Local) Decide(ctx context.Context, r Request) (Decision, error) {
 	if err != nil {
 		return Decision{}, err
 	}
+	if r.Route, err = r.bucketRoute(); err != nil {
+		return Decision{}, err
+	}
 	if err := ctx.Err(); err != nil {
 		return Decision{}, fmt.Errorf("decide %s/%s: %w", r.Tenant, r.Route, err)
 	}

@@ -287,6 +287,9 @@ func (l *Redis) Decide(ctx context.Context, r Request) (Decision, error) {
 	if err != nil {
 		return Decision{}, err
 	}
+	if r.Route, err = r.bucketRoute(); err != nil {
+		return Decision{}, err
+	}
 	shards, err := r.shards(cost)
 	if err != nil {
 		return Decision{}, err

@@ -17,13 +17,13 @@ import (
 
 // pkg is the part of `go list -json` the test reads.
 type pkg struct {
-	ImportPath    string
-	Name          string
-	Module        *struct{ Path string }
-	Imports       []string
-	Deps          []string
-	TestImports   []string
-	XTestImports  []string
+	ImportPath   string
+	Name         string
+	Module       *struct{ Path string }
+	Imports      []string
+	Deps         []string
+	TestImports  []string
+	XTestImports []string
 }
 
 // moduleRoot is the directory of go.mod.

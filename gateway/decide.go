@@ -1,0 +1,107 @@
+package gateway
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/quotaplane/quotaplane/gateway/limiter"
+	"github.com/quotaplane/quotaplane/regions"
+)
+
+// ask is one decision asked through any door: the reverse proxy, the RLS gRPC service
+// or the check endpoint. Each door authenticates and reads cost and value its own way;
+// from here on they are one path.
+type ask struct {
+	door   door
+	snap   *regions.Snapshot
+	tenant string
+	rt     *route
+	cost   int64  // >= 1
+	value  string // the per-value bucket of a limit_by route; "" for none
+}
+
+// verdict is the outcome of one decision.
+type verdict struct {
+	dec decision
+	src source
+	// advertised: the headers describe an enforced limit. False under a shadow rule (a
+	// client must not slow down for a limit that is only measured) and when the limiter
+	// could not decide (the request is let through with no made-up headers).
+	advertised bool
+	hdr        rateHeaders
+	// refill is the refill of the bucket that decided (the fallback's is 1/N of the
+	// region's), for the RLS status's current_limit.
+	refill float64
+	// resetAfter is the time until the bucket is full (allowed) or until the next
+	// request can be admitted (throttled).
+	resetAfter time.Duration
+}
+
+// decide is the one decision path of every door: rule lookup, the limiter (Redis with
+// its fallback, leases and shards, or the local limiter), shadow rules, fail open, and
+// the metrics. ok is false only when ctx ended first: there is no one to answer.
+func (g *Gateway) decide(ctx context.Context, a ask) (v verdict, ok bool) {
+	rule, lim, _ := a.snap.Regional(g.cfg.Region, a.tenant, a.rt.id, g.now())
+	start := time.Now()
+	d, err := g.lim.Decide(ctx, limiter.Request{
+		Tenant: a.tenant, Route: a.rt.id, Limit: lim, Cost: a.cost, Shards: rule.Shards, Value: a.value,
+	})
+	elapsed := time.Since(start)
+	switch {
+	case err != nil && ctx.Err() != nil:
+		return verdict{}, false
+	case err != nil && errors.Is(err, limiter.ErrInvalidRequest) && a.cost > 1:
+		// A cost no bucket of this rule can ever hold (above the regional capacity, or
+		// one shard's): refused, never let through as if the limiter had failed.
+		d = limiter.Decision{Allowed: false, Limit: lim.Capacity, RetryAfter: fillTime(lim)}
+		v.src = srcNone
+	case err != nil:
+		// Could not decide: let the request through (fail open) and count it. The
+		// client sees no limit headers rather than made-up ones.
+		g.m.decisionErrors.Inc()
+		g.m.duration[srcNone].Observe(elapsed.Seconds())
+		a.rt.counters[a.door][decAllowed][srcNone].Inc()
+		g.tenants.count(a.tenant, a.rt.id, decAllowed)
+		g.log.Debug("limiter failed; request let through", "region", g.cfg.Region, "tenant", a.tenant, "route", a.rt.id, "err", err)
+		return verdict{dec: decAllowed, src: srcNone}, true
+	default:
+		v.src = parseSource(string(d.Source))
+	}
+	g.m.duration[v.src].Observe(elapsed.Seconds())
+	v.dec = decAllowed
+	if !d.Allowed {
+		v.dec = decThrottled
+		if rule.Shadow {
+			v.dec = decShadowThrottled
+		}
+	}
+	a.rt.counters[a.door][v.dec][v.src].Inc()
+	g.tenants.count(a.tenant, a.rt.id, v.dec)
+	if rule.Shadow {
+		return v, true
+	}
+	v.refill = lim.RefillPerSecond
+	if lim.Capacity > 0 && d.Limit != lim.Capacity {
+		v.refill *= float64(d.Limit) / float64(lim.Capacity) // the fallback's 1/N bucket
+	}
+	v.advertised = true
+	v.hdr = newRateHeaders(d.Limit, v.refill, d.Remaining, d.ResetAfter, d.RetryAfter, !d.Allowed)
+	v.resetAfter = d.ResetAfter
+	if !d.Allowed {
+		v.resetAfter = d.RetryAfter
+	}
+	return v, true
+}
+
+// fillTime is how long an empty bucket of lim takes to fill.
+func fillTime(lim regions.Limit) time.Duration {
+	if !(lim.RefillPerSecond > 0) {
+		return time.Hour
+	}
+	s := float64(lim.Capacity) / lim.RefillPerSecond
+	if s > 86400 {
+		return 24 * time.Hour
+	}
+	return time.Duration(s * float64(time.Second))
+}
