@@ -400,10 +400,30 @@ func (c *Config) File() string { return c.file }
 
 // normalize fills defaults and validates: the one place that does both. It is idempotent.
 func (c *Config) normalize() error {
-	bad := func(key, format string, args ...any) error {
-		return &ConfigError{File: c.file, Key: key, Reason: fmt.Sprintf(format, args...)}
-	}
 	redisSet := c.Redis.configuredKey() // before the defaults fill it in
+	c.fillDefaults()
+	for _, check := range []func() error{
+		c.checkIdentity, c.checkURLs, c.checkTimings, c.checkLimits, c.checkRoutes,
+		c.checkRLS, c.checkLeases, c.checkTenants,
+		func() error { return c.checkMode(redisSet) },
+		c.checkObservability,
+		func() error { return c.Redis.Sentinel.check(c) },
+	} {
+		if err := check(); err != nil {
+			return err
+		}
+	}
+	c.normalized = true
+	return nil
+}
+
+// bad is the ConfigError of key in c's file.
+func (c *Config) bad(key, format string, args ...any) error {
+	return &ConfigError{File: c.file, Key: key, Reason: fmt.Sprintf(format, args...)}
+}
+
+// fillDefaults sets every key the file left out to its default.
+func (c *Config) fillDefaults() {
 	if c.Listen == "" {
 		c.Listen = DefaultListen
 	}
@@ -464,42 +484,55 @@ func (c *Config) normalize() error {
 			u.MaxClients = DefaultUnauthMaxClients
 		}
 	}
+}
 
+// checkIdentity checks the region and the listeners.
+func (c *Config) checkIdentity() error {
 	if c.Region == "" {
-		return bad("region", "required (or --region)")
+		return c.bad("region", "required (or --region)")
 	}
 	if err := regions.ValidateID("region", c.Region); err != nil {
-		return bad("region", "%v", unwrapInvalid(err))
+		return c.bad("region", "%v", unwrapInvalid(err))
 	}
 	if err := checkHostPort(c.Listen); err != nil {
-		return bad("listen", "%v", err)
+		return c.bad("listen", "%v", err)
 	}
 	if err := checkHostPort(c.AdminListen); err != nil {
-		return bad("admin_listen", "%v", err)
+		return c.bad("admin_listen", "%v", err)
 	}
+	return nil
+}
+
+// checkURLs checks the database and Redis URLs and the Redis TLS files.
+func (c *Config) checkURLs() error {
 	if c.DatabaseURL != "" {
 		if err := checkDatabaseURL(c.DatabaseURL); err != nil {
-			return bad("database_url", "%v", err)
+			return c.bad("database_url", "%v", err)
 		}
 	}
 	if c.Redis.URL != "" {
 		if err := checkURL(c.Redis.URL, "redis", "rediss", "unix"); err != nil {
-			return bad("redis.url", "%v", err)
+			return c.bad("redis.url", "%v", err)
 		}
 	}
 	if c.Redis.Cluster {
 		if err := checkClusterURL(c.Redis.URL); err != nil {
-			return bad("redis.cluster", "%v", err)
+			return c.bad("redis.cluster", "%v", err)
 		}
 	}
 	if t := c.Redis.TLS; t != (RedisTLSConfig{}) {
 		if !strings.HasPrefix(c.Redis.URL, "rediss://") && !c.Redis.Sentinel.TLS {
-			return bad("redis.tls", "only used with a rediss:// redis.url (or redis.sentinel.tls)")
+			return c.bad("redis.tls", "only used with a rediss:// redis.url (or redis.sentinel.tls)")
 		}
 		if (t.CertFile == "") != (t.KeyFile == "") {
-			return bad("redis.tls", "give both cert_file and key_file, or neither")
+			return c.bad("redis.tls", "give both cert_file and key_file, or neither")
 		}
 	}
+	return nil
+}
+
+// checkTimings checks every duration, the breaker, the key prefix and the intervals.
+func (c *Config) checkTimings() error {
 	for _, d := range []struct {
 		key string
 		v   time.Duration
@@ -513,122 +546,144 @@ func (c *Config) normalize() error {
 		{"metrics.tenant_interval", c.Metrics.TenantInterval},
 	} {
 		if d.v < 0 {
-			return bad(d.key, "must be a positive duration, got %s", d.v)
+			return c.bad(d.key, "must be a positive duration, got %s", d.v)
 		}
 	}
 	if c.Redis.Timeout > time.Second {
-		return bad("redis.timeout", "%s is longer than 1s: a slow Redis would become a slow gateway", c.Redis.Timeout)
+		return c.bad("redis.timeout", "%s is longer than 1s: a slow Redis would become a slow gateway", c.Redis.Timeout)
 	}
 	if c.Redis.Breaker.OpenFor < 10*time.Millisecond || c.Redis.Breaker.OpenFor > time.Minute {
-		return bad("redis.breaker.open_for", "must be between 10ms and 1m, got %s", c.Redis.Breaker.OpenFor)
+		return c.bad("redis.breaker.open_for", "must be between 10ms and 1m, got %s", c.Redis.Breaker.OpenFor)
 	}
 	if c.Redis.Breaker.FailureSpan > time.Minute {
-		return bad("redis.breaker.failure_span", "%s is longer than 1m: a Redis that is down would cost every request the timeout for that long", c.Redis.Breaker.FailureSpan)
+		return c.bad("redis.breaker.failure_span", "%s is longer than 1m: a Redis that is down would cost every request the timeout for that long", c.Redis.Breaker.FailureSpan)
 	}
 	if c.Redis.Breaker.Failures > 1000 {
-		return bad("redis.breaker.failures", "must be between 1 and 1000, got %d", c.Redis.Breaker.Failures)
+		return c.bad("redis.breaker.failures", "must be between 1 and 1000, got %d", c.Redis.Breaker.Failures)
 	}
 	if err := checkKeyPrefix(c.Redis.KeyPrefix); err != nil {
-		return bad("redis.key_prefix", "%v", err)
+		return c.bad("redis.key_prefix", "%v", err)
 	}
 	if c.ReloadInterval < 100*time.Millisecond {
-		return bad("reload_interval", "%s is shorter than 100ms", c.ReloadInterval)
+		return c.bad("reload_interval", "%s is shorter than 100ms", c.ReloadInterval)
 	}
 	if c.HeartbeatInterval < 10*time.Millisecond {
-		return bad("heartbeat_interval", "%s is shorter than 10ms", c.HeartbeatInterval)
+		return c.bad("heartbeat_interval", "%s is shorter than 10ms", c.HeartbeatInterval)
 	}
 	if c.ExpectedInstances < 0 || c.ExpectedInstances > 10000 {
-		return bad("expected_instances", "must be between 1 and 10000, got %d", c.ExpectedInstances)
+		return c.bad("expected_instances", "must be between 1 and 10000, got %d", c.ExpectedInstances)
 	}
+	return nil
+}
+
+// checkLimits checks the default rule, the unauthenticated limit, the key header, the
+// trusted proxies, the log level and the metrics bounds.
+func (c *Config) checkLimits() error {
 	if c.Metrics.MaxTenants < 0 || c.Metrics.MaxTenants > 100000 {
-		return bad("metrics.max_tenants", "must be between 1 and 100000, got %d", c.Metrics.MaxTenants)
+		return c.bad("metrics.max_tenants", "must be between 1 and 100000, got %d", c.Metrics.MaxTenants)
 	}
 	if _, err := parseLogLevel(c.LogLevel); err != nil {
-		return bad("log_level", "%v", err)
+		return c.bad("log_level", "%v", err)
 	}
 	if err := checkBucket(c.DefaultRule.Capacity, c.DefaultRule.RefillPerSecond, c.DefaultRule.Shards); err != nil {
-		return bad("default_rule."+err.key, "%s", err.reason)
+		return c.bad("default_rule."+err.key, "%s", err.reason)
 	}
 	if c.MaxHeaderBytes < 4<<10 || c.MaxHeaderBytes > 1<<20 {
-		return bad("max_header_bytes", "must be between 4096 and 1048576, got %d", c.MaxHeaderBytes)
+		return c.bad("max_header_bytes", "must be between 4096 and 1048576, got %d", c.MaxHeaderBytes)
 	}
 	if u := c.UnauthenticatedLimit; !u.Disabled {
 		if err := checkBucket(u.Capacity, u.RefillPerSecond, 1); err != nil {
-			return bad("unauthenticated_limit."+err.key, "%s", err.reason)
+			return c.bad("unauthenticated_limit."+err.key, "%s", err.reason)
 		}
 		if u.MaxClients < 1 || u.MaxClients > maxUnauthClients {
-			return bad("unauthenticated_limit.max_clients", "must be between 1 and %d, got %d", maxUnauthClients, u.MaxClients)
+			return c.bad("unauthenticated_limit.max_clients", "must be between 1 and %d, got %d", maxUnauthClients, u.MaxClients)
 		}
 	}
 	if err := checkKeyHeader(c.Auth.KeyHeader); err != nil {
-		return bad("auth.key_header", "%v", err)
+		return c.bad("auth.key_header", "%v", err)
 	}
 	c.Auth.KeyHeader = http.CanonicalHeaderKey(c.Auth.KeyHeader)
 	for i, p := range c.TrustedProxies {
 		if _, err := parseTrustedProxy(p); err != nil {
-			return bad(fmt.Sprintf("trusted_proxies[%d]", i), "%v", err)
+			return c.bad(fmt.Sprintf("trusted_proxies[%d]", i), "%v", err)
 		}
 	}
+	return nil
+}
 
-	if len(c.Routes) == 0 {
-		return bad("routes", "at least one route is required")
-	}
+// checkRoutes checks every route: a unique id, a pattern that no other route shadows, an
+// upstream, its cost and what it is limited by.
+func (c *Config) checkRoutes() error {
 	ids := make(map[string]int, len(c.Routes))
+	if len(c.Routes) == 0 {
+		return c.bad("routes", "at least one route is required")
+	}
 	mux := http.NewServeMux()
 	for i := range c.Routes {
 		r := &c.Routes[i]
 		key := fmt.Sprintf("routes[%d]", i)
 		if err := regions.ValidateID("route", r.ID); err != nil {
-			return bad(key+".id", "%v", unwrapInvalid(err))
+			return c.bad(key+".id", "%v", unwrapInvalid(err))
 		}
 		if r.ID == routeUnmatched || r.ID == labelOther {
-			return bad(key+".id", "%q is reserved for metrics", r.ID)
+			return c.bad(key+".id", "%q is reserved for metrics", r.ID)
 		}
 		if j, dup := ids[r.ID]; dup {
-			return bad(key+".id", "%q is already the id of routes[%d]", r.ID, j)
+			return c.bad(key+".id", "%q is already the id of routes[%d]", r.ID, j)
 		}
 		ids[r.ID] = i
 		if r.Match == "" {
-			return bad(key+".match", "required: a net/http ServeMux pattern such as \"POST /orders\"")
+			return c.bad(key+".match", "required: a net/http ServeMux pattern such as \"POST /orders\"")
 		}
 		if err := registerPattern(mux, r.Match, http.NotFoundHandler()); err != nil {
 			for j := range i {
 				pair := http.NewServeMux()
 				if registerPattern(pair, c.Routes[j].Match, http.NotFoundHandler()) == nil && registerPattern(pair, r.Match, http.NotFoundHandler()) != nil {
-					return bad(key+".match", "%q matches the same requests as routes[%d].match %q", r.Match, j, c.Routes[j].Match)
+					return c.bad(key+".match", "%q matches the same requests as routes[%d].match %q", r.Match, j, c.Routes[j].Match)
 				}
 			}
-			return bad(key+".match", "%v", err)
+			return c.bad(key+".match", "%v", err)
 		}
 		if err := checkURL(r.Upstream, "http", "https"); err != nil {
-			return bad(key+".upstream", "%v", err)
+			return c.bad(key+".upstream", "%v", err)
 		}
 		if err := c.checkCost(&r.Cost); err != nil {
-			return bad(key+".cost."+err.key, "%s", err.reason)
+			return c.bad(key+".cost."+err.key, "%s", err.reason)
 		}
 		if _, err := parseLimitBy(r.LimitBy); err != nil {
-			return bad(key+".limit_by", "%v", err)
+			return c.bad(key+".limit_by", "%v", err)
 		}
 		if lb, _ := parseLimitBy(r.LimitBy); lb.kind == limitByHeader {
 			if err := checkKeyHeader(lb.name); err != nil || sameHeaderName(lb.name, c.Auth.KeyHeader) {
-				return bad(key+".limit_by", "%q cannot be limited by: not a header name, or reserved", lb.name)
+				return c.bad(key+".limit_by", "%q cannot be limited by: not a header name, or reserved", lb.name)
 			}
 		}
 	}
+	return nil
+}
+
+// checkRLS checks the Envoy rate-limit service keys.
+func (c *Config) checkRLS() error {
 	if c.RLSListen != "" {
 		if err := checkHostPort(c.RLSListen); err != nil {
-			return bad("rls_listen", "%v", err)
+			return c.bad("rls_listen", "%v", err)
 		}
 	}
 	if c.RLSTrustTenant && c.RLSListen == "" {
-		return bad("rls_trust_tenant", "only used with rls_listen")
+		return c.bad("rls_trust_tenant", "only used with rls_listen")
 	}
-	if err := c.checkLeases(); err != nil {
-		return err
-	}
+	return nil
+}
 
+// checkTenants checks the tenants of a standalone gateway: unique ids and keys, and rules
+// for routes that exist.
+func (c *Config) checkTenants() error {
+	ids := make(map[string]bool, len(c.Routes))
+	for _, r := range c.Routes {
+		ids[r.ID] = true
+	}
 	if len(c.Tenants) > 0 && !c.Standalone() {
-		return bad("tenants", "only allowed without database_url (standalone mode); with a database, keys and rules live there")
+		return c.bad("tenants", "only allowed without database_url (standalone mode); with a database, keys and rules live there")
 	}
 	tenants := make(map[string]int, len(c.Tenants))
 	hashes := make(map[regions.KeyHash]string)
@@ -637,24 +692,24 @@ func (c *Config) normalize() error {
 		key := fmt.Sprintf("tenants[%d]", i)
 		if t.ID != regions.Wildcard {
 			if err := regions.ValidateID("tenant", t.ID); err != nil {
-				return bad(key+".id", "%v", unwrapInvalid(err))
+				return c.bad(key+".id", "%v", unwrapInvalid(err))
 			}
 		}
 		if j, dup := tenants[t.ID]; dup {
-			return bad(key+".id", "tenant %q is already tenants[%d]", t.ID, j)
+			return c.bad(key+".id", "tenant %q is already tenants[%d]", t.ID, j)
 		}
 		tenants[t.ID] = i
 		if t.ID == regions.Wildcard && len(t.Keys) > 0 {
-			return bad(key+".keys", "tenant \"*\" carries route rules for every tenant and cannot have keys")
+			return c.bad(key+".keys", "tenant \"*\" carries route rules for every tenant and cannot have keys")
 		}
 		for k := range t.Keys {
 			kk := fmt.Sprintf("%s.keys[%d]", key, k)
 			h, err := t.Keys[k].hash()
 			if err != nil {
-				return bad(kk, "%v", err)
+				return c.bad(kk, "%v", err)
 			}
 			if other, dup := hashes[h]; dup {
-				return bad(kk, "the same API key is already given at %s", other)
+				return c.bad(kk, "the same API key is already given at %s", other)
 			}
 			hashes[h] = kk
 		}
@@ -663,38 +718,28 @@ func (c *Config) normalize() error {
 			r := &t.Rules[k]
 			rk := fmt.Sprintf("%s.rules[%d]", key, k)
 			if r.Route == "" {
-				return bad(rk+".route", "required: a route id or \"*\"")
+				return c.bad(rk+".route", "required: a route id or \"*\"")
 			}
 			if r.Route != regions.Wildcard {
-				if _, ok := ids[r.Route]; !ok {
-					return bad(rk+".route", "no route has id %q", r.Route)
+				if !ids[r.Route] {
+					return c.bad(rk+".route", "no route has id %q", r.Route)
 				}
 			}
 			if t.ID == regions.Wildcard && r.Route == regions.Wildcard {
-				return bad(rk+".route", "the rule for every tenant and every route is default_rule")
+				return c.bad(rk+".route", "the rule for every tenant and every route is default_rule")
 			}
 			if routes[r.Route] {
-				return bad(rk+".route", "tenant %q already has a rule for route %q", t.ID, r.Route)
+				return c.bad(rk+".route", "tenant %q already has a rule for route %q", t.ID, r.Route)
 			}
 			routes[r.Route] = true
 			if r.Shards == 0 {
 				r.Shards = 1
 			}
 			if err := checkBucket(r.Capacity, r.RefillPerSecond, r.Shards); err != nil {
-				return bad(rk+"."+err.key, "%s", err.reason)
+				return c.bad(rk+"."+err.key, "%s", err.reason)
 			}
 		}
 	}
-	if err := c.checkMode(redisSet); err != nil {
-		return err
-	}
-	if err := c.checkObservability(); err != nil {
-		return err
-	}
-	if err := c.Redis.Sentinel.check(c); err != nil {
-		return err
-	}
-	c.normalized = true
 	return nil
 }
 
@@ -736,27 +781,24 @@ func (c *Config) checkCost(k *CostConfig) *bucketError {
 
 // checkLeases validates leases; the limiter fills the defaults (leaseOptions).
 func (c *Config) checkLeases() error {
-	bad := func(key, format string, args ...any) error {
-		return &ConfigError{File: c.file, Key: key, Reason: fmt.Sprintf(format, args...)}
-	}
 	l := c.Leases
 	if l == (LeasesConfig{}) {
 		return nil
 	}
 	if c.Redis.URL == "" {
-		return bad("leases", "only used with redis.url: without Redis every decision is local already")
+		return c.bad("leases", "only used with redis.url: without Redis every decision is local already")
 	}
 	if !(l.Threshold >= 0) || math.IsInf(l.Threshold, 0) || l.Threshold > 1e9 {
-		return bad("leases.threshold", "must be between 0 (off) and 1e9 tokens per second, got %v", l.Threshold)
+		return c.bad("leases.threshold", "must be between 0 (off) and 1e9 tokens per second, got %v", l.Threshold)
 	}
 	if !(l.Fraction >= 0 && l.Fraction <= 1) {
-		return bad("leases.fraction", "must be between 0 and 1, got %v", l.Fraction)
+		return c.bad("leases.fraction", "must be between 0 and 1, got %v", l.Fraction)
 	}
 	if l.TTL < 0 || l.TTL > time.Minute {
-		return bad("leases.ttl", "must be between 0 and 1m, got %s", l.TTL)
+		return c.bad("leases.ttl", "must be between 0 and 1m, got %s", l.TTL)
 	}
 	if l.Threshold == 0 {
-		return bad("leases.threshold", "required (> 0) to turn leases on; remove leases to leave them off")
+		return c.bad("leases.threshold", "required (> 0) to turn leases on; remove leases to leave them off")
 	}
 	return nil
 }

@@ -285,6 +285,7 @@ type tenantKey struct{}
 // forward proxies to the route's upstream with X-Tenant-Id set to the authenticated
 // tenant (in Rewrite); any client-sent X-Tenant-Id, under any spelling, is dropped.
 func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, rt *route, tenant string) {
+	noteForwarded(r, tenant)
 	rt.proxy.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), tenantKey{}, tenant)))
 }
 

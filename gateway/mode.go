@@ -1,7 +1,6 @@
 package gateway
 
 import (
-	"fmt"
 	"strings"
 
 	"github.com/quotaplane/quotaplane/regions"
@@ -57,32 +56,29 @@ func (c *Config) ModeSource() string { return c.modeSource }
 // or RATELIMIT_REDIS_URL set to ""): limits would silently become per instance. A
 // gateway without Redis must say so by having no redis section at all.
 func (c *Config) checkMode(redisSet string) error {
-	bad := func(key, format string, args ...any) error {
-		return &ConfigError{File: c.file, Key: key, Reason: fmt.Sprintf(format, args...)}
-	}
 	for _, name := range c.emptyEnv {
 		switch name {
 		case EnvDatabaseURL:
 			if c.DatabaseURL == "" {
-				return bad("database_url", "%s is set but empty: give the PostgreSQL URL, or unset it (and set mode: standalone)", name)
+				return c.bad("database_url", "%s is set but empty: give the PostgreSQL URL, or unset it (and set mode: standalone)", name)
 			}
 		case EnvRedisURL:
 			if c.Redis.URL == "" {
-				return bad("redis.url", "%s is set but empty: give the Redis URL, or unset it and drop the redis section to limit per instance", name)
+				return c.bad("redis.url", "%s is set but empty: give the Redis URL, or unset it and drop the redis section to limit per instance", name)
 			}
 		}
 	}
 	switch c.Mode {
 	case ModeDatabase:
 		if c.DatabaseURL == "" {
-			return bad("database_url", "mode database needs a PostgreSQL URL (database_url, or %s): none is set", EnvDatabaseURL)
+			return c.bad("database_url", "mode database needs a PostgreSQL URL (database_url, or %s): none is set", EnvDatabaseURL)
 		}
 		if c.modeSource == modeSourceUnnormalize {
 			c.modeSource = modeFromConfig
 		}
 	case ModeStandalone:
 		if c.DatabaseURL != "" {
-			return bad("database_url", "mode standalone takes no database (database_url, or %s, is set): set mode: database, or remove the URL", EnvDatabaseURL)
+			return c.bad("database_url", "mode standalone takes no database (database_url, or %s, is set): set mode: database, or remove the URL", EnvDatabaseURL)
 		}
 		if c.modeSource == modeSourceUnnormalize {
 			c.modeSource = modeFromConfig
@@ -94,22 +90,22 @@ func (c *Config) checkMode(redisSet string) error {
 		case len(c.Tenants) > 0:
 			c.modeSource = modeFromTenantsNoDB
 		default:
-			return bad("mode", "not set, and neither database_url (%s) nor tenants say which mode: set mode: database with a database URL, or mode: standalone with tenants", EnvDatabaseURL)
+			return c.bad("mode", "not set, and neither database_url (%s) nor tenants say which mode: set mode: database with a database URL, or mode: standalone with tenants", EnvDatabaseURL)
 		}
 		c.Mode = ModeStandalone
 		if c.DatabaseURL != "" {
 			c.Mode = ModeDatabase
 		}
 	default:
-		return bad("mode", "want %s or %s, got %q", ModeDatabase, ModeStandalone, c.Mode)
+		return c.bad("mode", "want %s or %s, got %q", ModeDatabase, ModeStandalone, c.Mode)
 	}
 	if c.Mode == ModeStandalone && !hasKeys(c.Tenants) {
-		return bad("tenants", "mode standalone needs at least one tenant with a key: without one every request is answered 401")
+		return c.bad("tenants", "mode standalone needs at least one tenant with a key: without one every request is answered 401")
 	}
 	// A file's redis settings without a URL mean the URL was to come from the environment;
 	// a Config built in code has no environment to lose one to.
 	if !c.normalized && c.file != "" && !c.Redis.enabled() && redisSet != "" {
-		return bad("redis.url", "empty, but the redis section sets %s: give the URL (redis.url, or %s), or drop the section to limit per instance", redisSet, EnvRedisURL)
+		return c.bad("redis.url", "empty, but the redis section sets %s: give the URL (redis.url, or %s), or drop the section to limit per instance", redisSet, EnvRedisURL)
 	}
 	return nil
 }

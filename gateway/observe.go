@@ -182,9 +182,10 @@ func (g *Gateway) observeRequests(mux http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
 		logged := o.access.Enabled && (o.access.SampleRatio >= 1 || rand.Float64() < o.access.SampleRatio)
+		var info *accessInfo
 		if logged {
-			// Only the gateway's own X-Tenant-Id (set when it forwards) may reach the log.
-			delete(r.Header, hdrTenant)
+			info = &accessInfo{}
+			r = r.WithContext(context.WithValue(r.Context(), accessInfoKey{}, info))
 		}
 		sw := statusWriters.Get().(*statusWriter)
 		sw.ResponseWriter, sw.code, sw.bytes = w, 0, 0
@@ -197,16 +198,31 @@ func (g *Gateway) observeRequests(mux http.Handler) http.Handler {
 		route := o.routeOf(r)
 		o.request[route][codeClass(code)].Observe(elapsed.Seconds())
 		if logged {
-			o.accessLog(r, route, code, sw.bytes, elapsed)
+			o.accessLog(r, info, route, code, sw.bytes, elapsed)
 		}
 		sw.ResponseWriter = nil
 		statusWriters.Put(sw)
 	})
 }
 
+// accessInfo is what the handler tells the access log of a request it forwarded: the
+// tenant it authenticated (never what the client claimed in a header).
+type accessInfo struct{ tenant string }
+
+// accessInfoKey is the context key of a logged request's *accessInfo.
+type accessInfoKey struct{}
+
+// noteForwarded records, for the access log if this request is logged, the tenant it
+// was forwarded for.
+func noteForwarded(r *http.Request, tenant string) {
+	if info, ok := r.Context().Value(accessInfoKey{}).(*accessInfo); ok {
+		info.tenant = tenant
+	}
+}
+
 // accessLog writes one access line. The fields are a fixed set: no header (the key
 // travels in one), no query string (keys are sometimes put there by mistake).
-func (o *observer) accessLog(r *http.Request, route string, code int, bytes int64, elapsed time.Duration) {
+func (o *observer) accessLog(r *http.Request, info *accessInfo, route string, code int, bytes int64, elapsed time.Duration) {
 	attrs := []slog.Attr{
 		slog.String("region", o.region),
 		slog.String("route", route),
@@ -217,8 +233,8 @@ func (o *observer) accessLog(r *http.Request, route string, code int, bytes int6
 		slog.Float64("duration_seconds", elapsed.Seconds()),
 		slog.String("client", o.trusted.clientAddr(r).String()),
 	}
-	if t := r.Header[hdrTenant]; len(t) == 1 {
-		attrs = append(attrs, slog.String("tenant", t[0]))
+	if info.tenant != "" {
+		attrs = append(attrs, slog.String("tenant", info.tenant))
 	}
 	o.log.LogAttrs(r.Context(), slog.LevelInfo, "access", attrs...)
 }

@@ -40,8 +40,8 @@ func TestSentinelFailoverUnderLoad(t *testing.T) {
 	gw := newInProcess(t, cfg)
 	g := gw.g
 	redisDecisions := func() float64 {
-		return testutil.ToFloat64(g.m.requests.WithLabelValues("us-east", "create-order", "allowed", "redis")) +
-			testutil.ToFloat64(g.m.requests.WithLabelValues("us-east", "create-order", "throttled", "redis"))
+		return testutil.ToFloat64(g.m.requests.WithLabelValues("us-east", "create-order", "allowed", "redis", "proxy")) +
+			testutil.ToFloat64(g.m.requests.WithLabelValues("us-east", "create-order", "throttled", "redis", "proxy"))
 	}
 
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
@@ -140,8 +140,8 @@ func TestSentinelFailoverUnderLoad(t *testing.T) {
 	bound := limit + refill*fb.Seconds() + capacity
 	failoverLimit := refill * recovered.Seconds() // the bucket is empty at the kill: load holds it there
 	decisionErrs := testutil.ToFloat64(g.m.decisionErrors)
-	fallbackDecisions := testutil.ToFloat64(g.m.requests.WithLabelValues("us-east", "create-order", "allowed", "fallback")) +
-		testutil.ToFloat64(g.m.requests.WithLabelValues("us-east", "create-order", "throttled", "fallback"))
+	fallbackDecisions := testutil.ToFloat64(g.m.requests.WithLabelValues("us-east", "create-order", "allowed", "fallback", "proxy")) +
+		testutil.ToFloat64(g.m.requests.WithLabelValues("us-east", "create-order", "throttled", "fallback", "proxy"))
 	t.Logf("sentinel failover: promoted %v after the kill, gateway on the new master %v after the kill; fallback active %v; "+
 		"%d requests, %d undecided (5xx), %v fail-open, %v fallback decisions; admitted %d of limit %.0f (%.2fx) over %v; "+
 		"during the failover admitted %d vs %.0f refilled (%.2fx)",
