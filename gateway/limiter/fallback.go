@@ -17,9 +17,11 @@ import (
 //     to Redis for that rule charges it first, in the same script call, into debt if
 //     need be (the debt argument of lua/token_bucket.lua and lua/lease.lua). The
 //     shared bucket, which went on refilling while Redis was not asked, does not admit
-//     those tokens a second time. A call that timed out after it was sent has most
-//     likely run (Redis was slow, or paused and runs it on resume): its debt is not
-//     kept, and what the fallback admits in its place is not owed.
+//     those tokens a second time. A debt is cleared only once a reply saying what the
+//     script charged was read: a call that failed, timed out or got no answer keeps
+//     its debt (and what the fallback admits in its place is owed too), even if Redis
+//     may run it later. That can charge twice (under-admission), never hand out a
+//     second bucket.
 //
 // So a fallback episode costs latency, not accuracy: what the N fallback buckets admit
 // beyond their refill is taken off what Redis admits afterwards (see owed for the
@@ -60,9 +62,11 @@ func (l *Redis) decideFallback(r Request, cost int64, owe bool) Decision {
 
 // observe lowers the fallback bucket of r to this instance's share of remaining, the
 // whole rule's tokens left as Redis just reported them. It never raises the bucket. A
-// missing (full) bucket is added only when the share is at most half of it, so a healthy
-// gateway does not hold a fallback bucket for every key it decides; the tokens a bucket
-// so left full may admit in an outage are charged back like any others.
+// missing (full) bucket is added whenever the share is below full: a fallback that
+// started full while Redis held less would admit, in an outage, tokens Redis had
+// already given out, and a debt charged afterwards cannot take back what was admitted
+// within the window. (Local evicts buckets once they are full again, so a healthy
+// gateway holds buckets only for keys used within their time-to-fill.)
 func (l *Redis) observe(r Request, remaining int64) {
 	n := l.instanceCount()
 	lim := fallbackLimit(r.Limit, n)
@@ -70,11 +74,10 @@ func (l *Redis) observe(r Request, remaining int64) {
 	if share >= float64(lim.Capacity) {
 		return // a missing bucket is full: nothing to lower
 	}
-	add := 2*share <= float64(lim.Capacity)
 	now := l.fallback.now()
 	l.fallback.update(now, r.Tenant, r.Route, lim, func(e entry, owed int64) (entry, int64, bool) {
 		e.b.lower(now, lim.Capacity, lim.RefillPerSecond, share)
-		return e, owed, add
+		return e, owed, true
 	})
 }
 

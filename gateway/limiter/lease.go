@@ -366,8 +366,8 @@ func (l *Redis) refillLocked(ctx context.Context, s *leaseShard, k *hotKey, lim 
 	r := Request{Tenant: k.tenant, Route: k.route, Limit: lim}
 	debt := l.owed(r, slim)
 	a, answered, _ := l.call(ctx, lua.ScriptLease, key, slim, want, debt)
-	if !answered && !a.maybeRan {
-		l.stillOwed(r, debt)
+	if !answered {
+		l.stillOwed(r, debt) // no reply read: the debt stays owed
 	} else if answered && debt > 0 {
 		l.m.repaid.Add(float64(debt))
 	}

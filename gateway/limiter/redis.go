@@ -318,17 +318,18 @@ func (l *Redis) Decide(ctx context.Context, r Request) (Decision, error) {
 func (l *Redis) take(ctx context.Context, r Request, cost int64, key string, lim regions.Limit) (Decision, error) {
 	debt := l.owed(r, lim)
 	a, ok, err := l.call(ctx, lua.ScriptTake, key, lim, cost, debt)
-	if !ok && !a.maybeRan {
+	if !ok {
+		// No reply was read, so the call did not count, whatever Redis may do with it
+		// later: the debt stays owed and what the fallback admits is owed too. A call
+		// that did run (a paused Redis runs it on resume) is then charged twice, which
+		// errs toward under-admission, never toward a second bucket.
 		l.stillOwed(r, debt)
 	}
 	if err != nil {
 		return Decision{}, fmt.Errorf("decide %s/%s: %w", r.Tenant, r.Route, err)
 	}
 	if !ok {
-		// A call that timed out after it was sent has most likely run (Redis was slow,
-		// or paused and will run it when it resumes): it took this request's tokens,
-		// if there were any, and charged the debt. The fallback decides without owing.
-		return l.decideFallback(r, cost, !a.maybeRan), nil
+		return l.decideFallback(r, cost, true), nil
 	}
 	if debt > 0 { // a counter's Add is an atomic write: not for every decision
 		l.m.repaid.Add(float64(debt))
