@@ -58,7 +58,7 @@ func (b *bench) redisMemoryRun(ctx context.Context, run int) error {
 		if _, err := tb.Take(ctx, key, capacity, refill, 1); err != nil {
 			return fmt.Errorf("redis memory: %w", err)
 		}
-		usage, err := rdb.MemoryUsage(ctx, key).Result()
+		usage, err := rdb.MemoryUsage(ctx, key.Key).Result()
 		if err != nil {
 			return fmt.Errorf("redis memory: MEMORY USAGE: %w", err)
 		}
@@ -67,7 +67,7 @@ func (b *bench) redisMemoryRun(ctx context.Context, run int) error {
 		} else {
 			m.longest = usage
 		}
-		if err := rdb.Del(ctx, key).Err(); err != nil {
+		if err := rdb.Del(ctx, key.Key, key.Record).Err(); err != nil {
 			return err
 		}
 	}

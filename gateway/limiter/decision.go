@@ -59,8 +59,13 @@ type Request struct {
 	// (no hash tag, so they spread over a Redis Cluster), each holding ShardLimit of it;
 	// a decision takes from a random shard and, when that one rejects, from one other.
 	// A sharded request's cost must fit in one shard (at most Capacity/K). The Local
-	// limiter and the fallback ignore it.
+	// limiter and the fallback ignore it, and so does a request with a Value.
 	Shards int
+	// Value, when not empty, is a client value (a client IP, a header value, an RLS
+	// descriptor value) that gets a bucket of its own of the rule's size: key
+	// "rl:{tenant}:route:v:<hash>" (lua.Keys.Value: 22 characters of SHA-256 whatever the
+	// value's length). The Local limiter and the fallback key by it too.
+	Value string
 }
 
 // ErrInvalidRequest is wrapped by the error of a request no bucket can answer: a

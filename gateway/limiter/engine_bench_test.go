@@ -107,7 +107,7 @@ func limiterMode(name string, opts Options, lim regions.Limit) engineMode {
 // no breaker): the round trip the limiter's own cost is measured against.
 var bareMode = engineMode{name: "bare-evalsha", build: func(b *testing.B, rdb *redis.Client) func(context.Context, int) (bool, error) {
 	tb := lua.NewTokenBucket(rdb)
-	keys := make([]string, 100_000)
+	keys := make([]lua.Ref, 100_000)
 	for i := range keys {
 		keys[i] = lua.Keys{}.Bucket(fmt.Sprintf("tenant-%06d", i), "create-order")
 	}

@@ -49,7 +49,7 @@ func (l *Redis) decideFallback(r Request, cost int64, owe bool) Decision {
 	cost = min(cost, lim.Capacity)
 	now := l.fallback.now()
 	var d Decision
-	l.fallback.update(now, r.Tenant, r.Route, lim, func(e entry, owed int64) (entry, int64, bool) {
+	l.fallback.update(now, idOf(r), lim, func(e entry, owed int64) (entry, int64, bool) {
 		d = e.b.Take(now, lim.Capacity, lim.RefillPerSecond, cost)
 		if d.Allowed && owe {
 			owed += cost
@@ -75,7 +75,7 @@ func (l *Redis) observe(r Request, remaining int64) {
 		return // a missing bucket is full: nothing to lower
 	}
 	now := l.fallback.now()
-	l.fallback.update(now, r.Tenant, r.Route, lim, func(e entry, owed int64) (entry, int64, bool) {
+	l.fallback.update(now, idOf(r), lim, func(e entry, owed int64) (entry, int64, bool) {
 		e.b.lower(now, lim.Capacity, lim.RefillPerSecond, share)
 		return e, owed, true
 	})
@@ -98,7 +98,7 @@ func (l *Redis) owed(r Request, lim regions.Limit) int64 {
 	now := l.fallback.now()
 	flim := fallbackLimit(r.Limit, l.instanceCount())
 	var debt int64
-	l.fallback.update(now, r.Tenant, r.Route, flim, func(e entry, owed int64) (entry, int64, bool) {
+	l.fallback.update(now, idOf(r), flim, func(e entry, owed int64) (entry, int64, bool) {
 		if owed <= 0 {
 			return e, 0, false
 		}
@@ -118,7 +118,7 @@ func (l *Redis) stillOwed(r Request, debt int64) {
 	if debt == 0 {
 		return
 	}
-	l.fallback.update(l.fallback.now(), r.Tenant, r.Route, fallbackLimit(r.Limit, l.instanceCount()), func(e entry, owed int64) (entry, int64, bool) {
+	l.fallback.update(l.fallback.now(), idOf(r), fallbackLimit(r.Limit, l.instanceCount()), func(e entry, owed int64) (entry, int64, bool) {
 		return e, owed + debt, false
 	})
 }

@@ -103,7 +103,7 @@ func TestFallbackKnowsWhatRedisAdmitted(t *testing.T) {
 	if d := mustDecide(t, b, req("fresh")); d.Allowed || d.Source != SourceRedis {
 		t.Errorf("fresh after the episode: %+v, want refused by redis", d)
 	}
-	if got, err := rdb.HGet(context.Background(), keys.Bucket("t", "fresh"), "tokens").Float64(); err != nil || got > -4.99 || got < -5 {
+	if got, err := rdb.HGet(context.Background(), keys.Bucket("t", "fresh").Key, "tokens").Float64(); err != nil || got > -4.99 || got < -5 {
 		t.Errorf("fresh's tokens in Redis = %v, %v; want -5 (the fallback's admissions, charged as debt)", got, err)
 	}
 	if v := metricValue(t, reg, "ratelimit_fallback_repaid_tokens_total", nil) - probes; v != 7 {

@@ -121,7 +121,7 @@ type hotKey struct {
 	expires      int64 // held tokens may be spent before this time (Unix ns)
 	batch        int64 // the batch of the last lease; 0 when not leasing
 	instances    int
-	key          string        // the bucket (or shard) the held tokens came from
+	key          lua.Ref       // the bucket (or shard) the held tokens came from
 	lim          regions.Limit // that bucket's limit, for Return
 	refilling    bool          // a lease call is out; wait is closed when it returns
 	wait         chan struct{}
@@ -368,8 +368,8 @@ func (l *Redis) refillLocked(ctx context.Context, s *leaseShard, k *hotKey, lim 
 	a, answered, _ := l.call(ctx, lua.ScriptLease, key, slim, want, debt)
 	if !answered {
 		l.stillOwed(r, debt) // no reply read: the debt stays owed
-	} else if answered && debt > 0 {
-		l.m.repaid.Add(float64(debt))
+	} else {
+		l.repaid(debt, a.res.Charged)
 	}
 	granted, calls := a.granted, 1
 	if answered && 2*granted < want && shards > 1 {
@@ -440,7 +440,7 @@ func backoff(granted, want int64, res lua.Result, shards, calls, instances int, 
 
 // giveBack returns n unspent tokens to the bucket at key. A failure loses them (the
 // bucket refills them), which can only under-admit; it is counted with the others.
-func (l *Redis) giveBack(ctx context.Context, key string, lim regions.Limit, n int64) {
+func (l *Redis) giveBack(ctx context.Context, key lua.Ref, lim regions.Limit, n int64) {
 	l.m.returnCalls.Inc()
 	if _, ok, _ := l.call(context.WithoutCancel(ctx), lua.ScriptReturn, key, lim, n, 0); ok {
 		l.m.leaseReturned.Add(float64(n))

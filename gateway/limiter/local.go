@@ -134,7 +134,7 @@ func (l *Local) Decide(ctx context.Context, r Request) (Decision, error) {
 	if err := ctx.Err(); err != nil {
 		return Decision{}, fmt.Errorf("decide %s/%s: %w", r.Tenant, r.Route, err)
 	}
-	d := l.take(l.now(), r.Tenant, r.Route, r.Limit, cost)
+	d := l.takeID(l.now(), idOf(r), r.Limit, cost)
 	d.Source = SourceLocal
 	return d, nil
 }
@@ -173,32 +173,47 @@ func (l *Local) Sweep() int {
 	return n
 }
 
-// key hashes (tenant, route) and picks its shard. Each id is hashed on its own, with
-// the seed (no copy through a Hash's buffer), and the two hashes are mixed by an odd
-// multiplier, so ("ab", "c") and ("a", "bc"), or ("a", "b") and ("b", "a"), differ.
-func (l *Local) key(tenant, route string) (uint64, *shard) {
-	k := maphash.String(l.seed, tenant)*0x9e3779b97f4a7c15 ^ maphash.String(l.seed, route)
+// bucketID names one in-memory bucket: a tenant's route, and a client value of it
+// (Request.Value) or "".
+type bucketID struct{ tenant, route, value string }
+
+func idOf(r Request) bucketID { return bucketID{r.Tenant, r.Route, r.Value} }
+
+// key hashes id and picks its shard. Each id is hashed on its own, with the seed (no
+// copy through a Hash's buffer), and the hashes are mixed by odd multipliers, so
+// ("ab", "c") and ("a", "bc"), or ("a", "b") and ("b", "a"), differ. A value, of any
+// length, is hashed the same way: the map holds 64-bit keys only.
+func (l *Local) key(id bucketID) (uint64, *shard) {
+	k := maphash.String(l.seed, id.tenant)*0x9e3779b97f4a7c15 ^ maphash.String(l.seed, id.route)
+	if id.value != "" {
+		k = k*0xbf58476d1ce4e5b9 ^ maphash.String(l.seed, id.value)
+	}
 	return k, &l.shards[k>>58] // the top 6 bits pick one of 64 shards
 }
 
-// take is the decision of every local bucket, at now, with a validated limit and cost.
+// take is takeID for a (tenant, route) without a value.
 func (l *Local) take(now time.Time, tenant, route string, lim regions.Limit, cost int64) Decision {
+	return l.takeID(now, bucketID{tenant: tenant, route: route}, lim, cost)
+}
+
+// takeID is the decision of every local bucket, at now, with a validated limit and cost.
+func (l *Local) takeID(now time.Time, id bucketID, lim regions.Limit, cost int64) Decision {
 	var d Decision
-	l.update(now, tenant, route, lim, func(e entry, owed int64) (entry, int64, bool) {
+	l.update(now, id, lim, func(e entry, owed int64) (entry, int64, bool) {
 		d = e.b.Take(now, lim.Capacity, lim.RefillPerSecond, cost)
 		return e, owed, true
 	})
 	return d
 }
 
-// update runs f on the bucket of (tenant, route), a full one if there is none, and its
+// update runs f on the bucket id, a full one if there is none, and its
 // debt (see shard.owed), under its shard's lock, and stores what f returns unless f
 // says not to keep a missing bucket (then it stays missing, owing nothing). It keeps the
 // shard bounded as described on Local. (Values in and out, not pointers: a pointer
 // handed to f would put the entry on the heap on every decision.)
-func (l *Local) update(now time.Time, tenant, route string, lim regions.Limit, f func(e entry, owed int64) (entry, int64, bool)) {
+func (l *Local) update(now time.Time, id bucketID, lim regions.Limit, f func(e entry, owed int64) (entry, int64, bool)) {
 	t := now.UnixNano()
-	k, s := l.key(tenant, route)
+	k, s := l.key(id)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	e, ok := s.m[k]

@@ -75,6 +75,7 @@ type redisMetrics struct {
 	state       prometheus.Gauge
 	minCapacity prometheus.Counter
 	repaid      prometheus.Counter
+	writtenOff  prometheus.Counter
 
 	pipelines    prometheus.Counter
 	pipelined    prometheus.Counter
@@ -110,7 +111,11 @@ func newRedisMetrics() *redisMetrics {
 		}),
 		repaid: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "ratelimit_fallback_repaid_tokens_total",
-			Help: "Tokens the fallback admitted that were charged to the shared bucket in Redis once it answered again.",
+			Help: "Tokens the fallback admitted that the bucket script charged to the shared bucket in Redis once it answered again (what Lua charged, after its -capacity floor).",
+		}),
+		writtenOff: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "ratelimit_fallback_debt_written_off_tokens_total",
+			Help: "Tokens of fallback debt sent to Redis that the bucket script did not charge because the bucket was already a whole capacity in debt.",
 		}),
 	}
 	m.timeout = m.errors.WithLabelValues(reasonTimeout)
@@ -156,7 +161,7 @@ func newRedisMetrics() *redisMetrics {
 // collectors are what a Redis limiter registers; leases adds the per-key bound series
 // (nil when leases are off).
 func (m *redisMetrics) collectors(leases *leaseTable) []prometheus.Collector {
-	cs := []prometheus.Collector{m.errors, m.active, m.state, m.minCapacity, m.repaid,
+	cs := []prometheus.Collector{m.errors, m.active, m.state, m.minCapacity, m.repaid, m.writtenOff,
 		m.pipelines, m.pipelined, m.noscript, m.shardRetries, m.leaseOps, m.leaseTokens, m.leaseRejected}
 	if leases != nil {
 		cs = append(cs, &leaseCollector{t: leases})

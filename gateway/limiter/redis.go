@@ -291,13 +291,17 @@ func (l *Redis) Decide(ctx context.Context, r Request) (Decision, error) {
 	if err != nil {
 		return Decision{}, err
 	}
+	if r.Value != "" {
+		// A client value's bucket is small and its own: neither sharded nor leased.
+		return l.take(ctx, r, cost, l.bucket(r), r.Limit)
+	}
 	if l.leases != nil {
 		if d, ok := l.decideLease(ctx, r, cost, shards); ok {
 			return d, nil
 		}
 	}
 	if shards <= 1 {
-		return l.take(ctx, r, cost, l.keys.Bucket(r.Tenant, r.Route), r.Limit)
+		return l.take(ctx, r, cost, l.bucket(r), r.Limit)
 	}
 	i, j := twoShards(shards)
 	d, err := l.take(ctx, r, cost, l.keys.Shard(r.Tenant, r.Route, i), ShardLimit(r.Limit, shards, i))
@@ -315,7 +319,7 @@ func (l *Redis) Decide(ctx context.Context, r Request) (Decision, error) {
 // take decides r with cost tokens from the bucket at key holding lim, or with the
 // fallback when Redis does not answer. A shard's answer is scaled back to the whole
 // rule: Limit is the rule's capacity and Remaining the shard's times the shards.
-func (l *Redis) take(ctx context.Context, r Request, cost int64, key string, lim regions.Limit) (Decision, error) {
+func (l *Redis) take(ctx context.Context, r Request, cost int64, key lua.Ref, lim regions.Limit) (Decision, error) {
 	debt := l.owed(r, lim)
 	a, ok, err := l.call(ctx, lua.ScriptTake, key, lim, cost, debt)
 	if !ok {
@@ -331,9 +335,7 @@ func (l *Redis) take(ctx context.Context, r Request, cost int64, key string, lim
 	if !ok {
 		return l.decideFallback(r, cost, true), nil
 	}
-	if debt > 0 { // a counter's Add is an atomic write: not for every decision
-		l.m.repaid.Add(float64(debt))
-	}
+	l.repaid(debt, a.res.Charged)
 	remaining := a.res.Remaining
 	if lim.Capacity != r.Limit.Capacity && lim.Capacity > 0 {
 		remaining = min(r.Limit.Capacity, remaining*(r.Limit.Capacity/lim.Capacity))
@@ -349,13 +351,35 @@ func (l *Redis) take(ctx context.Context, r Request, cost int64, key string, lim
 	}, nil
 }
 
+// bucket is the unsharded bucket of r: its client value's own bucket when r.Value is
+// set.
+func (l *Redis) bucket(r Request) lua.Ref {
+	if r.Value != "" {
+		return l.keys.Value(r.Tenant, r.Route, r.Value)
+	}
+	return l.keys.Bucket(r.Tenant, r.Route)
+}
+
+// repaid counts what the script charged of a debt sent, and what it wrote off (the
+// -capacity floor of the bucket clipped it: the bucket was already a whole bucket in
+// debt, so the rest would only have delayed its recovery further).
+func (l *Redis) repaid(debt, charged int64) {
+	if debt == 0 {
+		return // a counter's Add is an atomic write: not for every decision
+	}
+	l.m.repaid.Add(float64(charged))
+	if debt > charged {
+		l.m.writtenOff.Add(float64(debt - charged))
+	}
+}
+
 // call runs one script call on Redis behind the breaker and the timeout, pipelined
 // with concurrent calls unless pipelining is off. ok reports that Redis answered; when
 // it did not, the failure is counted (and fed to the breaker) and the caller uses the
 // fallback; the answer then says only whether the call may have run all the same
 // (maybeRan). err is non-nil only when the arguments were invalid (ErrInvalidRequest) or
 // ctx ended: then Redis is not to blame.
-func (l *Redis) call(ctx context.Context, op lua.Script, key string, lim regions.Limit, n, debt int64) (answer, bool, error) {
+func (l *Redis) call(ctx context.Context, op lua.Script, key lua.Ref, lim regions.Limit, n, debt int64) (answer, bool, error) {
 	done, err := l.cb.Allow()
 	if err != nil { // open, or half-open with its probes already out
 		l.m.breakerOpen.Inc()
@@ -379,7 +403,7 @@ func (l *Redis) call(ctx context.Context, op lua.Script, key string, lim regions
 		return answer{}, false, fmt.Errorf("%w: %w", ErrInvalidRequest, err)
 	case ctx.Err() != nil:
 		done(errCallerGone)
-		return answer{maybeRan: a.maybeRan}, false, ctx.Err()
+		return answer{}, false, ctx.Err()
 	case a.timedOut:
 		l.failingSince.CompareAndSwap(0, l.sinceOrigin())
 		done(err)
@@ -390,8 +414,8 @@ func (l *Redis) call(ctx context.Context, op lua.Script, key string, lim regions
 		l.m.failed.Inc()
 		l.rewarm("a redis call failed", slog.LevelDebug)
 	}
-	l.log.Debug("redis call failed; using fallback", "key", key, "err", err)
-	return answer{maybeRan: a.maybeRan}, false, nil
+	l.log.Debug("redis call failed; using fallback", "key", key.Key, "err", err)
+	return answer{}, false, nil
 }
 
 // sinceOrigin is the time since the limiter was made, in ns plus 1 (never 0).

@@ -117,7 +117,7 @@ func startBlackHole(t *testing.T, target string) *blackHole {
 	return b
 }
 
-func (b *blackHole) port() int        { return b.ln.Addr().(*net.TCPAddr).Port }
+func (b *blackHole) port() int         { return b.ln.Addr().(*net.TCPAddr).Port }
 func (b *blackHole) set(dropping bool) { b.dropping.Store(dropping) }
 
 func (b *blackHole) track(cs ...net.Conn) {
