@@ -92,9 +92,9 @@ func TestPipelineReloadsScripts(t *testing.T) {
 	}
 	lim := regions.Limit{Capacity: 5, RefillPerSecond: 0.001}
 	batch := []*call{
-		{op: lua.ScriptTake, key: lua.Ref{Key: "a"}, lim: lim, n: 2, done: make(chan struct{}, 1)},
-		{op: lua.ScriptLease, key: lua.Ref{Key: "b"}, lim: lim, n: 9, done: make(chan struct{}, 1)},
-		{op: lua.ScriptTake, key: lua.Ref{Key: "c"}, lim: lim, n: 1, done: make(chan struct{}, 1)},
+		{op: lua.ScriptTake, key: lua.Ref{Key: "a", Record: "a:rule"}, lim: lim, n: 2, done: make(chan struct{}, 1)},
+		{op: lua.ScriptLease, key: lua.Ref{Key: "b", Record: "b:rule"}, lim: lim, n: 9, done: make(chan struct{}, 1)},
+		{op: lua.ScriptTake, key: lua.Ref{Key: "c", Record: "c:rule"}, lim: lim, n: 1, done: make(chan struct{}, 1)},
 	}
 	batch[2].state.Store(callAbandoned) // its caller gave up while it was queued
 	l.batch.exec(batch, nil)

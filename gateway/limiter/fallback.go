@@ -27,18 +27,23 @@ import (
 // beyond their refill is taken off what Redis admits afterwards (see owed for the
 // bound), down to one bucket of debt at the most.
 
-// fallbackLimit is this instance's 1/N of lim (n = instances). A rule too small to split
-// keeps one token per instance (regions.Scale).
+// fallbackLimit is this instance's 1/N of lim (n = instances), rounded DOWN:
+// floor(capacity/n) tokens, refill/n, so the n fallback buckets together never hold more
+// than the regional capacity. A rule with fewer tokens than instances keeps one token
+// per instance (a bucket of 0 would reject everything), the one case where the region
+// may admit more than its capacity (n tokens), counted by
+// ratelimit_fallback_min_capacity_total.
 func fallbackLimit(lim regions.Limit, n int) regions.Limit {
 	if n <= 1 {
 		return lim
 	}
-	return regions.Scale(lim.Capacity, lim.RefillPerSecond, 1/float64(n))
+	return regions.Limit{Capacity: max(1, lim.Capacity/int64(n)), RefillPerSecond: lim.RefillPerSecond / float64(n)}
 }
 
 // decideFallback decides with this instance's 1/N of the rule and, with owe, records
-// what it admits as owed to the shared bucket. A cost above the scaled capacity is
-// clipped to it, so a request the regional rule admits can still pass.
+// what it admits as owed to the shared bucket. A cost above the fallback bucket's
+// capacity is rejected, never clipped (that would admit the request for fewer tokens
+// than it costs); it may pass again once Redis answers.
 func (l *Redis) decideFallback(r Request, cost int64, owe bool) Decision {
 	n := l.instanceCount()
 	lim := fallbackLimit(r.Limit, n)
@@ -46,7 +51,10 @@ func (l *Redis) decideFallback(r Request, cost int64, owe bool) Decision {
 		// Fewer tokens than instances: together they may admit up to n, not capacity.
 		l.m.minCapacity.Inc()
 	}
-	cost = min(cost, lim.Capacity)
+	if cost > lim.Capacity {
+		l.m.costAboveFallback.Inc()
+		return Decision{Limit: lim.Capacity, RetryAfter: l.openFor, Source: SourceFallback}
+	}
 	now := l.fallback.now()
 	var d Decision
 	l.fallback.update(now, idOf(r), lim, func(e entry, owed int64) (entry, int64, bool) {

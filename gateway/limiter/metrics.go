@@ -76,6 +76,8 @@ type redisMetrics struct {
 	minCapacity prometheus.Counter
 	repaid      prometheus.Counter
 	writtenOff  prometheus.Counter
+	// costAboveFallback counts fallback rejections of a cost above the fallback bucket.
+	costAboveFallback prometheus.Counter
 
 	pipelines    prometheus.Counter
 	pipelined    prometheus.Counter
@@ -107,7 +109,11 @@ func newRedisMetrics() *redisMetrics {
 		}),
 		minCapacity: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "ratelimit_fallback_min_capacity_total",
-			Help: "Fallback decisions whose rule had fewer tokens than there are instances, so each instance kept 1 token (the region may admit up to N).",
+			Help: "Fallback decisions whose rule had fewer tokens than there are instances, so each instance kept 1 token, more than its share floor(C/N) = 0 (the region may admit up to N). Every other fallback budget rounds down.",
+		}),
+		costAboveFallback: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "ratelimit_fallback_cost_rejections_total",
+			Help: "Fallback decisions rejected because the request's cost exceeded this instance's fallback bucket (never clipped into a cheaper pass).",
 		}),
 		repaid: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "ratelimit_fallback_repaid_tokens_total",
@@ -161,7 +167,7 @@ func newRedisMetrics() *redisMetrics {
 // collectors are what a Redis limiter registers; leases adds the per-key bound series
 // (nil when leases are off).
 func (m *redisMetrics) collectors(leases *leaseTable) []prometheus.Collector {
-	cs := []prometheus.Collector{m.errors, m.active, m.state, m.minCapacity, m.repaid, m.writtenOff,
+	cs := []prometheus.Collector{m.errors, m.active, m.state, m.minCapacity, m.repaid, m.writtenOff, m.costAboveFallback,
 		m.pipelines, m.pipelined, m.noscript, m.shardRetries, m.leaseOps, m.leaseTokens, m.leaseRejected}
 	if leases != nil {
 		cs = append(cs, &leaseCollector{t: leases})

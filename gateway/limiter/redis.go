@@ -120,6 +120,7 @@ type Redis struct {
 	fallback  *Local
 	instances func() int
 	expected  int
+	openFor   time.Duration // the breaker's open interval: the RetryAfter of a cost the fallback cannot hold
 	m         *redisMetrics
 	log       *slog.Logger
 	loading   atomic.Bool // a rewarm is running
@@ -225,6 +226,7 @@ func NewRedis(rdb redis.Scripter, opts Options) (*Redis, error) {
 		fallback:  newLocal(LocalOptions{Now: opts.Now, MaxBuckets: opts.MaxFallbackBuckets}),
 		instances: opts.Instances,
 		expected:  opts.ExpectedInstances,
+		openFor:   opts.BreakerOpenFor,
 		m:         newRedisMetrics(),
 		log:       opts.Logger.With("region", opts.Region),
 		now:       opts.Now,

@@ -307,7 +307,7 @@ func TestRedisFallbackScalesByInstances(t *testing.T) {
 		{"uneven split rounds", 3, 20, 100, 1, 33, 0},
 		{"too small to split keeps 1 token", 4, 20, 3, 1, 1, 3}, // 3 decisions below
 		{"half a token rounds up to 1", 4, 20, 2, 1, 1, 3},
-		{"cost clipped to the instance's capacity", 4, 20, 8, 4, 1, 0},
+		{"cost above the instance's capacity is rejected, not clipped", 4, 20, 8, 4, 0, 0},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
