@@ -3,7 +3,6 @@ package limiter
 import (
 	"errors"
 	"fmt"
-	"math"
 	"time"
 
 	"github.com/quotaplane/quotaplane/lua"
@@ -77,8 +76,8 @@ func (r Request) cost() (int64, error) {
 	if r.Limit.Capacity < 1 || r.Limit.Capacity > lua.MaxCapacity {
 		return 0, fmt.Errorf("%w %s/%s: capacity %d must be between 1 and %d", ErrInvalidRequest, r.Tenant, r.Route, r.Limit.Capacity, int64(lua.MaxCapacity))
 	}
-	if !(r.Limit.RefillPerSecond > 0) || math.IsInf(r.Limit.RefillPerSecond, 0) {
-		return 0, fmt.Errorf("%w %s/%s: refill per second %v must be a finite number > 0", ErrInvalidRequest, r.Tenant, r.Route, r.Limit.RefillPerSecond)
+	if !(r.Limit.RefillPerSecond > 0) || r.Limit.RefillPerSecond > lua.MaxRefill {
+		return 0, fmt.Errorf("%w %s/%s: refill per second %v must be > 0 and at most %g", ErrInvalidRequest, r.Tenant, r.Route, r.Limit.RefillPerSecond, float64(lua.MaxRefill))
 	}
 	cost := r.Cost
 	if cost == 0 {

@@ -12,32 +12,13 @@ const MaxShards = 1024
 
 // ShardCount is how many sub-buckets a rule of lim split into shards actually uses:
 // shards, but never more than the capacity (each shard holds at least one token).
-// 0 and 1 mean unsharded and return 1.
-func ShardCount(lim regions.Limit, shards int) int {
-	if shards <= 1 {
-		return 1
-	}
-	if int64(shards) > lim.Capacity {
-		return int(max(lim.Capacity, 1))
-	}
-	return shards
-}
+// 0 and 1 mean unsharded and return 1. (regions.Limit.ShardCount.)
+func ShardCount(lim regions.Limit, shards int) int { return lim.ShardCount(shards) }
 
-// ShardLimit is the part of lim that shard i of k holds: capacity/k tokens, the
-// remainder going one token each to the first shards, so the shards' capacities add up
-// to lim.Capacity exactly; and refill/k. k comes from ShardCount, so every shard holds
-// at least one token. ratectl shows shards with the same split.
-func ShardLimit(lim regions.Limit, k, i int) regions.Limit {
-	if k <= 1 {
-		return lim
-	}
-	base, rem := lim.Capacity/int64(k), lim.Capacity%int64(k)
-	c := base
-	if int64(i) < rem {
-		c++
-	}
-	return regions.Limit{Capacity: c, RefillPerSecond: lim.RefillPerSecond / float64(k)}
-}
+// ShardLimit is the part of lim that shard i of k holds (regions.Limit.Shard):
+// capacity/k tokens, the remainder going one token each to the first shards, and
+// refill/k. ratectl shows shards with the same split.
+func ShardLimit(lim regions.Limit, k, i int) regions.Limit { return lim.Shard(k, i) }
 
 // shards validates r.Shards against r's cost and returns the sub-buckets to use.
 func (r Request) shards(cost int64) (int, error) {

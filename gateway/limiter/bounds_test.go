@@ -1,0 +1,58 @@
+package limiter
+
+import (
+	"context"
+	"errors"
+	"math"
+	"testing"
+	"time"
+
+	"github.com/quotaplane/quotaplane/deploy/local"
+	"github.com/quotaplane/quotaplane/lua"
+	"github.com/quotaplane/quotaplane/regions"
+)
+
+// TestBounds (issue 14 item 5): the stated upper bounds agree between the model and the
+// scripts; a rule at them is decided by Redis exactly to the token (no fail-open); a
+// rule past them is an invalid request, and regions.Scale of MaxInt64 is the maximum,
+// not 1 token.
+func TestBounds(t *testing.T) {
+	if regions.MaxCapacity != lua.MaxCapacity || regions.MaxRefillPerSecond != lua.MaxRefill {
+		t.Fatalf("regions bounds %d, %d differ from lua's %d, %d", int64(regions.MaxCapacity), int64(regions.MaxRefillPerSecond), int64(lua.MaxCapacity), int64(lua.MaxRefill))
+	}
+	p := local.Redis(t)
+	l := newTestRedis(t, newClient(t, p), Options{Timeout: time.Second})
+	ctx := context.Background()
+	top := regions.Limit{Capacity: regions.MaxCapacity, RefillPerSecond: 0.000001}
+	steps := []struct {
+		cost          int64
+		allowed       bool
+		remaining     int64
+		alsoRemaining int64
+	}{
+		{regions.MaxCapacity - 1, true, 1, 1},
+		{1, true, 0, 0},
+		{1, false, 0, 0},
+	}
+	for i, s := range steps {
+		d := mustDecide(t, l, Request{Tenant: "t", Route: "top", Limit: top, Cost: s.cost})
+		if d.Source != SourceRedis || d.Allowed != s.allowed || d.Remaining != s.remaining {
+			t.Fatalf("step %d at MaxCapacity: %+v, want allowed %v with %d left, from redis", i, d, s.allowed, s.remaining)
+		}
+	}
+	fast := regions.Limit{Capacity: 10, RefillPerSecond: regions.MaxRefillPerSecond}
+	if d := mustDecide(t, l, Request{Tenant: "t", Route: "fast", Limit: fast}); !d.Allowed || d.Source != SourceRedis {
+		t.Fatalf("a rule at MaxRefillPerSecond: %+v, want allowed by redis", d)
+	}
+	for _, lim := range []regions.Limit{
+		{Capacity: regions.MaxCapacity + 1, RefillPerSecond: 1},
+		{Capacity: 1, RefillPerSecond: regions.MaxRefillPerSecond * 2},
+	} {
+		if _, err := l.Decide(ctx, Request{Tenant: "t", Route: "r", Limit: lim}); !errors.Is(err, ErrInvalidRequest) {
+			t.Errorf("%+v: %v, want ErrInvalidRequest", lim, err)
+		}
+	}
+	if got := regions.Scale(math.MaxInt64, 1, 0.5); got.Capacity != regions.MaxCapacity {
+		t.Errorf("Scale(MaxInt64, 1, 0.5) = %+v, want the maximum capacity", got)
+	}
+}
