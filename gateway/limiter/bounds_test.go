@@ -1,11 +1,16 @@
 package limiter
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"log/slog"
 	"math"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/quotaplane/quotaplane/deploy/local"
 	"github.com/quotaplane/quotaplane/lua"
@@ -54,5 +59,38 @@ func TestBounds(t *testing.T) {
 	}
 	if got := regions.Scale(math.MaxInt64, 1, 0.5); got.Capacity != regions.MaxCapacity {
 		t.Errorf("Scale(MaxInt64, 1, 0.5) = %+v, want the maximum capacity", got)
+	}
+}
+
+// TestLoadWarnsOfEvictingPolicy (issue 14 item 8): Load reads maxmemory-policy; an
+// evicting one is a loud warning and ratelimit_redis_evicting_policy 1.
+func TestLoadWarnsOfEvictingPolicy(t *testing.T) {
+	p := local.Redis(t)
+	rdb := newClient(t, p)
+	ctx := context.Background()
+	for _, tt := range []struct {
+		policy string
+		want   float64
+	}{
+		{"allkeys-lru", 1},
+		{"volatile-ttl", 1},
+		{"noeviction", 0},
+	} {
+		if err := rdb.ConfigSet(ctx, "maxmemory-policy", tt.policy).Err(); err != nil {
+			t.Fatal(err)
+		}
+		reg := prometheus.NewRegistry()
+		var logs bytes.Buffer
+		l := newTestRedis(t, rdb, Options{Region: "test", Registerer: reg, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+		if err := l.Load(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if v := metricValue(t, reg, "ratelimit_redis_evicting_policy", nil); v != tt.want {
+			t.Errorf("%s: ratelimit_redis_evicting_policy = %v, want %v", tt.policy, v, tt.want)
+		}
+		warned := strings.Contains(logs.String(), "level=WARN") && strings.Contains(logs.String(), tt.policy)
+		if warned != (tt.want == 1) {
+			t.Errorf("%s: warned %v; logs %q", tt.policy, warned, logs.String())
+		}
 	}
 }

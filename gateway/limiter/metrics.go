@@ -78,6 +78,7 @@ type redisMetrics struct {
 	writtenOff  prometheus.Counter
 	// costAboveFallback counts fallback rejections of a cost above the fallback bucket.
 	costAboveFallback prometheus.Counter
+	evictingPolicy    prometheus.Gauge
 
 	pipelines    prometheus.Counter
 	pipelined    prometheus.Counter
@@ -110,6 +111,10 @@ func newRedisMetrics() *redisMetrics {
 		minCapacity: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "ratelimit_fallback_min_capacity_total",
 			Help: "Fallback decisions whose rule had fewer tokens than there are instances, so each instance kept 1 token, more than its share floor(C/N) = 0 (the region may admit up to N). Every other fallback budget rounds down.",
+		}),
+		evictingPolicy: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "ratelimit_redis_evicting_policy",
+			Help: "1 when Redis's maxmemory-policy evicts keys (allkeys-*, volatile-*): buckets may be evicted and then read as full. Set by Load; 0 when the policy does not evict or could not be read.",
 		}),
 		costAboveFallback: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "ratelimit_fallback_cost_rejections_total",
@@ -167,7 +172,7 @@ func newRedisMetrics() *redisMetrics {
 // collectors are what a Redis limiter registers; leases adds the per-key bound series
 // (nil when leases are off).
 func (m *redisMetrics) collectors(leases *leaseTable) []prometheus.Collector {
-	cs := []prometheus.Collector{m.errors, m.active, m.state, m.minCapacity, m.repaid, m.writtenOff, m.costAboveFallback,
+	cs := []prometheus.Collector{m.errors, m.active, m.state, m.minCapacity, m.repaid, m.writtenOff, m.costAboveFallback, m.evictingPolicy,
 		m.pipelines, m.pipelined, m.noscript, m.shardRetries, m.leaseOps, m.leaseTokens, m.leaseRejected}
 	if leases != nil {
 		cs = append(cs, &leaseCollector{t: leases})

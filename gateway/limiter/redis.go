@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -508,7 +509,51 @@ const (
 // caller's deadline rather than Options.Timeout. Call it at startup (and it serves as a
 // readiness probe): otherwise the first decisions pay for a dial and an EVAL, which may
 // exceed a 5 ms timeout and be answered by the fallback.
-func (l *Redis) Load(ctx context.Context) error { return l.tb.Load(ctx) }
+//
+// It also checks Redis's maxmemory-policy: an evicting policy (allkeys-*, volatile-*)
+// may evict buckets and rule records under memory pressure, and an evicted bucket reads
+// as full (or, for a shard, as empty), so the limit no longer holds. That is a loud
+// warning and ratelimit_redis_evicting_policy 1, not a refusal: the operator may have
+// sized memory so that it never evicts, and a gateway that refused to start would turn
+// a configuration smell into an outage. A Redis that refuses CONFIG (managed services
+// often do) is logged at debug and not an error.
+func (l *Redis) Load(ctx context.Context) error {
+	if err := l.tb.Load(ctx); err != nil {
+		return err
+	}
+	l.checkEviction(ctx)
+	return nil
+}
+
+// configGetter is the one go-redis method checkEviction needs.
+type configGetter interface {
+	ConfigGet(ctx context.Context, parameter string) *redis.MapStringStringCmd
+}
+
+func (l *Redis) checkEviction(ctx context.Context) {
+	c, ok := l.rdb.(configGetter)
+	if !ok {
+		return
+	}
+	v, err := c.ConfigGet(ctx, "maxmemory-policy").Result()
+	if err != nil {
+		l.log.Debug("cannot read redis maxmemory-policy; not checked", "err", err)
+		return
+	}
+	policy := v["maxmemory-policy"]
+	if evicting(policy) {
+		l.m.evictingPolicy.Set(1)
+		l.log.Warn("REDIS MAY EVICT RATE LIMIT BUCKETS: maxmemory-policy evicts keys, and an evicted bucket reads as full, so limits may not hold under memory pressure; set maxmemory-policy noeviction (or size maxmemory so it never evicts)",
+			"maxmemory_policy", policy)
+		return
+	}
+	l.m.evictingPolicy.Set(0)
+}
+
+// evicting reports whether a maxmemory-policy evicts keys.
+func evicting(policy string) bool {
+	return strings.HasPrefix(policy, "allkeys-") || strings.HasPrefix(policy, "volatile-")
+}
 
 // FallbackActive reports whether the breaker is not closed, that is whether decisions
 // are (or may be) coming from the fallback. For readiness and status pages.
