@@ -22,7 +22,7 @@ import (
 	"github.com/goccy/go-yaml/parser"
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/quotaplane/quotaplane/lua"
+	"github.com/quotaplane/quotaplane/gateway/limiter"
 	"github.com/quotaplane/quotaplane/regions"
 )
 
@@ -37,7 +37,7 @@ const (
 	DefaultListen            = "127.0.0.1:8080"
 	DefaultAdminListen       = "127.0.0.1:9100"
 	DefaultRedisTimeout      = 5 * time.Millisecond
-	DefaultKeyPrefix         = lua.DefaultPrefix
+	DefaultKeyPrefix         = limiter.DefaultKeyPrefix
 	DefaultBreakerFailures   = 5
 	DefaultBreakerOpenFor    = time.Second
 	DefaultReloadInterval    = 30 * time.Second

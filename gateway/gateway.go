@@ -21,13 +21,13 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/quotaplane/quotaplane/gateway/limiter"
-	"github.com/quotaplane/quotaplane/lua"
 	"github.com/quotaplane/quotaplane/regions"
 )
 
 // decider is the limiter as the gateway uses it: *limiter.Redis or *limiter.Local.
 type decider interface {
 	Decide(ctx context.Context, r limiter.Request) (limiter.Decision, error)
+	Close()
 }
 
 // Options are the gateway's dependencies. The zero value works: logs are discarded and
@@ -65,10 +65,13 @@ type Gateway struct {
 	draining atomic.Bool
 
 	lim      decider
-	fallback func() bool  // reports the Redis breaker not closed; nil without Redis
-	guard    *clientGuard // nil when unauthenticated_limit is disabled
-	trusted  trustedProxies
-	rdb      redis.UniversalClient // *redis.Client, or *redis.ClusterClient with redis.cluster
+	fallback func() bool // reports the Redis breaker not closed; nil without Redis
+	// loadScripts is the Redis limiter's Load (scripts, maxmemory-policy check); nil
+	// without Redis.
+	loadScripts func(context.Context) error
+	guard       *clientGuard // nil when unauthenticated_limit is disabled
+	trusted     trustedProxies
+	rdb         redis.UniversalClient // *redis.Client, or *redis.ClusterClient with redis.cluster
 
 	handler   http.Handler
 	admin     http.Handler
@@ -201,21 +204,24 @@ func (g *Gateway) newLimiter() error {
 	}
 	g.rdb = rdb
 	l, err := limiter.NewRedis(g.rdb, limiter.Options{
-		Region:             g.cfg.Region,
-		Timeout:            g.cfg.Redis.Timeout,
-		KeyPrefix:          g.cfg.Redis.KeyPrefix,
-		BreakerFailures:    g.cfg.Redis.Breaker.Failures,
-		BreakerFailureSpan: g.cfg.Redis.Breaker.FailureSpan,
-		BreakerOpenFor:     g.cfg.Redis.Breaker.OpenFor,
-		Instances:          g.liveInstances,
-		ExpectedInstances:  g.cfg.ExpectedInstances,
-		Registerer:         g.registerer,
-		Logger:             g.log,
+		Region:    g.cfg.Region,
+		Timeout:   g.cfg.Redis.Timeout,
+		KeyPrefix: g.cfg.Redis.KeyPrefix,
+		Breaker: limiter.BreakerOptions{
+			Failures:    g.cfg.Redis.Breaker.Failures,
+			FailureSpan: g.cfg.Redis.Breaker.FailureSpan,
+			OpenFor:     g.cfg.Redis.Breaker.OpenFor,
+		},
+		Instances:         g.liveInstances,
+		ExpectedInstances: g.cfg.ExpectedInstances,
+		Registerer:        g.registerer,
+		Logger:            g.log,
 	})
 	if err != nil {
 		return fmt.Errorf("gateway %s: redis limiter: %w", g.cfg.Region, err) // New closes g.rdb
 	}
 	g.lim = l
+	g.loadScripts = l.Load
 	g.fallback = l.FallbackActive
 	return nil
 }
@@ -520,7 +526,7 @@ func (g *Gateway) decisionBounds() []float64 {
 func (g *Gateway) warmRedis(ctx context.Context) {
 	wctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	if err := lua.NewTokenBucket(g.rdb).Load(wctx); err != nil {
+	if err := g.loadScripts(wctx); err != nil {
 		g.log.Warn("redis not reachable at start; the local fallback decides until it is",
 			"region", g.cfg.Region, "err", err)
 	}
@@ -531,8 +537,8 @@ func (g *Gateway) warmRedis(ctx context.Context) {
 func (g *Gateway) closeClients() {
 	g.closeStore()
 	g.transport.CloseIdleConnections()
-	if c, ok := g.lim.(interface{ Close() }); ok {
-		c.Close()
+	if g.lim != nil {
+		g.lim.Close()
 	}
 	if g.rdb != nil {
 		_ = g.rdb.Close()

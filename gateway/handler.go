@@ -208,7 +208,7 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, rt *route) {
 		g.forward(w, r, rt, tenant)
 		return
 	}
-	src := parseSource(string(d.Source))
+	src := parseSource(d.Source.String())
 	g.m.duration[src].Observe(elapsed.Seconds())
 	dec := decAllowed
 	if !d.Allowed {
@@ -223,11 +223,7 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, rt *route) {
 	// A shadow rule is not enforced, so it is not advertised either: a client must not
 	// slow down for a limit that is only being measured.
 	if !rule.Shadow {
-		refill := lim.RefillPerSecond
-		if lim.Capacity > 0 && d.Limit != lim.Capacity {
-			refill *= float64(d.Limit) / float64(lim.Capacity) // the fallback's 1/N bucket
-		}
-		newRateHeaders(d.Limit, refill, d.Remaining, d.ResetAfter, d.RetryAfter, !d.Allowed).write(w.Header())
+		newRateHeaders(d.Limit, d.RefillPerSecond, d.Remaining, d.ResetAfter, d.RetryAfter, !d.Allowed).write(w.Header())
 	}
 	if dec == decThrottled {
 		problemThrottled.write(w)

@@ -193,9 +193,8 @@ func TestHotKeyAccuracy(t *testing.T) {
 			rdb := newClient(t, p)
 			r := Request{Tenant: "hot", Route: "r", Limit: regions.Limit{Capacity: capacity, RefillPerSecond: refill}, Shards: shards}
 			opts := Options{
-				LeaseThreshold: 100,
-				LeaseFraction:  fraction,
-				Timeout:        time.Second, // this test is about leases, not timeouts
+				Leases:  LeaseOptions{Threshold: 100, Fraction: fraction},
+				Timeout: time.Second, // this test is about leases, not timeouts
 			}
 			fillShards(t, rdb, r)
 			run := driveHotKey(t, rdb, instances, 2, 25*refill, duration, r, opts)

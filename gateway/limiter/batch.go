@@ -16,12 +16,6 @@ import (
 	"github.com/quotaplane/quotaplane/regions"
 )
 
-// Defaults of the pipelining options.
-const (
-	DefaultPipelineBatch    = 64
-	DefaultPipelineInFlight = 4
-)
-
 // pipeliner is what the batcher needs of a go-redis client: *redis.Client,
 // *redis.ClusterClient, *redis.Ring and redis.UniversalClient all have it.
 type pipeliner interface {
@@ -49,8 +43,7 @@ type pipeliner interface {
 // fallback, as without the batcher; a call abandoned while still queued is not sent.
 type batcher struct {
 	rdb         pipeliner
-	direct      func(ctx context.Context, op lua.Script, key lua.Ref, lim regions.Limit, n, debt int64) (answer, error)
-	noScript    func() // Redis has lost the scripts: reload them out of band
+	runner      runner
 	timeout     time.Duration
 	maxBatch    int
 	maxInFlight int
@@ -59,6 +52,13 @@ type batcher struct {
 	mu       sync.Mutex
 	queue    []*call
 	inflight int
+}
+
+// runner is what the batcher needs of the limiter: a lone call sent at once, on the
+// caller's goroutine, and word that Redis has lost the scripts (reload them out of band).
+type runner interface {
+	direct(ctx context.Context, op lua.Script, key lua.Ref, lim regions.Limit, n, debt int64) (answer, error)
+	lostScripts()
 }
 
 // call states.
@@ -91,10 +91,10 @@ var callPool = sync.Pool{New: func() any {
 	return &call{done: make(chan struct{}, 1), timer: t}
 }}
 
-func newBatcher(l *Redis, rdb pipeliner, maxBatch, maxInFlight int) *batcher {
+func newBatcher(r runner, rdb pipeliner, timeout time.Duration, maxBatch, maxInFlight int, m *redisMetrics) *batcher {
 	return &batcher{
-		rdb: rdb, direct: l.direct, noScript: l.reloadScripts, timeout: l.timeout,
-		maxBatch: maxBatch, maxInFlight: maxInFlight, m: l.m,
+		rdb: rdb, runner: r, timeout: timeout,
+		maxBatch: maxBatch, maxInFlight: maxInFlight, m: m,
 		queue: make([]*call, 0, maxBatch),
 	}
 }
@@ -113,7 +113,7 @@ func (b *batcher) do(ctx context.Context, op lua.Script, key lua.Ref, lim region
 	if b.inflight < b.maxInFlight { // the queue is empty: go now, alone
 		b.inflight++
 		b.mu.Unlock()
-		a, err := b.direct(ctx, op, key, lim, n, debt)
+		a, err := b.runner.direct(ctx, op, key, lim, n, debt)
 		b.mu.Lock()
 		b.releaseLocked()
 		b.mu.Unlock()
@@ -242,7 +242,7 @@ func (b *batcher) exec(batch []*call, cmds []*redis.Cmd) []*redis.Cmd {
 		}
 	}
 	if retry {
-		b.noScript()
+		b.runner.lostScripts()
 		_, _ = pipe.Exec(ctx)
 	}
 
@@ -268,7 +268,7 @@ func (l *Redis) direct(ctx context.Context, op lua.Script, key lua.Ref, lim regi
 	keys, args := op.Args(key, lim.Capacity, lim.RefillPerSecond, n, debt)
 	cmd := l.rdb.EvalSha(cctx, op.Sha(), keys, args...)
 	if lua.IsNoScript(cmd.Err()) {
-		l.reloadScripts()
+		l.lostScripts()
 		cmd = l.rdb.Eval(cctx, op.Source(), keys, args...)
 	}
 	var (

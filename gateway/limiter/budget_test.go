@@ -39,7 +39,7 @@ func unreachableRedis(t *testing.T, n int, reg prometheus.Registerer) *Redis {
 	t.Cleanup(func() { _ = rdb.Close() })
 	return newTestRedis(t, rdb, Options{
 		Region: "test", Registerer: reg, Now: clock.Now, Instances: func() int { return n },
-		Timeout: time.Second, BreakerFailures: 1 << 30,
+		Timeout: time.Second, Breaker: BreakerOptions{Failures: 1 << 30},
 	})
 }
 
@@ -106,7 +106,7 @@ func TestRepaidCountsWhatLuaCharged(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	clock := newFakeClock()
 	l := newTestRedis(t, newClient(t, &local.Process{Host: "127.0.0.1", Port: bh.port()}), Options{
-		Region: "test", Registerer: reg, Now: clock.Now, Timeout: 100 * time.Millisecond, BreakerFailures: 1 << 30,
+		Region: "test", Registerer: reg, Now: clock.Now, Timeout: 100 * time.Millisecond, Breaker: BreakerOptions{Failures: 1 << 30},
 	})
 	ctx := context.Background()
 	if err := l.Load(ctx); err != nil {

@@ -49,7 +49,7 @@ func TestRedisClusterDecisions(t *testing.T) {
 		t.Fatalf("universal client with %d addresses is a %T, want a cluster client", len(c.Addrs()), rdb)
 	}
 	// A failure span of 1 ns: the breaker counts failures here, not how long they took.
-	l := newTestRedis(t, rdb, Options{Timeout: 500 * time.Millisecond, BreakerOpenFor: 100 * time.Millisecond, BreakerFailureSpan: time.Nanosecond})
+	l := newTestRedis(t, rdb, Options{Timeout: 500 * time.Millisecond, Breaker: BreakerOptions{OpenFor: 100 * time.Millisecond, FailureSpan: time.Nanosecond}})
 	ctx := context.Background()
 	if err := l.Load(ctx); err != nil {
 		t.Fatal(err)

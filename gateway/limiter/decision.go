@@ -9,22 +9,42 @@ import (
 	"github.com/quotaplane/quotaplane/regions"
 )
 
-// Source says which mechanism made a decision; it is the "source" label of the
+// Source says which mechanism made a decision; its String is the "source" label of the
 // gateway's request metrics.
-type Source string
+type Source uint8
 
 const (
 	// SourceRedis: the region's shared bucket in Redis decided.
-	SourceRedis Source = "redis"
+	SourceRedis Source = iota + 1
 	// SourceFallback: Redis failed or the breaker is open; a local bucket holding 1/N
 	// of the regional rule decided.
-	SourceFallback Source = "fallback"
+	SourceFallback
 	// SourceLocal: a standalone limiter (no Redis at all) decided with the whole rule.
-	SourceLocal Source = "local"
+	SourceLocal
 	// SourceLease: tokens leased earlier from Redis and spent locally decided; also a
 	// rejection made locally while a hot key's shared bucket is known to be empty.
-	SourceLease Source = "lease"
+	SourceLease
 )
+
+// String is the source's label: "redis", "fallback", "local", "lease"; "" for the zero
+// value (no decision).
+func (s Source) String() string {
+	switch s {
+	case SourceRedis:
+		return "redis"
+	case SourceFallback:
+		return "fallback"
+	case SourceLocal:
+		return "local"
+	case SourceLease:
+		return "lease"
+	default:
+		return ""
+	}
+}
+
+// MarshalText writes the label, so a Decision in JSON or a log shows "redis", not 1.
+func (s Source) MarshalText() ([]byte, error) { return []byte(s.String()), nil }
 
 // Decision is the answer for one request.
 type Decision struct {
@@ -33,6 +53,10 @@ type Decision struct {
 	// Limit is the capacity (burst) that was enforced: the regional rule's capacity for
 	// Redis and standalone decisions, this instance's 1/N of it for fallback ones.
 	Limit int64
+	// RefillPerSecond is the refill of the bucket that decided, with Limit: the rule's
+	// for Redis, lease and standalone decisions, this instance's 1/N of it for fallback
+	// ones (for the RateLimit-Policy header, without re-deriving the fallback's split).
+	RefillPerSecond float64
 	// Remaining is the number of whole tokens left after this decision.
 	Remaining int64
 	// RetryAfter is zero when Allowed; otherwise how long until the request's cost in

@@ -159,10 +159,10 @@ func BenchmarkDecisionEngine(b *testing.B) {
 	hotRule := regions.Limit{Capacity: 20_000, RefillPerSecond: 20_000} // the article's hot tenant
 	modes := []engineMode{
 		bareMode,
-		limiterMode("plain", Options{NoPipelining: true}, benchLimit),
+		limiterMode("plain", Options{Pipeline: PipelineOptions{Off: true}}, benchLimit),
 		limiterMode("pipelined", Options{}, benchLimit),
 		redisRateMode,
-		limiterMode("leases", Options{LeaseThreshold: 100, Instances: func() int { return 20 }}, hotRule),
+		limiterMode("leases", Options{Leases: LeaseOptions{Threshold: 100}, Instances: func() int { return 20 }}, hotRule),
 	}
 	for _, keys := range []int{1, 100_000} {
 		keyName := "hot"

@@ -14,14 +14,6 @@ import (
 	"github.com/quotaplane/quotaplane/regions"
 )
 
-// Defaults of the lease options.
-const (
-	DefaultLeaseFraction  = 0.02
-	DefaultLeaseTTL       = 250 * time.Millisecond
-	DefaultMaxLeaseKeys   = 4096
-	DefaultMaxLeaseSeries = 16
-)
-
 const (
 	leaseShards = 64
 	// rateWindow is the window of a key's rate estimate.
@@ -130,10 +122,10 @@ type hotKey struct {
 	resetAt      int64 // when the shared bucket is full, per the last lease call
 }
 
-func newLeaseTable(threshold, fraction float64, ttl time.Duration, maxKeys, maxSeries int, now func() time.Time) *leaseTable {
+func newLeaseTable(o LeaseOptions, now func() time.Time) *leaseTable {
 	t := &leaseTable{
-		threshold: threshold, fraction: fraction, ttl: int64(ttl),
-		perShard: max(1, maxKeys/leaseShards), maxSeries: maxSeries,
+		threshold: o.Threshold, fraction: o.Fraction, ttl: int64(o.TTL),
+		perShard: max(1, o.MaxKeys/leaseShards), maxSeries: o.MaxSeries,
 		now: now, seed: maphash.MakeSeed(),
 	}
 	for i := range t.shards {
@@ -218,7 +210,7 @@ func (t *leaseTable) insertLocked(s *leaseShard, h uint64, tenant, route string,
 
 // decision is a decision made from k's lease at now.
 func (k *hotKey) decision(lim regions.Limit, now int64, allowed bool) Decision {
-	d := Decision{Allowed: allowed, Limit: lim.Capacity, Source: SourceLease}
+	d := Decision{Allowed: allowed, Limit: lim.Capacity, RefillPerSecond: lim.RefillPerSecond, Source: SourceLease}
 	d.Remaining = max(0, min(lim.Capacity, k.remaining+k.held))
 	if k.resetAt > now {
 		d.ResetAfter = time.Duration(k.resetAt - now)
@@ -270,7 +262,7 @@ func (l *Redis) decideLease(ctx context.Context, r Request, cost int64, shards i
 			l.m.leaseRejected.Inc()
 			return d, true
 		}
-		b := t.batchFor(k, r.Limit, l.instanceCount(), shards, now)
+		b := t.batchFor(k, r.Limit, l.fb.n(), shards, now)
 		if b > 0 && cost > b {
 			s.mu.Unlock() // a request larger than a batch: Redis decides it, the lease stays
 			return Decision{}, false
@@ -301,7 +293,7 @@ func (l *Redis) decideLease(ctx context.Context, r Request, cost int64, shards i
 		}
 		if !l.refillLocked(ctx, s, k, r.Limit, shards, b) {
 			s.mu.Unlock()
-			return l.decideFallback(r, cost, true), true
+			return l.fb.decide(r, cost), true
 		}
 		now = t.now().UnixNano()
 	}
@@ -351,7 +343,7 @@ func (l *Redis) refillLocked(ctx context.Context, s *leaseShard, k *hotKey, lim 
 		return true
 	}
 	want := b - k.held
-	n := l.instanceCount()
+	n := l.fb.n()
 	k.refilling, k.wait = true, make(chan struct{})
 	s.mu.Unlock()
 
@@ -364,13 +356,7 @@ func (l *Redis) refillLocked(ctx context.Context, s *leaseShard, k *hotKey, lim 
 	}
 	l.m.leaseCalls.Inc()
 	r := Request{Tenant: k.tenant, Route: k.route, Limit: lim}
-	debt := l.owed(r, slim)
-	a, answered, _ := l.call(ctx, lua.ScriptLease, key, slim, want, debt)
-	if !answered {
-		l.stillOwed(r, debt) // no reply read: the debt stays owed
-	} else {
-		l.repaid(debt, a.res.Charged)
-	}
+	a, answered, _ := l.callCharging(ctx, r, lua.ScriptLease, key, slim, want)
 	granted, calls := a.granted, 1
 	if answered && 2*granted < want && shards > 1 {
 		// Less than half a batch: the next shard may have more. (At half or more, a
@@ -378,7 +364,7 @@ func (l *Redis) refillLocked(ctx context.Context, s *leaseShard, k *hotKey, lim 
 		calls++
 		key2, lim2 := l.keys.Shard(k.tenant, k.route, second), ShardLimit(lim, shards, second)
 		l.m.leaseCalls.Inc()
-		if a2, ok2, _ := l.call(ctx, lua.ScriptLease, key2, lim2, want-granted, 0); ok2 {
+		if a2, ok2, _ := l.callCharging(ctx, r, lua.ScriptLease, key2, lim2, want-granted); ok2 {
 			if granted == 0 || a2.granted > 0 {
 				key, slim = key2, lim2 // give back to a shard that had tokens
 			}
@@ -389,7 +375,7 @@ func (l *Redis) refillLocked(ctx context.Context, s *leaseShard, k *hotKey, lim 
 	}
 	if answered {
 		// What the shards asked hold, spread over all of them: the rule's estimate.
-		l.observe(r, min(lim.Capacity, a.res.Remaining*int64(max(shards, 1))/int64(calls)))
+		l.fb.observe(r, min(lim.Capacity, a.res.Remaining*int64(max(shards, 1))/int64(calls)))
 	}
 
 	s.mu.Lock()

@@ -336,3 +336,7 @@ func (s *shard) maybeShrink() {
 	}
 	s.m, s.peak = m, len(m)
 }
+
+// Close does nothing: a Local holds no goroutine or connection. It lets a caller hold
+// either limiter behind one interface with Decide and Close.
+func (l *Local) Close() {}

@@ -124,7 +124,7 @@ func TestRedisInvalidRequest(t *testing.T) {
 
 func TestRedisCallerGoneDoesNotTripBreaker(t *testing.T) {
 	p := local.Redis(t)
-	l := newTestRedis(t, newClient(t, p), Options{BreakerFailures: 2, Timeout: time.Second})
+	l := newTestRedis(t, newClient(t, p), Options{Breaker: BreakerOptions{Failures: 2}, Timeout: time.Second})
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	for range 10 {
@@ -148,10 +148,10 @@ func TestRedisKilledFallsBackAndRecovers(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	var logs lockedBuffer // the script reload logs from a goroutine of its own
 	l := newTestRedis(t, newClient(t, p), Options{
-		Region:         "test",
-		BreakerOpenFor: 100 * time.Millisecond,
-		Registerer:     reg,
-		Logger:         slog.New(slog.NewTextHandler(&logs, nil)),
+		Region:     "test",
+		Breaker:    BreakerOptions{OpenFor: 100 * time.Millisecond},
+		Registerer: reg,
+		Logger:     slog.New(slog.NewTextHandler(&logs, nil)),
 	})
 	lots := Request{Tenant: "t", Route: "r", Limit: regions.Limit{Capacity: 1_000_000, RefillPerSecond: 1000}}
 	if err := l.Load(context.Background()); err != nil {
@@ -214,7 +214,7 @@ func TestRedisLogsOnlyStateChanges(t *testing.T) {
 	p := local.Redis(t)
 	var logs lockedBuffer
 	l := newTestRedis(t, newClient(t, p), Options{
-		Region: "test", BreakerOpenFor: time.Hour, Logger: slog.New(slog.NewTextHandler(&logs, nil)),
+		Region: "test", Breaker: BreakerOptions{OpenFor: time.Hour}, Logger: slog.New(slog.NewTextHandler(&logs, nil)),
 	})
 	if err := p.Kill(); err != nil {
 		t.Fatal(err)
@@ -243,7 +243,7 @@ func TestRedisPausedAnswersWithinTimeout(t *testing.T) {
 	)
 	p := local.Redis(t)
 	reg := prometheus.NewRegistry()
-	l := newTestRedis(t, newClient(t, p), Options{Region: "test", BreakerOpenFor: 100 * time.Millisecond, Registerer: reg})
+	l := newTestRedis(t, newClient(t, p), Options{Region: "test", Breaker: BreakerOptions{OpenFor: 100 * time.Millisecond}, Registerer: reg})
 	lots := Request{Tenant: "t", Route: "r", Limit: regions.Limit{Capacity: 1_000_000, RefillPerSecond: 1000}}
 	if err := l.Load(context.Background()); err != nil { // a pooled connection exists
 		t.Fatal(err)
