@@ -51,7 +51,7 @@ fuzz-run:
 	$(GO) test -run '^$$' -fuzz '^FuzzAPIKeyHeader$$' -fuzztime $(FUZZTIME) ./gateway/
 	$(GO) test -run '^$$' -fuzz '^FuzzClientAddr$$' -fuzztime $(FUZZTIME) ./gateway/
 	$(GO) test -run '^$$' -fuzz '^FuzzParseConfig$$' -fuzztime $(FUZZTIME) ./gateway/
-	$(GO) test -run '^$$' -fuzz '^FuzzLuaArguments$$' -fuzztime $(FUZZTIME) ./deploy/faults/
+	$(GO) test -run '^$$' -fuzz '^FuzzLuaArguments$$' -fuzztime $(FUZZTIME) ./lua/
 	$(GO) test -run '^$$' -fuzz '^FuzzValidateID$$' -fuzztime $(FUZZTIME) ./regions/
 	$(GO) test -run '^$$' -fuzz '^FuzzParseScope$$' -fuzztime $(FUZZTIME) ./regions/
 	$(GO) test -run '^$$' -fuzz '^FuzzParseShares$$' -fuzztime $(FUZZTIME) ./cmd/ratectl/

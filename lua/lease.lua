@@ -19,7 +19,7 @@ local capacity, refill, err = rule_args()
 if err then
   return err
 end
-local want = num(ARGV[3], 1, MAX_CAPACITY * 1000, true)
+local want = num(ARGV[3], 1, math.huge, true)
 if want == nil then
   return invalid('want must be an integer >= 1', ARGV[3])
 end

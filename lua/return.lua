@@ -16,7 +16,7 @@ local capacity, refill, err = rule_args()
 if err then
   return err
 end
-local n = num(ARGV[3], 0, MAX_CAPACITY * 1000, true)
+local n = num(ARGV[3], 0, math.huge, true)
 if n == nil then
   return invalid('n must be an integer >= 0', ARGV[3])
 end
