@@ -293,7 +293,8 @@ func runCeiling(b *testing.B, bin string, p *local.Process, rdb *redis.Client, k
 		key = "rl:{__rand_int__}:create-order"
 		args = append(args, "-r", strconv.Itoa(keys))
 	}
-	args = append(args, "EVALSHA", lua.ScriptTake.Sha(), "1", key, "1000000000", "1000000000", "1")
+	// The bucket and its rule record, as the limiter calls it (lua.Keys.Bucket).
+	args = append(args, "EVALSHA", lua.ScriptTake.Sha(), "2", key, key+":rule", "1000000000", "1000000000", "1")
 	callsBefore, cpuBefore := scriptCalls(b, rdb), redisCPU(b, rdb)
 	b.ResetTimer()
 	start := time.Now()
