@@ -2,6 +2,7 @@ package limiter
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"testing"
 	"time"
@@ -17,6 +18,13 @@ import (
 // call fails fast, without go-redis's background redial), with a frozen clock (no
 // refill) and n instances: every decision comes from the fallback.
 func unreachableRedis(t *testing.T, n int, reg prometheus.Registerer) *Redis {
+	t.Helper()
+	return unreachableRedisWith(t, Options{Region: "test", Registerer: reg, Instances: func() int { return n }})
+}
+
+// unreachableRedisWith is unreachableRedis with opts (its Now, Timeout and breaker are
+// set here).
+func unreachableRedisWith(t *testing.T, opts Options) *Redis {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -37,10 +45,8 @@ func unreachableRedis(t *testing.T, n int, reg prometheus.Registerer) *Redis {
 	clock := newFakeClock()
 	rdb := redis.NewClient(&redis.Options{Addr: ln.Addr().String(), ContextTimeoutEnabled: true, MaxRetries: -1})
 	t.Cleanup(func() { _ = rdb.Close() })
-	return newTestRedis(t, rdb, Options{
-		Region: "test", Registerer: reg, Now: clock.Now, Instances: func() int { return n },
-		Timeout: time.Second, Breaker: BreakerOptions{Failures: 1 << 30},
-	})
+	opts.Now, opts.Timeout, opts.Breaker = clock.Now, time.Second, BreakerOptions{Failures: 1 << 30}
+	return newTestRedis(t, rdb, opts)
 }
 
 // TestFallbackRoundsDown (issue 14 item 4): each instance's fallback bucket is
@@ -134,5 +140,27 @@ func TestRepaidCountsWhatLuaCharged(t *testing.T) {
 	off := metricValue(t, reg, "ratelimit_fallback_debt_written_off_tokens_total", nil)
 	if repaid != 0 || off != 10 {
 		t.Fatalf("repaid %v, written off %v; want 0 charged (the bucket was at -capacity) and 10 written off", repaid, off)
+	}
+}
+
+// TestDroppedDebtIsCounted (issue 14 item 6): the one path that still drops a debt, a
+// fallback bucket evicted past MaxFallbackBuckets while it owes, counts what it dropped.
+func TestDroppedDebtIsCounted(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	l := unreachableRedisWith(t, Options{Region: "test", Registerer: reg, MaxFallbackBuckets: 64}) // one bucket a shard
+	for i := range 1000 {
+		r := Request{Tenant: "t", Route: fmt.Sprintf("r%d", i), Limit: regions.Limit{Capacity: 5, RefillPerSecond: 0.001}}
+		if !mustDecide(t, l, r).Allowed {
+			t.Fatalf("first request of %s rejected", r.Route)
+		}
+	}
+	kept := 0
+	for i := range 1000 {
+		r := Request{Tenant: "t", Route: fmt.Sprintf("r%d", i), Limit: regions.Limit{Capacity: 5, RefillPerSecond: 0.001}}
+		kept += int(l.fb.owed(r, r.Limit))
+	}
+	dropped := metricValue(t, reg, "ratelimit_fallback_debt_dropped_tokens_total", nil)
+	if dropped == 0 || int(dropped)+kept != 1000 {
+		t.Fatalf("dropped %v + still owed %d, want 1000 tokens of debt in all, some dropped", dropped, kept)
 	}
 }

@@ -245,8 +245,11 @@ func (l *Local) update(now time.Time, id bucketID, lim regions.Limit, f func(e e
 	if !ok {
 		idle += s.sample(t, sampleOnInsert)
 		if len(s.m) >= l.perShard {
-			i, f := s.makeRoom(t)
+			i, f, dropped := s.makeRoom(t)
 			idle, forced = idle+i, forced+f
+			if dropped > 0 {
+				l.m.debtDropped.Add(float64(dropped))
+			}
 		}
 	} else if s.hits++; s.hits%sampleEvery == 0 {
 		idle += s.sample(t, sampleOnHit)
@@ -282,8 +285,8 @@ func (s *shard) sample(now int64, n int) int {
 
 // makeRoom is called when the shard is at its cap: it samples for full buckets, and if
 // there are none, evicts the sampled bucket closest to full. It returns the idle and
-// the forced evictions.
-func (s *shard) makeRoom(now int64) (idle, forced int) {
+// the forced evictions, and the debt the forced one forgot.
+func (s *shard) makeRoom(now int64) (idle, forced int, dropped int64) {
 	seen := 0
 	var victim uint64
 	victimAt, found := int64(0), false
@@ -299,20 +302,23 @@ func (s *shard) makeRoom(now int64) (idle, forced int) {
 		}
 	}
 	if idle == 0 && found {
-		s.remove(victim)
+		dropped = s.remove(victim)
 		forced = 1
 	}
-	return idle, forced
+	return idle, forced, dropped
 }
 
-// remove evicts the bucket k, and its debt with it.
-func (s *shard) remove(k uint64) {
+// remove evicts the bucket k, and its debt with it, and returns that debt. (A full
+// bucket's debt is void anyway: see fallback.owed.)
+func (s *shard) remove(k uint64) int64 {
 	delete(s.m, k)
 	if s.owed != nil {
-		if _, owed := s.owed[k]; owed {
+		if d, owed := s.owed[k]; owed {
 			s.forgive(k)
+			return d
 		}
 	}
+	return 0
 }
 
 // forgive drops k's debt, which must exist, and the debt map once it is empty.

@@ -24,9 +24,10 @@ const (
 // localMetrics are the metrics of one Local. They exist whether or not they are
 // registered, so the hot path never checks.
 type localMetrics struct {
-	evictions *prometheus.CounterVec
-	idle      prometheus.Counter
-	capacity  prometheus.Counter
+	evictions   *prometheus.CounterVec
+	idle        prometheus.Counter
+	capacity    prometheus.Counter
+	debtDropped prometheus.Counter
 }
 
 func newLocalMetrics() *localMetrics {
@@ -35,6 +36,10 @@ func newLocalMetrics() *localMetrics {
 			Name: "ratelimit_local_evictions_total",
 			Help: "In-memory buckets evicted: idle (full, so exact) or capacity (MaxBuckets reached, forgets the bucket's debt).",
 		}, []string{"reason"}),
+		debtDropped: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "ratelimit_fallback_debt_dropped_tokens_total",
+			Help: "Fallback debt forgotten, never charged to Redis, because the bucket owing it was evicted past MaxBuckets (the only path that drops a debt).",
+		}),
 	}
 	m.idle = m.evictions.WithLabelValues(evictIdle)
 	m.capacity = m.evictions.WithLabelValues(evictCapacity)
@@ -57,6 +62,7 @@ func (m *localMetrics) evicted(reason string, n int) {
 func (m *localMetrics) collectors(buckets func() int) []prometheus.Collector {
 	return []prometheus.Collector{
 		m.evictions,
+		m.debtDropped,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "ratelimit_local_buckets",
 			Help: "In-memory token buckets held by the local or fallback limiter.",
