@@ -38,7 +38,7 @@ type LeaseInfo struct {
 	// Bound is Instances x Batch, the worst-case over-admission of the region for the
 	// key: over any interval, the region admits at most what the shared bucket allows
 	// plus the tokens leased before the interval and spent in it. It stays within
-	// LeaseFraction of one second's regional refill.
+	// Leases.Fraction of one second's regional refill.
 	Bound int64 `json:"overadmission_bound"`
 	// Held is how many leased tokens this instance holds unspent now.
 	Held int64 `json:"held"`
@@ -53,7 +53,7 @@ type LeaseInfo struct {
 //
 // A key this instance is asked for at Threshold tokens per second or more is leased:
 // one Lease call takes up to a batch of tokens from the shared bucket, and decisions
-// spend them locally (Source "lease") until they run out or the lease expires (TTL).
+// spend them locally (SourceLease) until they run out or the lease expires (TTL).
 // Then one request tops the lease up to the batch while the instance's other requests
 // for the key wait for it (at most the call timeout) and take their turn: one Redis call
 // per batch, not per request, however many requests are concurrent. (Topping up early,
@@ -80,7 +80,7 @@ type LeaseInfo struct {
 // shared bucket: under-admission, never more admission, and the bucket refills a batch
 // in at most Fraction / instances seconds.
 //
-// The table is bounded (MaxLeaseKeys), sharded by a seeded hash of (tenant, route) like
+// The table is bounded (Leases.MaxKeys), sharded by a seeded hash of (tenant, route) like
 // Local, and evicts the coldest of a few sampled keys to make room.
 type leaseTable struct {
 	threshold float64
@@ -434,7 +434,7 @@ func (l *Redis) giveBack(ctx context.Context, key lua.Ref, lim regions.Limit, n 
 }
 
 // Leases lists the keys this instance leases tokens for now, largest bound first: at
-// most MaxLeaseKeys, each with its batch and over-admission bound. For an admin page.
+// most Leases.MaxKeys, each with its batch and over-admission bound. For an admin page.
 // It returns nil when leases are off.
 func (l *Redis) Leases() []LeaseInfo {
 	if l.leases == nil {

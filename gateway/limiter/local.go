@@ -49,8 +49,8 @@ type LocalOptions struct {
 }
 
 // Local is an in-memory limiter: a sharded map of Buckets keyed by (tenant, route). It is
-// the whole limiter of a standalone gateway (Source "local") and the fallback of Redis
-// (Source "fallback").
+// the whole limiter of a standalone gateway (SourceLocal) and the store of Redis's
+// fallback (SourceFallback).
 //
 // A bucket is keyed by a 64-bit hash of (tenant, route) with a per-process random seed,
 // not by the strings: 32 bytes a slot and no pointers for the garbage collector to scan
@@ -124,7 +124,7 @@ func newLocal(opts LocalOptions) *Local {
 }
 
 // Decide takes r.Cost tokens (0 means 1) from the local bucket of (r.Tenant, r.Route)
-// holding r.Limit. Decisions have Source "local". The error is non-nil only for an
+// holding r.Limit. Decisions have SourceLocal. The error is non-nil only for an
 // invalid request (ErrInvalidRequest) or a context that has already ended.
 func (l *Local) Decide(ctx context.Context, r Request) (Decision, error) {
 	cost, err := r.cost()

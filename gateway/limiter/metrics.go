@@ -188,7 +188,7 @@ func (m *redisMetrics) collectors(leases *leaseTable) []prometheus.Collector {
 
 var (
 	leaseBoundDesc = prometheus.NewDesc("ratelimit_lease_overadmission_bound_tokens",
-		"Worst-case over-admission of the region on a leased hot key (instances x batch, tokens), for the keys with the largest bounds (at most MaxLeaseSeries series).",
+		"Worst-case over-admission of the region on a leased hot key (instances x batch, tokens), for the keys with the largest bounds (at most Leases.MaxSeries series).",
 		[]string{"tenant", "route"}, nil)
 	leaseKeysDesc = prometheus.NewDesc("ratelimit_lease_keys",
 		"Hot keys this instance leases tokens for.", nil, nil)

@@ -19,10 +19,11 @@ import (
 
 // Redis decides with the region's shared token bucket in Redis (one EVALSHA per
 // decision, concurrent ones pipelined together), behind a per-call timeout and a circuit
-// breaker. When a call fails or the breaker is open, a local bucket holding Limit/N
-// decides instead (Source "fallback"), N being the live instances of the region, so the
-// region as a whole still admits about its limit. Sharded rules (Request.Shards) spread
-// over sub-buckets; hot keys may be leased (Options.LeaseThreshold).
+// breaker. When a call fails or the breaker is open, the fallback decides instead
+// (SourceFallback) with a local bucket holding floor(Limit/N), N being the live
+// instances of the region, so the region as a whole still admits at most its limit, and
+// what it admits is charged to Redis afterwards. Sharded rules (Request.Shards) spread
+// over sub-buckets; hot keys may be leased (Options.Leases).
 //
 // It is safe for concurrent use. It has no goroutine of its own: the pipelining starts
 // short-lived ones that send queued calls and exit when the queue is empty, and a failed
