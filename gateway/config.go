@@ -23,7 +23,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"golang.org/x/net/http/httpguts"
 
-	"github.com/quotaplane/quotaplane/lua"
+	"github.com/quotaplane/quotaplane/gateway/limiter"
 	"github.com/quotaplane/quotaplane/regions"
 )
 
@@ -38,7 +38,7 @@ const (
 	DefaultListen            = "127.0.0.1:8080"
 	DefaultAdminListen       = "127.0.0.1:9100"
 	DefaultRedisTimeout      = 5 * time.Millisecond
-	DefaultKeyPrefix         = lua.DefaultPrefix
+	DefaultKeyPrefix         = limiter.DefaultKeyPrefix
 	DefaultBreakerFailures   = 5
 	DefaultBreakerOpenFor    = time.Second
 	DefaultReloadInterval    = 30 * time.Second
@@ -878,14 +878,14 @@ func checkKeyPrefix(p string) error {
 type bucketError struct{ key, reason string }
 
 func checkBucket(capacity int64, refill float64, shards int) *bucketError {
-	if capacity <= 0 {
-		return &bucketError{"capacity", fmt.Sprintf("must be > 0, got %d", capacity)}
+	if capacity <= 0 || capacity > regions.MaxCapacity {
+		return &bucketError{"capacity", fmt.Sprintf("must be between 1 and %d, got %d", int64(regions.MaxCapacity), capacity)}
 	}
-	if !(refill > 0) || math.IsInf(refill, 0) {
-		return &bucketError{"refill_per_second", fmt.Sprintf("must be > 0, got %v", refill)}
+	if !(refill > 0) || refill > regions.MaxRefillPerSecond {
+		return &bucketError{"refill_per_second", fmt.Sprintf("must be > 0 and at most %g, got %v", float64(regions.MaxRefillPerSecond), refill)}
 	}
-	if shards < 1 || shards > 1024 {
-		return &bucketError{"shards", fmt.Sprintf("must be between 1 and 1024, got %d", shards)}
+	if shards < 1 || shards > regions.MaxShards {
+		return &bucketError{"shards", fmt.Sprintf("must be between 1 and %d, got %d", regions.MaxShards, shards)}
 	}
 	return nil
 }

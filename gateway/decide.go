@@ -66,7 +66,7 @@ func (g *Gateway) decide(ctx context.Context, a ask) (v verdict, ok bool) {
 		g.log.Debug("limiter failed; request let through", "region", g.cfg.Region, "tenant", a.tenant, "route", a.rt.id, "err", err)
 		return verdict{dec: decAllowed, src: srcNone}, true
 	default:
-		v.src = parseSource(string(d.Source))
+		v.src = sourceOf(d.Source)
 	}
 	g.m.duration[v.src].Observe(elapsed.Seconds())
 	v.dec = decAllowed
@@ -81,10 +81,7 @@ func (g *Gateway) decide(ctx context.Context, a ask) (v verdict, ok bool) {
 	if rule.Shadow {
 		return v, true
 	}
-	v.refill = lim.RefillPerSecond
-	if lim.Capacity > 0 && d.Limit != lim.Capacity {
-		v.refill *= float64(d.Limit) / float64(lim.Capacity) // the fallback's 1/N bucket
-	}
+	v.refill = d.RefillPerSecond
 	v.advertised = true
 	v.hdr = newRateHeaders(d.Limit, v.refill, d.Remaining, d.ResetAfter, d.RetryAfter, !d.Allowed)
 	v.resetAfter = d.ResetAfter

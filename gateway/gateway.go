@@ -21,7 +21,6 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/quotaplane/quotaplane/gateway/limiter"
-	"github.com/quotaplane/quotaplane/lua"
 	"github.com/quotaplane/quotaplane/regions"
 	"github.com/quotaplane/quotaplane/regions/store"
 )
@@ -29,6 +28,7 @@ import (
 // decider is the limiter as the gateway uses it: *limiter.Redis or *limiter.Local.
 type decider interface {
 	Decide(ctx context.Context, r limiter.Request) (limiter.Decision, error)
+	Close()
 }
 
 // Options are the gateway's dependencies. The zero value works: logs are discarded and
@@ -68,11 +68,14 @@ type Gateway struct {
 	emptySnapshot atomic.Bool
 
 	lim      decider
-	obs      *observer    // proxy metrics, upstream error log, access log (observe.go)
-	fallback func() bool  // reports the Redis breaker not closed; nil without Redis
-	guard    *clientGuard // nil when unauthenticated_limit is disabled
-	trusted  trustedProxies
-	rdb      redis.UniversalClient // *redis.Client, or *redis.ClusterClient with redis.cluster
+	obs      *observer   // proxy metrics, upstream error log, access log (observe.go)
+	fallback func() bool // reports the Redis breaker not closed; nil without Redis
+	// loadScripts is the Redis limiter's Load (scripts, maxmemory-policy check); nil
+	// without Redis.
+	loadScripts func(context.Context) error
+	guard       *clientGuard // nil when unauthenticated_limit is disabled
+	trusted     trustedProxies
+	rdb         redis.UniversalClient // *redis.Client, or *redis.ClusterClient with redis.cluster
 
 	// identityHeaders are the header names stripped from every proxied request under
 	// any spelling: the tenant header and the headers that carry the key.
@@ -226,16 +229,18 @@ func (g *Gateway) newLimiter() error {
 	}
 	g.rdb = rdb
 	opts := limiter.Options{
-		Region:             g.cfg.Region,
-		Timeout:            g.cfg.Redis.Timeout,
-		KeyPrefix:          g.cfg.Redis.KeyPrefix,
-		BreakerFailures:    g.cfg.Redis.Breaker.Failures,
-		BreakerFailureSpan: g.cfg.Redis.Breaker.FailureSpan,
-		BreakerOpenFor:     g.cfg.Redis.Breaker.OpenFor,
-		Instances:          g.fallbackInstances,
-		ExpectedInstances:  g.cfg.ExpectedInstances,
-		Registerer:         g.registerer,
-		Logger:             g.log,
+		Region:    g.cfg.Region,
+		Timeout:   g.cfg.Redis.Timeout,
+		KeyPrefix: g.cfg.Redis.KeyPrefix,
+		Breaker: limiter.BreakerOptions{
+			Failures:    g.cfg.Redis.Breaker.Failures,
+			FailureSpan: g.cfg.Redis.Breaker.FailureSpan,
+			OpenFor:     g.cfg.Redis.Breaker.OpenFor,
+		},
+		Instances:         g.fallbackInstances,
+		ExpectedInstances: g.cfg.ExpectedInstances,
+		Registerer:        g.registerer,
+		Logger:            g.log,
 	}
 	setLeases(&opts, g.cfg.Leases)
 	l, err := limiter.NewRedis(g.rdb, opts)
@@ -243,6 +248,7 @@ func (g *Gateway) newLimiter() error {
 		return fmt.Errorf("gateway %s: redis limiter: %w", g.cfg.Region, err) // New closes g.rdb
 	}
 	g.lim = l
+	g.loadScripts = l.Load
 	g.fallback = l.FallbackActive
 	return nil
 }
@@ -250,9 +256,9 @@ func (g *Gateway) newLimiter() error {
 // setLeases maps the leases config onto the limiter's options; zero values take the
 // limiter's defaults, a zero threshold leaves leases off.
 func setLeases(o *limiter.Options, l LeasesConfig) {
-	o.LeaseThreshold = l.Threshold
-	o.LeaseFraction = l.Fraction
-	o.LeaseTTL = l.TTL
+	o.Leases.Threshold = l.Threshold
+	o.Leases.Fraction = l.Fraction
+	o.Leases.TTL = l.TTL
 }
 
 // warmConns connections are kept open to Redis (per node of a cluster), one per pipeline
@@ -586,7 +592,7 @@ func (g *Gateway) decisionBounds() []float64 {
 func (g *Gateway) warmRedis(ctx context.Context) {
 	wctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	if err := lua.NewTokenBucket(g.rdb).Load(wctx); err != nil {
+	if err := g.loadScripts(wctx); err != nil {
 		g.log.Warn("redis not reachable at start; the local fallback decides until it is",
 			"region", g.cfg.Region, "err", err)
 	}
@@ -597,8 +603,8 @@ func (g *Gateway) warmRedis(ctx context.Context) {
 func (g *Gateway) closeClients() {
 	g.closeStore()
 	g.transport.CloseIdleConnections()
-	if c, ok := g.lim.(interface{ Close() }); ok {
-		c.Close()
+	if g.lim != nil {
+		g.lim.Close()
 	}
 	if g.rdb != nil {
 		_ = g.rdb.Close()

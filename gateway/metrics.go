@@ -5,6 +5,7 @@ import (
 	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/quotaplane/quotaplane/gateway/limiter"
 )
 
 // decision is the outcome label of ratelimit_requests_total.
@@ -34,15 +35,16 @@ const (
 
 var sourceNames = [numSources]string{"redis", "fallback", "local", "lease", "none"}
 
-func parseSource(s string) source {
+// sourceOf is the label of the limiter's source.
+func sourceOf(s limiter.Source) source {
 	switch s {
-	case "redis":
+	case limiter.SourceRedis:
 		return srcRedis
-	case "fallback":
+	case limiter.SourceFallback:
 		return srcFallback
-	case "local":
+	case limiter.SourceLocal:
 		return srcLocal
-	case "lease":
+	case limiter.SourceLease:
 		return srcLease
 	}
 	return srcNone

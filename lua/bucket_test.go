@@ -37,8 +37,9 @@ func redisMicros(t testing.TB, rdb *redis.Client) int64 {
 }
 
 // setState writes a bucket's stored state directly, as if an earlier call had left it.
-func setState(t testing.TB, rdb *redis.Client, key string, tokens float64, tsMicros int64) {
+func setState(t testing.TB, rdb *redis.Client, ref Ref, tokens float64, tsMicros int64) {
 	t.Helper()
+	key := ref.Key
 	err := rdb.HSet(context.Background(), key, "tokens", strconv.FormatFloat(tokens, 'f', -1, 64), "ts", strconv.FormatInt(tsMicros, 10)).Err()
 	if err != nil {
 		t.Fatalf("HSET %s: %v", key, err)
@@ -46,8 +47,9 @@ func setState(t testing.TB, rdb *redis.Client, key string, tokens float64, tsMic
 }
 
 // shiftTS moves a bucket's stored ts back by d: the same as d passing without a call.
-func shiftTS(t testing.TB, rdb *redis.Client, key string, d time.Duration) {
+func shiftTS(t testing.TB, rdb *redis.Client, ref Ref, d time.Duration) {
 	t.Helper()
+	key := ref.Key
 	ts, err := rdb.HGet(context.Background(), key, "ts").Int64()
 	if err != nil {
 		t.Fatalf("HGET %s ts: %v", key, err)
@@ -57,8 +59,9 @@ func shiftTS(t testing.TB, rdb *redis.Client, key string, d time.Duration) {
 	}
 }
 
-func storedTokens(t testing.TB, rdb *redis.Client, key string) float64 {
+func storedTokens(t testing.TB, rdb *redis.Client, ref Ref) float64 {
 	t.Helper()
+	key := ref.Key
 	v, err := rdb.HGet(context.Background(), key, "tokens").Float64()
 	if err != nil {
 		t.Fatalf("HGET %s tokens: %v", key, err)
@@ -66,7 +69,7 @@ func storedTokens(t testing.TB, rdb *redis.Client, key string) float64 {
 	return v
 }
 
-func mustTake(t testing.TB, b *TokenBucket, key string, capacity int64, refill float64, cost int64) Result {
+func mustTake(t testing.TB, b *TokenBucket, key Ref, capacity int64, refill float64, cost int64) Result {
 	t.Helper()
 	r, err := b.Take(context.Background(), key, capacity, refill, cost)
 	if err != nil {
@@ -78,16 +81,17 @@ func mustTake(t testing.TB, b *TokenBucket, key string, capacity int64, refill f
 func TestKeys(t *testing.T) {
 	tests := []struct {
 		keys        Keys
-		bucket      string
-		shard       string
+		bucket      Ref
+		shard       Ref
 		tenant, rte string
 		i           int
 	}{
-		{Keys{}, "rl:{shop-a}:create-order", "rl:shop-a:create-order:3", "shop-a", "create-order", 3},
-		{Keys{Prefix: "test42"}, "test42:{t.1}:r_2", "test42:t.1:r_2:0", "t.1", "r_2", 0},
+		{Keys{}, Ref{"rl:{shop-a}:create-order", "rl:{shop-a}:create-order:rule"}, Ref{Key: "rl:shop-a:create-order:3"}, "shop-a", "create-order", 3},
+		// Shard 0 is the unsharded bucket, so a shard count change carries it over.
+		{Keys{Prefix: "test42"}, Ref{"test42:{t.1}:r_2", "test42:{t.1}:r_2:rule"}, Ref{"test42:{t.1}:r_2", "test42:{t.1}:r_2:rule"}, "t.1", "r_2", 0},
 	}
 	for _, tt := range tests {
-		t.Run(tt.bucket, func(t *testing.T) {
+		t.Run(tt.bucket.Key, func(t *testing.T) {
 			if got := tt.keys.Bucket(tt.tenant, tt.rte); got != tt.bucket {
 				t.Errorf("Bucket = %q, want %q", got, tt.bucket)
 			}
@@ -95,6 +99,12 @@ func TestKeys(t *testing.T) {
 				t.Errorf("Shard = %q, want %q", got, tt.shard)
 			}
 		})
+	}
+	// A value's key has a bounded length whatever the value, and two values differ.
+	long := strings.Repeat("x", 10000)
+	a, b := Keys{}.Value("t", "r", long), Keys{}.Value("t", "r", long+"y")
+	if a == b || len(a.Key) != len("rl:{t}:r:v:")+22 || a.Record != "rl:{t}:r:v" || !strings.HasPrefix(a.Key, a.Record+":") {
+		t.Errorf("Value keys %q and %q: want distinct, 22 characters of hash, record rl:{t}:r:v", a, b)
 	}
 }
 
@@ -120,7 +130,7 @@ func TestTakeBurstThenReject(t *testing.T) {
 		t.Errorf("ResetAfter = %v, want about 5000s", r.ResetAfter)
 	}
 	// cost 2 of capacity 5 on a fresh key.
-	r = mustTake(t, b, key+"2", 5, 1, 2)
+	r = mustTake(t, b, Keys{}.Bucket("shop-a", "create-order2"), 5, 1, 2)
 	if !r.Allowed || r.Remaining != 3 || r.ResetAfter != 2*time.Second {
 		t.Errorf("cost 2: %+v, want allowed, remaining 3, reset 2s", r)
 	}
@@ -214,7 +224,7 @@ func TestTTLSetAndBounded(t *testing.T) {
 		t.Run(fmt.Sprintf("cap%d_refill%v", tt.capacity, tt.refill), func(t *testing.T) {
 			key := Keys{}.Bucket("t"+strconv.Itoa(i), "r")
 			mustTake(t, b, key, tt.capacity, tt.refill, tt.cost)
-			ttl, err := rdb.PTTL(context.Background(), key).Result()
+			ttl, err := rdb.PTTL(context.Background(), key.Key).Result()
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -227,7 +237,7 @@ func TestTTLSetAndBounded(t *testing.T) {
 		key := Keys{}.Bucket("rejected", "r")
 		setState(t, rdb, key, 0, redisMicros(t, rdb))
 		mustTake(t, b, key, 10, 1, 1)
-		if ttl := rdb.PTTL(context.Background(), key).Val(); ttl != -1 {
+		if ttl := rdb.PTTL(context.Background(), key.Key).Val(); ttl != -1 {
 			t.Errorf("PTTL = %v, want -1 (no write on reject)", ttl)
 		}
 	})
@@ -368,7 +378,7 @@ func TestExtremeRulesDoNotOverflow(t *testing.T) {
 			if err := b.Return(ctx, key, tt.capacity, tt.refill, 0); err != nil {
 				t.Error(err)
 			}
-			cmd := returnScript.Run(ctx, rdb, []string{key}, tt.capacity, tt.refill, 1)
+			cmd := returnScript.Run(ctx, rdb, []string{key.Key, key.Record}, tt.capacity, tt.refill, 1)
 			if v, err := cmd.Int64Slice(); err != nil || len(v) != 2 || v[1] < 0 || v[1] > int64(1<<40) {
 				t.Errorf("return reply %v, %v: want a reset within [0, 2^40] ms", v, err)
 			}
@@ -463,18 +473,18 @@ func TestInvalidArguments(t *testing.T) {
 			}
 			for _, tt := range cases {
 				t.Run(s.name+"/"+tt.name, func(t *testing.T) {
-					err := s.s.Run(ctx, rdb, []string{key}, tt.args...).Err()
+					err := s.s.Run(ctx, rdb, []string{key.Key, key.Record}, tt.args...).Err()
 					if err == nil || !strings.HasPrefix(err.Error(), invalidPrefix) {
 						t.Fatalf("%s %v: err %v, want a %s error", s.name, tt.args, err, invalidPrefix)
 					}
-					if werr := scriptError(s.name, key, err); !errors.Is(werr, ErrInvalidArgument) {
+					if werr := scriptError(s.name, key.Key, err); !errors.Is(werr, ErrInvalidArgument) {
 						t.Errorf("scriptError(%v) does not wrap ErrInvalidArgument", err)
 					}
 				})
 			}
 		}
 	})
-	if n := rdb.Exists(ctx, key).Val(); n != 0 {
+	if n := rdb.Exists(ctx, key.Key).Val(); n != 0 {
 		t.Errorf("invalid calls wrote the bucket")
 	}
 }
@@ -510,13 +520,13 @@ func TestLeaseAndReturn(t *testing.T) {
 	if err := b.Return(ctx, key, capacity, refill, 0); err != nil {
 		t.Fatal(err)
 	}
-	// Returning more than fits fills the bucket and no further: a full bucket is a
-	// missing key.
+	// Returning more than fits fills the bucket and no further; the full bucket expires
+	// soon (1 s), as any full one.
 	if err := b.Return(ctx, key, capacity, refill, 1000); err != nil {
 		t.Fatal(err)
 	}
-	if n := rdb.Exists(ctx, key).Val(); n != 0 {
-		t.Errorf("full bucket still stored after Return")
+	if got, ttl := storedTokens(t, rdb, key), rdb.PTTL(ctx, key.Key).Val(); got != capacity || ttl <= 0 || ttl > time.Second {
+		t.Errorf("after returning 1000: %v tokens, PTTL %v; want %d and at most 1 s", got, ttl, capacity)
 	}
 	lease(100, 10, 0)
 	// A return to a missing (full) bucket creates nothing.
@@ -524,7 +534,7 @@ func TestLeaseAndReturn(t *testing.T) {
 	if err := b.Return(ctx, other, capacity, refill, 5); err != nil {
 		t.Fatal(err)
 	}
-	if n := rdb.Exists(ctx, other).Val(); n != 0 {
+	if n := rdb.Exists(ctx, other.Key).Val(); n != 0 {
 		t.Errorf("Return to a missing bucket created it")
 	}
 	// Return interleaved with Take never exceeds capacity.
@@ -554,7 +564,7 @@ func TestDebt(t *testing.T) {
 	const capacity, refill = 10, 0.001 // slow: the test's own time adds thousandths of a token
 	take := func(cost, debt int64) Result {
 		t.Helper()
-		r, err := TakeReply(takeScript.Run(ctx, rdb, []string{key}, capacity, refill, cost, debt))
+		r, err := TakeReply(takeScript.Run(ctx, rdb, []string{key.Key, key.Record}, capacity, refill, cost, debt))
 		if err != nil {
 			t.Fatalf("take cost %d debt %d: %v", cost, debt, err)
 		}
@@ -578,7 +588,7 @@ func TestDebt(t *testing.T) {
 	if got := storedTokens(t, rdb, key); got != -capacity {
 		t.Errorf("stored tokens %v after more debt, want %d: at most one bucket of debt", got, -capacity)
 	}
-	if g, res, err := LeaseReply(leaseScript.Run(ctx, rdb, []string{key}, capacity, refill, 3)); err != nil || g != 0 || res.Remaining != 0 {
+	if g, res, err := LeaseReply(leaseScript.Run(ctx, rdb, []string{key.Key, key.Record}, capacity, refill, 3)); err != nil || g != 0 || res.Remaining != 0 {
 		t.Errorf("lease in debt: granted %d, %+v, %v; want nothing", g, res, err)
 	}
 	b := NewTokenBucket(rdb)
@@ -594,7 +604,7 @@ func TestDebt(t *testing.T) {
 	}
 
 	other := Keys{}.Bucket("debt", "lease")
-	g, res, err := LeaseReply(leaseScript.Run(ctx, rdb, []string{other}, capacity, refill, 5, 3))
+	g, res, err := LeaseReply(leaseScript.Run(ctx, rdb, []string{other.Key, other.Record}, capacity, refill, 5, 3))
 	if err != nil || g != 5 || res.Remaining != 2 {
 		t.Errorf("lease 5 with debt 3 on a full bucket: granted %d, %+v, %v; want 5 granted, 2 remaining", g, res, err)
 	}
@@ -615,15 +625,15 @@ func TestBucketMemory(t *testing.T) {
 	} {
 		key := keys.Bucket(k.tenant, k.route)
 		mustTake(t, b, key, 100, 0.01, 1)
-		usage, err := rdb.MemoryUsage(ctx, key).Result()
+		usage, err := rdb.MemoryUsage(ctx, key.Key).Result()
 		if err != nil {
 			t.Fatal(err)
 		}
-		t.Logf("MEMORY USAGE %s (%d-byte key) = %d bytes", key, len(key), usage)
+		t.Logf("MEMORY USAGE %s (%d-byte key) = %d bytes", key.Key, len(key.Key), usage)
 		if usage <= 0 || usage > 300 {
 			t.Errorf("MEMORY USAGE = %d bytes, want within (0, 300]", usage)
 		}
-		if err := rdb.Del(ctx, key).Err(); err != nil {
+		if err := rdb.Del(ctx, key.Key, key.Record).Err(); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -636,20 +646,22 @@ func TestBucketMemory(t *testing.T) {
 	for i := 0; i < buckets; i += batch {
 		pipe := rdb.Pipeline()
 		for j := i; j < i+batch; j++ {
-			takeScript.EvalSha(ctx, pipe, []string{keys.Bucket(fmt.Sprintf("tenant-%06d", j), "create-order")}, 100, 0.01, 1)
+			takeScript.EvalSha(ctx, pipe, []string{keys.Bucket(fmt.Sprintf("tenant-%06d", j), "create-order").Key, keys.Bucket(fmt.Sprintf("tenant-%06d", j), "create-order").Record}, 100, 0.01, 1)
 		}
 		if _, err := pipe.Exec(ctx); err != nil {
 			t.Fatal(err)
 		}
 	}
 	after := usedMemory(t, rdb)
-	if n := rdb.DBSize(ctx).Val(); n != buckets {
-		t.Fatalf("DBSIZE = %d, want %d", n, buckets)
+	if n := rdb.DBSize(ctx).Val(); n != 2*buckets {
+		t.Fatalf("DBSIZE = %d, want %d (a bucket and its rule record per tenant)", n, 2*buckets)
 	}
+	// Each tenant/route holds a bucket and its rule record (never expired, so a rule
+	// raised after the bucket expired is not a full bucket at the new size).
 	per := float64(after-before) / buckets
-	t.Logf("used_memory delta over %d buckets = %d bytes, %.1f bytes per bucket", buckets, after-before, per)
-	if per <= 0 || per > 250 {
-		t.Errorf("%.1f bytes per bucket, want within (0, 250]", per)
+	t.Logf("used_memory delta over %d buckets = %d bytes, %.1f bytes per bucket with its record", buckets, after-before, per)
+	if per <= 0 || per > 500 {
+		t.Errorf("%.1f bytes per bucket with its record, want within (0, 500]", per)
 	}
 }
 
@@ -679,7 +691,7 @@ func BenchmarkTake(b *testing.B) {
 	if err := tb.Load(ctx); err != nil {
 		b.Fatal(err)
 	}
-	keys := make([]string, 1024)
+	keys := make([]Ref, 1024)
 	for i := range keys {
 		keys[i] = Keys{}.Bucket(fmt.Sprintf("tenant-%04d", i), "create-order")
 	}

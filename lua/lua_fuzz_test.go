@@ -1,4 +1,4 @@
-package lua_test
+package lua
 
 import (
 	"context"
@@ -10,16 +10,15 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/quotaplane/quotaplane/internal/testenv"
-	"github.com/quotaplane/quotaplane/lua"
 )
 
 // FuzzLuaArguments sends arbitrary argument strings straight to the three bucket scripts
-// on a real Redis, past the Go-side checks of package lua, as any client of that Redis
+// on a real Redis, past the Go-side checks of this package, as any client of that Redis
 // could. Whatever the arguments, a script either refuses them with a QPINVALID error and
-// leaves the bucket exactly as it was, or answers integers in range and leaves a sane
-// bucket: tokens a finite number in [0, capacity], and a TTL (never a key that lives
-// forever). For canonical decimal arguments, the script accepts exactly what the Go
-// checks accept.
+// leaves the bucket and its rule record exactly as they were, or answers integers in
+// range and leaves a sane bucket: tokens a finite number in [-capacity, capacity], and a
+// TTL (a bucket with a rule record never lives forever). For canonical decimal
+// arguments, the script accepts exactly what the Go checks accept.
 func FuzzLuaArguments(f *testing.F) {
 	for _, s := range [][5]string{
 		{"take", "10", "1", "1", ""}, {"take", "1000000000000000", "1", "1", ""}, {"take", "0x10", "0.5", "2", ""},
@@ -35,22 +34,23 @@ func FuzzLuaArguments(f *testing.F) {
 	rdb := redis.NewClient(&redis.Options{Addr: rp.Addr()})
 	f.Cleanup(func() { _ = rdb.Close() })
 	scripts := map[string]*redis.Script{
-		"take":   redis.NewScript(lua.TokenBucketSource()),
-		"lease":  redis.NewScript(lua.LeaseSource()),
-		"return": redis.NewScript(lua.ReturnSource()),
+		"take":   redis.NewScript(TokenBucketSource()),
+		"lease":  redis.NewScript(LeaseSource()),
+		"return": redis.NewScript(ReturnSource()),
 	}
 	ctx := context.Background()
-	const key = "fz:{t}:r"
+	const key, record = "fz:{t}:r", "fz:{t}:r:rule"
+	keys := []string{key, record}
 	f.Fuzz(func(t *testing.T, op, a1, a2, a3, debt string, used bool) {
 		s, ok := scripts[op]
 		if !ok {
 			return
 		}
-		if err := rdb.Del(ctx, key).Err(); err != nil {
+		if err := rdb.Del(ctx, key, record).Err(); err != nil {
 			t.Fatal(err)
 		}
 		if used { // a half-spent bucket of another rule first
-			if err := scripts["take"].Run(ctx, rdb, []string{key}, 10, 1, 5).Err(); err != nil {
+			if err := scripts["take"].Run(ctx, rdb, keys, 10, 1, 5).Err(); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -58,19 +58,24 @@ func FuzzLuaArguments(f *testing.F) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		beforeRecord, err := rdb.HGetAll(ctx, record).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
 		args := []any{a1, a2, a3}
 		if debt != "" {
 			args = append(args, debt)
 		}
-		reply, err := s.Run(ctx, rdb, []string{key}, args...).Result()
+		reply, err := s.Run(ctx, rdb, keys, args...).Result()
 		accepted := err == nil
 		if err != nil {
 			if !strings.HasPrefix(err.Error(), "QPINVALID") {
 				t.Fatalf("%s(%q, %q, %q, %q): error %v, want QPINVALID or an answer", op, a1, a2, a3, debt, err)
 			}
 			after, _ := rdb.HGetAll(ctx, key).Result()
-			if !equalMaps(before, after) {
-				t.Fatalf("%s(%q, %q, %q, %q) refused but changed the bucket %v -> %v", op, a1, a2, a3, debt, before, after)
+			afterRecord, _ := rdb.HGetAll(ctx, record).Result()
+			if !equalMaps(before, after) || !equalMaps(beforeRecord, afterRecord) {
+				t.Fatalf("%s(%q, %q, %q, %q) refused but changed the bucket %v -> %v or its record %v -> %v", op, a1, a2, a3, debt, before, after, beforeRecord, afterRecord)
 			}
 		} else {
 			checkReply(t, op, reply)
@@ -99,7 +104,7 @@ func equalMaps(a, b map[string]string) bool {
 func checkReply(t *testing.T, op string, reply any) {
 	t.Helper()
 	v, ok := reply.([]any)
-	want := map[string]int{"take": 4, "lease": 4, "return": 2}[op]
+	want := map[string]int{"take": 5, "lease": 5, "return": 2}[op]
 	if !ok || len(v) != want {
 		t.Fatalf("%s: reply %v, want %d integers", op, reply, want)
 	}
@@ -158,7 +163,7 @@ func goAccepts(op, a1, a2, a3, debt string) (ok, known bool) {
 			return false, true
 		}
 	}
-	ok = capacity >= 1 && capacity <= lua.MaxCapacity && refill > 0 && !math.IsInf(refill, 0)
+	ok = capacity >= 1 && capacity <= MaxCapacity && refill > 0 && refill <= MaxRefill
 	switch op {
 	case "take":
 		ok = ok && n >= 1 && n <= capacity

@@ -49,25 +49,55 @@ func (s Script) Sha() string {
 	return sc.Hash()
 }
 
-// EvalShaCmd builds "EVALSHA sha 1 key capacity refill n [debt]" (n is cost, want or the
-// tokens returned; debt, for Take and Lease, the tokens to charge first, left out when 0)
-// without running it.
-func (s Script) EvalShaCmd(ctx context.Context, key string, capacity int64, refill float64, n, debt int64) *redis.Cmd {
-	if debt != 0 {
-		return redis.NewCmd(ctx, "evalsha", s.Sha(), 1, key, capacity, refill, n, debt)
+// Args is the one encoder of a script call: the keys and arguments of "EVALSHA sha
+// numkeys keys... capacity refill n [debt]" (n is cost, want or the tokens returned;
+// debt, for Take and Lease, the tokens to charge first, left out when 0). The rule
+// record is a second key when ref has one.
+func (s Script) Args(ref Ref, capacity int64, refill float64, n, debt int64) ([]string, []any) {
+	keys := []string{ref.Key}
+	if ref.Record != "" {
+		keys = append(keys, ref.Record)
 	}
-	return redis.NewCmd(ctx, "evalsha", s.Sha(), 1, key, capacity, refill, n)
+	args := []any{capacity, refill, n}
+	if debt != 0 {
+		args = append(args, debt)
+	}
+	return keys, args
+}
+
+// EvalShaCmd builds the EVALSHA of a call (see Args) without running it.
+func (s Script) EvalShaCmd(ctx context.Context, ref Ref, capacity int64, refill float64, n, debt int64) *redis.Cmd {
+	return redis.NewCmd(ctx, s.cmdArgs("evalsha", s.Sha(), ref, capacity, refill, n, debt)...)
 }
 
 // EvalCmd builds the same call as EVAL with the whole script text. Running it also
 // loads the script into that server's cache, so it is the retry of an EvalShaCmd that
 // failed with NOSCRIPT (a restarted or flushed server, a new cluster node).
-func (s Script) EvalCmd(ctx context.Context, key string, capacity int64, refill float64, n, debt int64) *redis.Cmd {
-	_, src := s.script()
-	if debt != 0 {
-		return redis.NewCmd(ctx, "eval", src, 1, key, capacity, refill, n, debt)
+func (s Script) EvalCmd(ctx context.Context, ref Ref, capacity int64, refill float64, n, debt int64) *redis.Cmd {
+	return redis.NewCmd(ctx, s.cmdArgs("eval", s.Source(), ref, capacity, refill, n, debt)...)
+}
+
+func (s Script) cmdArgs(verb, script string, ref Ref, capacity int64, refill float64, n, debt int64) []any {
+	keys, args := s.Args(ref, capacity, refill, n, debt)
+	out := make([]any, 0, 3+len(keys)+len(args))
+	out = append(out, verb, script, len(keys))
+	for _, k := range keys {
+		out = append(out, k)
 	}
-	return redis.NewCmd(ctx, "eval", src, 1, key, capacity, refill, n)
+	return append(out, args...)
+}
+
+// Reply reads the answer of a run Take or Lease command: the tokens taken (a Take's
+// cost when allowed, a Lease's grant) and the Result. n is the call's n (the cost).
+func (s Script) Reply(cmd *redis.Cmd, n int64) (int64, Result, error) {
+	if s == ScriptLease {
+		return LeaseReply(cmd)
+	}
+	res, err := TakeReply(cmd)
+	if err != nil || !res.Allowed {
+		return 0, res, err
+	}
+	return n, res, nil
 }
 
 // IsNoScript reports whether err is Redis's NOSCRIPT reply: the server does not have
@@ -81,7 +111,7 @@ func TakeReply(cmd *redis.Cmd) (Result, error) {
 	if err != nil {
 		return Result{}, scriptError("take", key, err)
 	}
-	r, err := parse4(v)
+	r, err := parse5(v)
 	if err != nil {
 		return Result{}, fmt.Errorf("token bucket take %s: %w", key, err)
 	}
@@ -90,6 +120,7 @@ func TakeReply(cmd *redis.Cmd) (Result, error) {
 		Remaining:  r[1],
 		RetryAfter: time.Duration(r[2]) * time.Millisecond,
 		ResetAfter: time.Duration(r[3]) * time.Millisecond,
+		Charged:    r[4],
 	}, nil
 }
 
@@ -101,7 +132,7 @@ func LeaseReply(cmd *redis.Cmd) (int64, Result, error) {
 	if err != nil {
 		return 0, Result{}, scriptError("lease", key, err)
 	}
-	r, err := parse4(v)
+	r, err := parse5(v)
 	if err != nil {
 		return 0, Result{}, fmt.Errorf("token bucket lease %s: %w", key, err)
 	}
@@ -110,14 +141,20 @@ func LeaseReply(cmd *redis.Cmd) (int64, Result, error) {
 		Remaining:  r[1],
 		RetryAfter: time.Duration(r[2]) * time.Millisecond,
 		ResetAfter: time.Duration(r[3]) * time.Millisecond,
+		Charged:    r[4],
 	}, nil
 }
 
-// cmdKey is the key of a script command built here, for error messages.
+// cmdKey is the key of a script command (EVAL, EVALSHA), for error messages.
 func cmdKey(cmd *redis.Cmd) string {
 	if args := cmd.Args(); len(args) > 3 {
-		if k, ok := args[3].(string); ok {
+		switch k := args[3].(type) {
+		case string:
 			return k
+		case []string:
+			if len(k) > 0 {
+				return k[0]
+			}
 		}
 	}
 	return "?"

@@ -65,6 +65,9 @@ type Rule struct {
 	UpdatedAt time.Time
 }
 
+// MaxShards is the most sub-buckets a rule may be split into.
+const MaxShards = 1024
+
 // Validate checks ids and numbers.
 func (r Rule) Validate() error {
 	if err := ValidateIDOrWildcard("tenant", r.Tenant); err != nil {
@@ -73,17 +76,27 @@ func (r Rule) Validate() error {
 	if err := ValidateIDOrWildcard("route", r.Route); err != nil {
 		return err
 	}
-	if r.Capacity <= 0 {
-		return fmt.Errorf("%w rule %s/%s: capacity %d must be > 0", ErrInvalid, r.Tenant, r.Route, r.Capacity)
+	if r.Capacity <= 0 || r.Capacity > MaxCapacity {
+		return fmt.Errorf("%w rule %s/%s: capacity %d must be between 1 and %d", ErrInvalid, r.Tenant, r.Route, r.Capacity, int64(MaxCapacity))
 	}
-	if !(r.RefillPerSecond > 0) || math.IsInf(r.RefillPerSecond, 0) {
-		return fmt.Errorf("%w rule %s/%s: refill_per_second %v must be > 0", ErrInvalid, r.Tenant, r.Route, r.RefillPerSecond)
+	if !(r.RefillPerSecond > 0) || r.RefillPerSecond > MaxRefillPerSecond {
+		return fmt.Errorf("%w rule %s/%s: refill_per_second %v must be > 0 and at most %g", ErrInvalid, r.Tenant, r.Route, r.RefillPerSecond, float64(MaxRefillPerSecond))
 	}
-	if r.Shards < 1 || r.Shards > 1024 {
-		return fmt.Errorf("%w rule %s/%s: shards %d must be between 1 and 1024", ErrInvalid, r.Tenant, r.Route, r.Shards)
+	if r.Shards < 1 || r.Shards > MaxShards {
+		return fmt.Errorf("%w rule %s/%s: shards %d must be between 1 and %d", ErrInvalid, r.Tenant, r.Route, r.Shards, MaxShards)
 	}
 	return nil
 }
+
+// Upper bounds of a rule. The shared bucket counts tokens in Lua doubles: every whole
+// count up to 2^53 (about 9e15) is exact, so MaxCapacity tokens, or a bucket that much in
+// debt, lose none; MaxRefillPerSecond keeps a refill over any elapsed time a finite
+// double. They equal lua.MaxCapacity and lua.MaxRefill (gateway/limiter tests it).
+// There is no "unlimited" rule: a capacity at the bound is as good as unlimited.
+const (
+	MaxCapacity        = 1_000_000_000_000_000
+	MaxRefillPerSecond = 1_000_000_000_000
+)
 
 // Limit is a token bucket's size after scaling: what one region, or one instance of it,
 // enforces.
@@ -100,17 +113,58 @@ const MinScaleShare = 1e-4
 
 // Scale returns the part of a bucket that a share (0..1] of it gets:
 // capacity max(1, round(capacity*share)), refill refill*share, with share at least
-// MinScaleShare. A capacity too small to split keeps one token, so a limit never becomes
-// "reject everything".
+// MinScaleShare. A capacity too small to split keeps one token, so a limit
+// never becomes "reject everything". The result saturates at MaxCapacity and
+// MaxRefillPerSecond: a capacity of math.MaxInt64 never wraps around to 1 token.
 func Scale(capacity int64, refill float64, share float64) Limit {
+	return Limit{Capacity: capacity, RefillPerSecond: refill}.Scale(share)
+}
+
+// Scale is the package function Scale on l.
+func (l Limit) Scale(share float64) Limit {
 	if !(share >= MinScaleShare) { // also catches NaN
 		share = MinScaleShare
 	}
-	c := int64(math.Round(float64(capacity) * share))
-	if c < 1 {
+	c := math.Round(float64(l.Capacity) * share)
+	switch {
+	case c < 1:
 		c = 1
+	case c > MaxCapacity:
+		c = MaxCapacity
 	}
-	return Limit{Capacity: c, RefillPerSecond: refill * share}
+	r := l.RefillPerSecond * share
+	if r > MaxRefillPerSecond {
+		r = MaxRefillPerSecond
+	}
+	return Limit{Capacity: int64(c), RefillPerSecond: r}
+}
+
+// ShardCount is how many sub-buckets l split into shards actually uses: shards, but
+// never more than the capacity (each shard holds at least one token). 0 and 1 mean
+// unsharded and return 1.
+func (l Limit) ShardCount(shards int) int {
+	if shards <= 1 {
+		return 1
+	}
+	if int64(shards) > l.Capacity {
+		return int(max(l.Capacity, 1))
+	}
+	return shards
+}
+
+// Shard is the part of l that shard i of k holds: capacity/k tokens, the remainder going
+// one token each to the first shards, so the shards' capacities add up to l.Capacity
+// exactly; and refill/k. k comes from ShardCount, so every shard holds at least one token.
+func (l Limit) Shard(k, i int) Limit {
+	if k <= 1 {
+		return l
+	}
+	base, rem := l.Capacity/int64(k), l.Capacity%int64(k)
+	c := base
+	if int64(i) < rem {
+		c++
+	}
+	return Limit{Capacity: c, RefillPerSecond: l.RefillPerSecond / float64(k)}
 }
 
 // Scope is what a share applies to: every rule ("*"), one tenant ("shop-a"), or one

@@ -90,6 +90,24 @@ func FuzzValidateID(f *testing.F) {
 	})
 }
 
+func TestRuleBounds(t *testing.T) {
+	t.Parallel()
+	ok := Rule{Tenant: "t", Route: "r", Capacity: MaxCapacity, RefillPerSecond: MaxRefillPerSecond, Shards: 1}
+	if err := ok.Validate(); err != nil {
+		t.Fatalf("a rule at the bounds: %v", err)
+	}
+	for _, r := range []Rule{
+		{Tenant: "t", Route: "r", Capacity: MaxCapacity + 1, RefillPerSecond: 1, Shards: 1},
+		{Tenant: "t", Route: "r", Capacity: math.MaxInt64, RefillPerSecond: 1, Shards: 1},
+		{Tenant: "t", Route: "r", Capacity: 1, RefillPerSecond: MaxRefillPerSecond * 10, Shards: 1},
+		{Tenant: "t", Route: "r", Capacity: 1, RefillPerSecond: math.Inf(1), Shards: 1},
+	} {
+		if err := r.Validate(); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "at most") && !strings.Contains(err.Error(), "between 1 and") {
+			t.Errorf("%+v: %v, want ErrInvalid naming the bound", r, err)
+		}
+	}
+}
+
 func TestScale(t *testing.T) {
 	t.Parallel()
 	tests := []struct {
@@ -112,6 +130,11 @@ func TestScale(t *testing.T) {
 		{"negative share is the minimum", 100, 10, -1, Limit{1, 10 * MinScaleShare}},
 		{"capacity one", 1, 0.3, 0.3, Limit{1, 0.09}},
 		{"fractional refill", 2, 0.3, 0.5, Limit{1, 0.15}},
+		// Issue 14 item 5: MaxInt64, a natural "unlimited", wrapped around to 1 token.
+		{"MaxInt64 saturates, never wraps to 1 token", math.MaxInt64, 1, 1, Limit{MaxCapacity, 1}},
+		{"MaxInt64 halved saturates", math.MaxInt64, 1, 0.5, Limit{MaxCapacity, 0.5}},
+		{"huge refill saturates", 10, 1e300, 1, Limit{10, MaxRefillPerSecond}},
+		{"the bounds themselves", MaxCapacity, MaxRefillPerSecond, 1, Limit{MaxCapacity, MaxRefillPerSecond}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

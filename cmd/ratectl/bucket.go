@@ -12,7 +12,6 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/spf13/cobra"
 
-	"github.com/quotaplane/quotaplane/gateway/limiter"
 	"github.com/quotaplane/quotaplane/lua"
 	"github.com/quotaplane/quotaplane/regions"
 	"github.com/quotaplane/quotaplane/regions/store"
@@ -59,6 +58,8 @@ type bucketState struct {
 	// FullInMillis is how long until the bucket is full if nothing is taken.
 	TokensNow    *float64 `json:"tokens_now"`
 	FullInMillis *int64   `json:"full_in_ms"`
+	// startsEmpty: a shard i >= 1, which has no rule record, so a missing one is empty.
+	startsEmpty bool
 }
 
 type bucketOptions struct {
@@ -127,8 +128,8 @@ func (a *app) bucketInspect(cmd *cobra.Command, o bucketOptions) error {
 			return err
 		}
 	}
-	if o.shards < 1 || o.shards > 1024 {
-		return usagef("--shards %d: must be between 1 and 1024", o.shards)
+	if o.shards < 1 || o.shards > regions.MaxShards {
+		return usagef("--shards %d: must be between 1 and %d", o.shards, regions.MaxShards)
 	}
 	if o.region != "" {
 		if err := checkID("region", o.region); err != nil {
@@ -168,7 +169,7 @@ func (a *app) bucketInspect(cmd *cobra.Command, o bucketOptions) error {
 	}
 
 	keys := lua.Keys{Prefix: o.prefix}
-	names := []string{keys.Bucket(o.tenant, o.route)}
+	names := []lua.Ref{keys.Bucket(o.tenant, o.route)}
 	limits := []*bucketLimit{limit}
 	shardLimit := limit
 	switch {
@@ -176,11 +177,11 @@ func (a *app) bucketInspect(cmd *cobra.Command, o bucketOptions) error {
 		// The gateway's own split (gateway/limiter): never more shards than tokens, the
 		// capacity remainder one token each to the first shards.
 		lim := regions.Limit{Capacity: limit.Capacity, RefillPerSecond: limit.RefillPerSecond}
-		k := limiter.ShardCount(lim, limit.Shards)
+		k := lim.ShardCount(limit.Shards)
 		limit.Shards = k
 		names, limits = names[:0], limits[:0]
 		for i := range k {
-			l := limiter.ShardLimit(lim, k, i)
+			l := lim.Shard(k, i)
 			names = append(names, keys.Shard(o.tenant, o.route, i))
 			limits = append(limits, &bucketLimit{Capacity: l.Capacity, RefillPerSecond: l.RefillPerSecond})
 		}
@@ -223,11 +224,12 @@ type quietRedisLogger struct{}
 
 func (quietRedisLogger) Printf(context.Context, string, ...any) {}
 
-// readBuckets reads every key and Redis TIME in one MULTI/EXEC, so all figures are of one
-// instant on the buckets' own clock. Nothing is written.
-// readBuckets reads each bucket named in names; limits[i] (nil when unknown) is the size
-// of bucket i, for its tokens now.
-func readBuckets(ctx context.Context, rdb *redis.Client, names []string, limits []*bucketLimit) (bucketReport, error) {
+// readBuckets reads each bucket named in names, and Redis TIME, in one MULTI/EXEC, so
+// all figures are of one instant on the buckets' own clock; limits[i] (nil when
+// unknown) is the size of bucket i. Its tokens now come from lua's own reader
+// (TokenBucket.Inspect: the scripts' maths, rule record included), not from a copy of
+// the refill maths here. Nothing is written.
+func readBuckets(ctx context.Context, rdb *redis.Client, names []lua.Ref, limits []*bucketLimit) (bucketReport, error) {
 	var (
 		timeCmd *redis.TimeCmd
 		hashes  = make([]*redis.MapStringStringCmd, len(names))
@@ -236,8 +238,8 @@ func readBuckets(ctx context.Context, rdb *redis.Client, names []string, limits 
 	_, err := rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
 		timeCmd = p.Time(ctx)
 		for i, k := range names {
-			hashes[i] = p.HGetAll(ctx, k)
-			ttls[i] = p.PTTL(ctx, k)
+			hashes[i] = p.HGetAll(ctx, k.Key)
+			ttls[i] = p.PTTL(ctx, k.Key)
 		}
 		return nil
 	})
@@ -246,9 +248,9 @@ func readBuckets(ctx context.Context, rdb *redis.Client, names []string, limits 
 	}
 	now := timeCmd.Val()
 	rep := bucketReport{RedisTime: now.UTC(), Buckets: []bucketState{}}
-	nowUS := now.UnixMicro()
+	tb := lua.NewTokenBucket(rdb)
 	for i, k := range names {
-		b := bucketState{Key: k}
+		b := bucketState{Key: k.Key, startsEmpty: k.Record == ""}
 		limit := limits[i]
 		h := hashes[i].Val()
 		tokS, okT := h["tokens"]
@@ -257,7 +259,7 @@ func readBuckets(ctx context.Context, rdb *redis.Client, names []string, limits 
 			tokens, err1 := strconv.ParseFloat(tokS, 64)
 			ts, err2 := strconv.ParseInt(tsS, 10, 64)
 			if err1 != nil || err2 != nil {
-				return bucketReport{}, fmt.Errorf("key %s holds tokens=%q ts=%q: not a bucket", k, tokS, tsS)
+				return bucketReport{}, fmt.Errorf("key %s holds tokens=%q ts=%q: not a bucket", k.Key, tokS, tsS)
 			}
 			b.Exists = true
 			t := roundTo(tokens, 3)
@@ -268,22 +270,17 @@ func readBuckets(ctx context.Context, rdb *redis.Client, names []string, limits 
 				ms := d.Milliseconds()
 				b.TTLMillis = &ms
 			}
-			if limit != nil {
-				now := tokens
-				if nowUS > ts {
-					now += float64(nowUS-ts) * limit.RefillPerSecond / 1e6
-				}
-				now = math.Max(0, math.Min(now, float64(limit.Capacity)))
-				full := int64(math.Ceil((float64(limit.Capacity) - now) / limit.RefillPerSecond * 1000))
-				now = roundTo(now, 3)
-				b.TokensNow, b.FullInMillis = &now, &full
-			}
 		} else if len(h) > 0 {
-			return bucketReport{}, fmt.Errorf("key %s is not a bucket (fields %v)", k, sortedKeys(h))
-		} else if limit != nil {
-			full := float64(limit.Capacity)
-			var zero int64
-			b.TokensNow, b.FullInMillis = &full, &zero
+			return bucketReport{}, fmt.Errorf("key %s is not a bucket (fields %v)", k.Key, sortedKeys(h))
+		}
+		if limit != nil {
+			st, err := tb.Inspect(ctx, k, limit.Capacity, limit.RefillPerSecond)
+			if err != nil {
+				return bucketReport{}, err
+			}
+			tn := roundTo(math.Max(0, st.Tokens), 3)
+			full := st.ResetAfter.Milliseconds()
+			b.TokensNow, b.FullInMillis = &tn, &full
 		}
 		rep.Buckets = append(rep.Buckets, b)
 	}
@@ -315,7 +312,9 @@ func bucketTable(w io.Writer, rep bucketReport, shard *bucketLimit) {
 			fmt.Fprintln(w)
 		}
 		row(w, "KEY", b.Key)
-		if !b.Exists {
+		if !b.Exists && b.startsEmpty {
+			row(w, "EXISTS", "no (a missing shard starts empty)")
+		} else if !b.Exists {
 			row(w, "EXISTS", "no (a missing bucket is full)")
 		} else {
 			row(w, "EXISTS", "yes")

@@ -75,8 +75,8 @@ func TestBucketInspect(t *testing.T) {
 		t.Fatal(err)
 	}
 	key := keys.Bucket("shop-c", "r")
-	rdb.HSet(ctx, key, "tokens", "2.5", "ts", tm.Add(-time.Second).UnixMicro())
-	rdb.PExpire(ctx, key, time.Minute)
+	rdb.HSet(ctx, key.Key, "tokens", "2.5", "ts", tm.Add(-time.Second).UnixMicro())
+	rdb.PExpire(ctx, key.Key, time.Minute)
 	r := c.ok("bucket", "inspect", "--tenant", "shop-c", "--route", "r", "--capacity", "10", "--refill", "2", "-o", "json")
 	var rep bucketReport
 	if err := json.Unmarshal([]byte(r.stdout), &rep); err != nil {
@@ -92,7 +92,7 @@ func TestBucketInspect(t *testing.T) {
 		t.Errorf("no size: stdout %q stderr %q", r.stdout, r.stderr)
 	}
 	// Not a bucket.
-	rdb.Set(ctx, keys.Bucket("shop-d", "r"), "x", 0)
+	rdb.Set(ctx, keys.Bucket("shop-d", "r").Key, "x", 0)
 	checkError(t, c.run("bucket", "inspect", "--tenant", "shop-d", "--route", "r"), exitFailure, "WRONGTYPE", "")
 
 	redisURL := testenv.RedisURL(rp)

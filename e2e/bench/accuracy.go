@@ -112,7 +112,7 @@ func (b *bench) accuracyOnce(ctx context.Context, run int, name string) (accurac
 		}
 		deciders[i] = func(ctx context.Context, t *accuracyTenant) (bool, string, error) {
 			d, err := l.Decide(ctx, limiter.Request{Tenant: t.id, Route: benchRoute, Limit: t.lim, Cost: 1})
-			return d.Allowed, string(d.Source), err
+			return d.Allowed, d.Source.String(), err
 		}
 	}
 	// Rules of 5, 10, 20 and 40 tokens/s with a burst of two seconds' refill.

@@ -16,12 +16,6 @@ import (
 	"github.com/quotaplane/quotaplane/regions"
 )
 
-// Defaults of the pipelining options.
-const (
-	DefaultPipelineBatch    = 64
-	DefaultPipelineInFlight = 4
-)
-
 // pipeliner is what the batcher needs of a go-redis client: *redis.Client,
 // *redis.ClusterClient, *redis.Ring and redis.UniversalClient all have it.
 type pipeliner interface {
@@ -49,8 +43,7 @@ type pipeliner interface {
 // fallback, as without the batcher; a call abandoned while still queued is not sent.
 type batcher struct {
 	rdb         pipeliner
-	direct      func(ctx context.Context, op lua.Script, key string, lim regions.Limit, n, debt int64) (answer, error)
-	noScript    func() // Redis has lost the scripts: reload them out of band
+	runner      runner
 	timeout     time.Duration
 	maxBatch    int
 	maxInFlight int
@@ -59,6 +52,13 @@ type batcher struct {
 	mu       sync.Mutex
 	queue    []*call
 	inflight int
+}
+
+// runner is what the batcher needs of the limiter: a lone call sent at once, on the
+// caller's goroutine, and word that Redis has lost the scripts (reload them out of band).
+type runner interface {
+	direct(ctx context.Context, op lua.Script, key lua.Ref, lim regions.Limit, n, debt int64) (answer, error)
+	lostScripts()
 }
 
 // call states.
@@ -72,7 +72,7 @@ const (
 // call is one queued script call and, once answered, its answer.
 type call struct {
 	op   lua.Script
-	key  string
+	key  lua.Ref
 	lim  regions.Limit
 	n    int64
 	debt int64
@@ -91,10 +91,10 @@ var callPool = sync.Pool{New: func() any {
 	return &call{done: make(chan struct{}, 1), timer: t}
 }}
 
-func newBatcher(l *Redis, rdb pipeliner, maxBatch, maxInFlight int) *batcher {
+func newBatcher(r runner, rdb pipeliner, timeout time.Duration, maxBatch, maxInFlight int, m *redisMetrics) *batcher {
 	return &batcher{
-		rdb: rdb, direct: l.direct, noScript: l.reloadScripts, timeout: l.timeout,
-		maxBatch: maxBatch, maxInFlight: maxInFlight, m: l.m,
+		rdb: rdb, runner: r, timeout: timeout,
+		maxBatch: maxBatch, maxInFlight: maxInFlight, m: m,
 		queue: make([]*call, 0, maxBatch),
 	}
 }
@@ -104,20 +104,16 @@ type answer struct {
 	granted  int64 // tokens taken: for a Take, n when allowed
 	res      lua.Result
 	timedOut bool // the call ran out of time (with an error)
-	// maybeRan: the call got no answer but may have run on Redis all the same (it was
-	// handed to a pipeline, or written, before it timed out), so the bucket may have
-	// changed.
-	maybeRan bool
 }
 
 // do runs one Take or Lease call. ctx is the caller's; the call is also bounded by the
 // batcher's timeout from now.
-func (b *batcher) do(ctx context.Context, op lua.Script, key string, lim regions.Limit, n, debt int64) (answer, error) {
+func (b *batcher) do(ctx context.Context, op lua.Script, key lua.Ref, lim regions.Limit, n, debt int64) (answer, error) {
 	b.mu.Lock()
 	if b.inflight < b.maxInFlight { // the queue is empty: go now, alone
 		b.inflight++
 		b.mu.Unlock()
-		a, err := b.direct(ctx, op, key, lim, n, debt)
+		a, err := b.runner.direct(ctx, op, key, lim, n, debt)
 		b.mu.Lock()
 		b.releaseLocked()
 		b.mu.Unlock()
@@ -139,7 +135,7 @@ func (b *batcher) do(ctx context.Context, op lua.Script, key string, lim regions
 			return answer{timedOut: true}, errCallTimeout // never sent
 		}
 		if c.state.CompareAndSwap(callSent, callAbandoned) {
-			return answer{timedOut: true, maybeRan: true}, errCallTimeout
+			return answer{timedOut: true}, errCallTimeout
 		}
 		<-c.done // answered just in time
 	case <-ctx.Done():
@@ -148,12 +144,12 @@ func (b *batcher) do(ctx context.Context, op lua.Script, key string, lim regions
 			return answer{}, ctx.Err()
 		}
 		if c.state.CompareAndSwap(callSent, callAbandoned) {
-			return answer{maybeRan: true}, ctx.Err()
+			return answer{}, ctx.Err()
 		}
 		<-c.done
 	}
-	a, err := answer{granted: c.granted, res: c.res, timedOut: isTimeout(c.err), maybeRan: mayHaveRun(c.err)}, c.err
-	c.key, c.err = "", nil
+	a, err := answer{granted: c.granted, res: c.res, timedOut: isTimeout(c.err)}, c.err
+	c.key, c.err = lua.Ref{}, nil
 	callPool.Put(c)
 	return a, err
 }
@@ -167,28 +163,6 @@ func isTimeout(err error) bool {
 	var ne net.Error
 	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, os.ErrDeadlineExceeded) ||
 		(errors.As(err, &ne) && ne.Timeout())
-}
-
-// mayHaveRun reports whether a call that failed with err may have run on Redis all the
-// same: it timed out while its command was written or its reply awaited (the socket
-// deadline go-redis derives from the context). A call that timed out waiting for a pool
-// connection, or failed to dial, was never written.
-func mayHaveRun(err error) bool {
-	if err == nil || errors.Is(err, redis.ErrPoolTimeout) {
-		return false
-	}
-	var op *net.OpError
-	if errors.As(err, &op) && op.Op == "dial" {
-		return false
-	}
-	if errors.Is(err, os.ErrDeadlineExceeded) {
-		return true
-	}
-	if errors.Is(err, context.DeadlineExceeded) {
-		return false // the context's own error: it ended before any I/O timed out
-	}
-	var ne net.Error
-	return errors.As(err, &ne) && ne.Timeout()
 }
 
 // errCallTimeout is the error of a queued call not answered within the timeout.
@@ -268,7 +242,7 @@ func (b *batcher) exec(batch []*call, cmds []*redis.Cmd) []*redis.Cmd {
 		}
 	}
 	if retry {
-		b.noScript()
+		b.runner.lostScripts()
 		_, _ = pipe.Exec(ctx)
 	}
 
@@ -277,17 +251,7 @@ func (b *batcher) exec(batch []*call, cmds []*redis.Cmd) []*redis.Cmd {
 			continue
 		}
 		c := batch[i]
-		switch c.op {
-		case lua.ScriptLease:
-			c.granted, c.res, c.err = lua.LeaseReply(cmd)
-		default:
-			c.res, c.err = lua.TakeReply(cmd)
-			if c.err == nil && c.res.Allowed {
-				c.granted = c.n
-			} else {
-				c.granted = 0
-			}
-		}
+		c.granted, c.res, c.err = c.op.Reply(cmd, c.n)
 		if c.state.CompareAndSwap(callSent, callAnswered) {
 			c.done <- struct{}{}
 		}
@@ -298,36 +262,26 @@ func (b *batcher) exec(batch []*call, cmds []*redis.Cmd) []*redis.Cmd {
 // direct runs one call as a plain EVALSHA bounded by the timeout, on the caller's
 // context. After NOSCRIPT it reloads the scripts out of band and retries with EVAL in
 // what is left of the timeout.
-func (l *Redis) direct(ctx context.Context, op lua.Script, key string, lim regions.Limit, n, debt int64) (answer, error) {
+func (l *Redis) direct(ctx context.Context, op lua.Script, key lua.Ref, lim regions.Limit, n, debt int64) (answer, error) {
 	cctx, cancel := context.WithTimeout(ctx, l.timeout)
 	defer cancel()
-	keys, args := []string{key}, []any{lim.Capacity, lim.RefillPerSecond, n}
-	if debt != 0 {
-		args = append(args, debt)
-	}
+	keys, args := op.Args(key, lim.Capacity, lim.RefillPerSecond, n, debt)
 	cmd := l.rdb.EvalSha(cctx, op.Sha(), keys, args...)
 	if lua.IsNoScript(cmd.Err()) {
-		l.reloadScripts()
+		l.lostScripts()
 		cmd = l.rdb.Eval(cctx, op.Source(), keys, args...)
 	}
 	var (
 		a   answer
 		err error
 	)
-	switch op {
-	case lua.ScriptLease:
-		a.granted, a.res, err = lua.LeaseReply(cmd)
-	case lua.ScriptReturn:
+	if op == lua.ScriptReturn {
 		if err = cmd.Err(); err != nil {
-			err = fmt.Errorf("token bucket return %s: %w", key, err)
+			err = fmt.Errorf("token bucket return %s: %w", key.Key, err)
 		}
-	default:
-		a.res, err = lua.TakeReply(cmd)
-		if err == nil && a.res.Allowed {
-			a.granted = n
-		}
+	} else {
+		a.granted, a.res, err = op.Reply(cmd, n)
 	}
 	a.timedOut = cctx.Err() != nil
-	a.maybeRan = a.timedOut && mayHaveRun(err)
 	return a, err
 }

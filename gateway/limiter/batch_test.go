@@ -92,9 +92,9 @@ func TestPipelineReloadsScripts(t *testing.T) {
 	}
 	lim := regions.Limit{Capacity: 5, RefillPerSecond: 0.001}
 	batch := []*call{
-		{op: lua.ScriptTake, key: "a", lim: lim, n: 2, done: make(chan struct{}, 1)},
-		{op: lua.ScriptLease, key: "b", lim: lim, n: 9, done: make(chan struct{}, 1)},
-		{op: lua.ScriptTake, key: "c", lim: lim, n: 1, done: make(chan struct{}, 1)},
+		{op: lua.ScriptTake, key: lua.Ref{Key: "a", Record: "a:rule"}, lim: lim, n: 2, done: make(chan struct{}, 1)},
+		{op: lua.ScriptLease, key: lua.Ref{Key: "b", Record: "b:rule"}, lim: lim, n: 9, done: make(chan struct{}, 1)},
+		{op: lua.ScriptTake, key: lua.Ref{Key: "c", Record: "c:rule"}, lim: lim, n: 1, done: make(chan struct{}, 1)},
 	}
 	batch[2].state.Store(callAbandoned) // its caller gave up while it was queued
 	l.batch.exec(batch, nil)
@@ -128,7 +128,7 @@ func TestPipelinedTimeoutPerDecision(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	clock := newFakeClock() // the breaker's failure span runs on it
 	l := newTestRedis(t, newClient(t, p), Options{
-		Region: "test", Registerer: reg, Timeout: timeout, BreakerOpenFor: 100 * time.Millisecond, PipelineInFlight: 2,
+		Region: "test", Registerer: reg, Timeout: timeout, Breaker: BreakerOptions{OpenFor: 100 * time.Millisecond}, Pipeline: PipelineOptions{InFlight: 2},
 		Now: clock.Now,
 	})
 	if err := l.Load(context.Background()); err != nil {
@@ -197,7 +197,7 @@ func TestPipelinedTimeoutPerDecision(t *testing.T) {
 // its context's error at once, and that is not a Redis failure.
 func TestPipelinedCallerGone(t *testing.T) {
 	p := testenv.Redis(t)
-	l := newTestRedis(t, newClient(t, p), Options{Timeout: 5 * time.Second, PipelineInFlight: 1, BreakerFailures: 1})
+	l := newTestRedis(t, newClient(t, p), Options{Timeout: 5 * time.Second, Pipeline: PipelineOptions{InFlight: 1}, Breaker: BreakerOptions{Failures: 1}})
 	if err := l.Load(context.Background()); err != nil {
 		t.Fatal(err)
 	}
@@ -245,7 +245,7 @@ func TestNoScriptReloadsAllScripts(t *testing.T) {
 			p := testenv.Redis(t)
 			rdb := newClient(t, p)
 			reg := prometheus.NewRegistry()
-			l := newTestRedis(t, rdb, Options{Region: "test", Registerer: reg, Timeout: time.Second, NoPipelining: !pipelining})
+			l := newTestRedis(t, rdb, Options{Region: "test", Registerer: reg, Timeout: time.Second, Pipeline: PipelineOptions{Off: !pipelining}})
 			ctx := context.Background()
 			if err := l.Load(ctx); err != nil {
 				t.Fatal(err)

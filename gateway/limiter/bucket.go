@@ -28,7 +28,7 @@ type Bucket struct {
 func (b *Bucket) Take(now time.Time, capacity int64, refill float64, cost int64) Decision {
 	c := float64(capacity)
 	b.refill(now, c, refill)
-	d := Decision{Limit: capacity}
+	d := Decision{Limit: capacity, RefillPerSecond: refill}
 	if b.tokens+eps >= float64(cost) {
 		d.Allowed = true
 		b.tokens = max(b.tokens-float64(cost), 0)

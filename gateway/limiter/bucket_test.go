@@ -64,7 +64,7 @@ func TestBucketTake(t *testing.T) {
 			for i, s := range tt.steps {
 				now = now.Add(s.advance)
 				got := b.Take(now, s.capacity, s.refill, s.cost)
-				want := Decision{Allowed: s.allowed, Limit: s.capacity, Remaining: s.remaining, RetryAfter: s.retry, ResetAfter: s.reset}
+				want := Decision{Allowed: s.allowed, Limit: s.capacity, RefillPerSecond: s.refill, Remaining: s.remaining, RetryAfter: s.retry, ResetAfter: s.reset}
 				if got != want {
 					t.Fatalf("step %d: got %+v, want %+v", i, got, want)
 				}

@@ -49,7 +49,7 @@ func TestRedisClusterDecisions(t *testing.T) {
 		t.Fatalf("universal client with %d addresses is a %T, want a cluster client", len(c.Addrs()), rdb)
 	}
 	// A failure span of 1 ns: the breaker counts failures here, not how long they took.
-	l := newTestRedis(t, rdb, Options{Timeout: 500 * time.Millisecond, BreakerOpenFor: 100 * time.Millisecond, BreakerFailureSpan: time.Nanosecond})
+	l := newTestRedis(t, rdb, Options{Timeout: 500 * time.Millisecond, Breaker: BreakerOptions{OpenFor: 100 * time.Millisecond, FailureSpan: time.Nanosecond}})
 	ctx := context.Background()
 	if err := l.Load(ctx); err != nil {
 		t.Fatal(err)
@@ -63,7 +63,7 @@ func TestRedisClusterDecisions(t *testing.T) {
 		if d := mustDecide(t, l, r); d.Source != SourceRedis {
 			t.Fatalf("%+v, want a redis decision", d)
 		}
-		n := nodeOf(t, c, keys.Bucket("shop-a", r.Route))
+		n := nodeOf(t, c, keys.Bucket("shop-a", r.Route).Key)
 		if n < 0 {
 			t.Fatalf("bucket of shop-a/%s not in the cluster", r.Route)
 		}
@@ -80,7 +80,7 @@ func TestRedisClusterDecisions(t *testing.T) {
 	}
 	perNode := make([]int, len(c.Nodes))
 	for i := range 16 {
-		if n := nodeOf(t, c, keys.Shard("hot", "r", i)); n >= 0 {
+		if n := nodeOf(t, c, keys.Shard("hot", "r", i).Key); n >= 0 {
 			perNode[n]++
 		}
 	}
@@ -126,7 +126,7 @@ func TestRedisClusterDecisions(t *testing.T) {
 	pollUntil(t, 15*time.Second, "redis decisions after the node restarted", func() bool {
 		return mustDecide(t, l, r).Source == SourceRedis
 	})
-	if n := nodeOf(t, c, keys.Bucket("shop-a", r.Route)); n != tenantNode {
+	if n := nodeOf(t, c, keys.Bucket("shop-a", r.Route).Key); n != tenantNode {
 		t.Errorf("shop-a's bucket on node %d after the restart, want %d", n, tenantNode)
 	}
 }

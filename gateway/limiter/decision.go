@@ -3,29 +3,48 @@ package limiter
 import (
 	"errors"
 	"fmt"
-	"math"
 	"time"
 
 	"github.com/quotaplane/quotaplane/lua"
 	"github.com/quotaplane/quotaplane/regions"
 )
 
-// Source says which mechanism made a decision; it is the "source" label of the
+// Source says which mechanism made a decision; its String is the "source" label of the
 // gateway's request metrics.
-type Source string
+type Source uint8
 
 const (
 	// SourceRedis: the region's shared bucket in Redis decided.
-	SourceRedis Source = "redis"
+	SourceRedis Source = iota + 1
 	// SourceFallback: Redis failed or the breaker is open; a local bucket holding 1/N
 	// of the regional rule decided.
-	SourceFallback Source = "fallback"
+	SourceFallback
 	// SourceLocal: a standalone limiter (no Redis at all) decided with the whole rule.
-	SourceLocal Source = "local"
+	SourceLocal
 	// SourceLease: tokens leased earlier from Redis and spent locally decided; also a
 	// rejection made locally while a hot key's shared bucket is known to be empty.
-	SourceLease Source = "lease"
+	SourceLease
 )
+
+// String is the source's label: "redis", "fallback", "local", "lease"; "" for the zero
+// value (no decision).
+func (s Source) String() string {
+	switch s {
+	case SourceRedis:
+		return "redis"
+	case SourceFallback:
+		return "fallback"
+	case SourceLocal:
+		return "local"
+	case SourceLease:
+		return "lease"
+	default:
+		return ""
+	}
+}
+
+// MarshalText writes the label, so a Decision in JSON or a log shows "redis", not 1.
+func (s Source) MarshalText() ([]byte, error) { return []byte(s.String()), nil }
 
 // Decision is the answer for one request.
 type Decision struct {
@@ -34,6 +53,10 @@ type Decision struct {
 	// Limit is the capacity (burst) that was enforced: the regional rule's capacity for
 	// Redis and standalone decisions, this instance's 1/N of it for fallback ones.
 	Limit int64
+	// RefillPerSecond is the refill of the bucket that decided, with Limit: the rule's
+	// for Redis, lease and standalone decisions, this instance's 1/N of it for fallback
+	// ones (for the RateLimit-Policy header, without re-deriving the fallback's split).
+	RefillPerSecond float64
 	// Remaining is the number of whole tokens left after this decision.
 	Remaining int64
 	// RetryAfter is zero when Allowed; otherwise how long until the request's cost in
@@ -59,41 +82,34 @@ type Request struct {
 	// (no hash tag, so they spread over a Redis Cluster), each holding ShardLimit of it;
 	// a decision takes from a random shard and, when that one rejects, from one other.
 	// A sharded request's cost must fit in one shard (at most Capacity/K). The Local
-	// limiter and the fallback ignore it.
+	// limiter and the fallback ignore it, and so does a request with a Value.
 	Shards int
-	// Value, when not empty, is a client property (an IP, a header's value, an RLS
-	// descriptor entry) that gets a bucket of its own of the same Limit: the bucket key
-	// becomes "rl:{tenant}:route:v:<hash of Value>" (lua.Keys.ValueRoute), so Value may
-	// hold any bytes. At most MaxValueLen bytes.
+	// Value, when not empty, is a client value (a client IP, a header value, an RLS
+	// descriptor value) that gets a bucket of its own of the rule's size: key
+	// "rl:{tenant}:route:v:<hash>" (lua.Keys.Value: 22 characters of SHA-256 whatever the
+	// value's length). The Local limiter and the fallback key by it too. At most
+	// MaxValueLen bytes.
 	Value string
-}
-
-// MaxValueLen bounds Request.Value.
-const MaxValueLen = 256
-
-// bucketRoute is the route part of the bucket's name: Route, or Route with the hash of
-// Value for a per-value bucket.
-func (r *Request) bucketRoute() (string, error) {
-	if r.Value == "" {
-		return r.Route, nil
-	}
-	if len(r.Value) > MaxValueLen {
-		return "", fmt.Errorf("%w %s/%s: value of %d bytes is longer than %d", ErrInvalidRequest, r.Tenant, r.Route, len(r.Value), MaxValueLen)
-	}
-	return lua.ValueRoute(r.Route, r.Value), nil
 }
 
 // ErrInvalidRequest is wrapped by the error of a request no bucket can answer: a
 // non-positive capacity or refill, a negative cost, or a cost above capacity.
 var ErrInvalidRequest = errors.New("invalid rate limit request")
 
+// MaxValueLen bounds Request.Value: callers refuse a longer client value (400, or over
+// the limit for Envoy) rather than hash an unbounded one.
+const MaxValueLen = 256
+
 // cost validates r and returns its cost in tokens (0 means 1).
 func (r Request) cost() (int64, error) {
+	if len(r.Value) > MaxValueLen {
+		return 0, fmt.Errorf("%w %s/%s: value of %d bytes is longer than %d", ErrInvalidRequest, r.Tenant, r.Route, len(r.Value), MaxValueLen)
+	}
 	if r.Limit.Capacity < 1 || r.Limit.Capacity > lua.MaxCapacity {
 		return 0, fmt.Errorf("%w %s/%s: capacity %d must be between 1 and %d", ErrInvalidRequest, r.Tenant, r.Route, r.Limit.Capacity, int64(lua.MaxCapacity))
 	}
-	if !(r.Limit.RefillPerSecond > 0) || math.IsInf(r.Limit.RefillPerSecond, 0) {
-		return 0, fmt.Errorf("%w %s/%s: refill per second %v must be a finite number > 0", ErrInvalidRequest, r.Tenant, r.Route, r.Limit.RefillPerSecond)
+	if !(r.Limit.RefillPerSecond > 0) || r.Limit.RefillPerSecond > lua.MaxRefill {
+		return 0, fmt.Errorf("%w %s/%s: refill per second %v must be > 0 and at most %g", ErrInvalidRequest, r.Tenant, r.Route, r.Limit.RefillPerSecond, float64(lua.MaxRefill))
 	}
 	cost := r.Cost
 	if cost == 0 {

@@ -107,7 +107,7 @@ func limiterMode(name string, opts Options, lim regions.Limit) engineMode {
 // no breaker): the round trip the limiter's own cost is measured against.
 var bareMode = engineMode{name: "bare-evalsha", build: func(b *testing.B, rdb *redis.Client) func(context.Context, int) (bool, error) {
 	tb := lua.NewTokenBucket(rdb)
-	keys := make([]string, 100_000)
+	keys := make([]lua.Ref, 100_000)
 	for i := range keys {
 		keys[i] = lua.Keys{}.Bucket(fmt.Sprintf("tenant-%06d", i), "create-order")
 	}
@@ -159,10 +159,10 @@ func BenchmarkDecisionEngine(b *testing.B) {
 	hotRule := regions.Limit{Capacity: 20_000, RefillPerSecond: 20_000} // the article's hot tenant
 	modes := []engineMode{
 		bareMode,
-		limiterMode("plain", Options{NoPipelining: true}, benchLimit),
+		limiterMode("plain", Options{Pipeline: PipelineOptions{Off: true}}, benchLimit),
 		limiterMode("pipelined", Options{}, benchLimit),
 		redisRateMode,
-		limiterMode("leases", Options{LeaseThreshold: 100, Instances: func() int { return 20 }}, hotRule),
+		limiterMode("leases", Options{Leases: LeaseOptions{Threshold: 100}, Instances: func() int { return 20 }}, hotRule),
 	}
 	for _, keys := range []int{1, 100_000} {
 		keyName := "hot"
@@ -293,7 +293,8 @@ func runCeiling(b *testing.B, bin string, p *testenv.Process, rdb *redis.Client,
 		key = "rl:{__rand_int__}:create-order"
 		args = append(args, "-r", strconv.Itoa(keys))
 	}
-	args = append(args, "EVALSHA", lua.ScriptTake.Sha(), "1", key, "1000000000", "1000000000", "1")
+	// The bucket and its rule record, as the limiter calls it (lua.Keys.Bucket).
+	args = append(args, "EVALSHA", lua.ScriptTake.Sha(), "2", key, key+":rule", "1000000000", "1000000000", "1")
 	callsBefore, cpuBefore := scriptCalls(b, rdb), redisCPU(b, rdb)
 	b.ResetTimer()
 	start := time.Now()

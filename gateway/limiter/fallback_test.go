@@ -25,7 +25,7 @@ func TestFallbackKnowsWhatRedisAdmitted(t *testing.T) {
 	// rightly does not count what the fallback admits for it as owed; that would make
 	// the figures below depend on which calls were out.)
 	opts := Options{
-		Timeout: 50 * time.Millisecond, BreakerFailures: 1, BreakerOpenFor: time.Second, BreakerFailureSpan: time.Nanosecond,
+		Timeout: 50 * time.Millisecond, Breaker: BreakerOptions{Failures: 1, OpenFor: time.Second, FailureSpan: time.Nanosecond},
 		Instances: func() int { return 2 },
 	}
 	a := newTestRedis(t, newClient(t, p), opts)
@@ -103,7 +103,7 @@ func TestFallbackKnowsWhatRedisAdmitted(t *testing.T) {
 	if d := mustDecide(t, b, req("fresh")); d.Allowed || d.Source != SourceRedis {
 		t.Errorf("fresh after the episode: %+v, want refused by redis", d)
 	}
-	if got, err := rdb.HGet(context.Background(), keys.Bucket("t", "fresh"), "tokens").Float64(); err != nil || got > -4.99 || got < -5 {
+	if got, err := rdb.HGet(context.Background(), keys.Bucket("t", "fresh").Key, "tokens").Float64(); err != nil || got > -4.99 || got < -5 {
 		t.Errorf("fresh's tokens in Redis = %v, %v; want -5 (the fallback's admissions, charged as debt)", got, err)
 	}
 	if v := metricValue(t, reg, "ratelimit_fallback_repaid_tokens_total", nil) - probes; v != 7 {
@@ -129,7 +129,7 @@ func TestFallbackDebtIsWhatExceedsItsRefill(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	l := newTestRedis(t, newClient(t, p), Options{
 		Region: "test", Registerer: reg, Now: clock.Now, Timeout: time.Second,
-		BreakerFailures: 1, BreakerOpenFor: time.Hour, BreakerFailureSpan: time.Nanosecond,
+		Breaker:   BreakerOptions{Failures: 1, OpenFor: time.Hour, FailureSpan: time.Nanosecond},
 		Instances: func() int { return 2 },
 	})
 	// The fallback holds 5 tokens refilled at 0.5/s.
@@ -155,11 +155,11 @@ func TestFallbackDebtIsWhatExceedsItsRefill(t *testing.T) {
 	}
 	// Take the debt as the next call to Redis would (TestFallbackKnowsWhatRedisAdmitted
 	// shows that call charging it).
-	debt := l.owed(r, r.Limit)
+	debt := l.fb.owed(r, r.Limit)
 	if debt < 4 || debt > 6 {
 		t.Errorf("debt after a 20 s outage = %d, want what the 5-token fallback bucket is short of full (about 5), not the %d it admitted", debt, admitted)
 	}
-	if l.owed(r, r.Limit) != 0 {
+	if l.fb.owed(r, r.Limit) != 0 {
 		t.Errorf("a debt taken once is still owed")
 	}
 }

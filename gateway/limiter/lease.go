@@ -14,14 +14,6 @@ import (
 	"github.com/quotaplane/quotaplane/regions"
 )
 
-// Defaults of the lease options.
-const (
-	DefaultLeaseFraction  = 0.02
-	DefaultLeaseTTL       = 250 * time.Millisecond
-	DefaultMaxLeaseKeys   = 4096
-	DefaultMaxLeaseSeries = 16
-)
-
 const (
 	leaseShards = 64
 	// rateWindow is the window of a key's rate estimate.
@@ -46,7 +38,7 @@ type LeaseInfo struct {
 	// Bound is Instances x Batch, the worst-case over-admission of the region for the
 	// key: over any interval, the region admits at most what the shared bucket allows
 	// plus the tokens leased before the interval and spent in it. It stays within
-	// LeaseFraction of one second's regional refill.
+	// Leases.Fraction of one second's regional refill.
 	Bound int64 `json:"overadmission_bound"`
 	// Held is how many leased tokens this instance holds unspent now.
 	Held int64 `json:"held"`
@@ -61,7 +53,7 @@ type LeaseInfo struct {
 //
 // A key this instance is asked for at Threshold tokens per second or more is leased:
 // one Lease call takes up to a batch of tokens from the shared bucket, and decisions
-// spend them locally (Source "lease") until they run out or the lease expires (TTL).
+// spend them locally (SourceLease) until they run out or the lease expires (TTL).
 // Then one request tops the lease up to the batch while the instance's other requests
 // for the key wait for it (at most the call timeout) and take their turn: one Redis call
 // per batch, not per request, however many requests are concurrent. (Topping up early,
@@ -88,7 +80,7 @@ type LeaseInfo struct {
 // shared bucket: under-admission, never more admission, and the bucket refills a batch
 // in at most Fraction / instances seconds.
 //
-// The table is bounded (MaxLeaseKeys), sharded by a seeded hash of (tenant, route) like
+// The table is bounded (Leases.MaxKeys), sharded by a seeded hash of (tenant, route) like
 // Local, and evicts the coldest of a few sampled keys to make room.
 type leaseTable struct {
 	threshold float64
@@ -121,7 +113,7 @@ type hotKey struct {
 	expires      int64 // held tokens may be spent before this time (Unix ns)
 	batch        int64 // the batch of the last lease; 0 when not leasing
 	instances    int
-	key          string        // the bucket (or shard) the held tokens came from
+	key          lua.Ref       // the bucket (or shard) the held tokens came from
 	lim          regions.Limit // that bucket's limit, for Return
 	refilling    bool          // a lease call is out; wait is closed when it returns
 	wait         chan struct{}
@@ -130,10 +122,10 @@ type hotKey struct {
 	resetAt      int64 // when the shared bucket is full, per the last lease call
 }
 
-func newLeaseTable(threshold, fraction float64, ttl time.Duration, maxKeys, maxSeries int, now func() time.Time) *leaseTable {
+func newLeaseTable(o LeaseOptions, now func() time.Time) *leaseTable {
 	t := &leaseTable{
-		threshold: threshold, fraction: fraction, ttl: int64(ttl),
-		perShard: max(1, maxKeys/leaseShards), maxSeries: maxSeries,
+		threshold: o.Threshold, fraction: o.Fraction, ttl: int64(o.TTL),
+		perShard: max(1, o.MaxKeys/leaseShards), maxSeries: o.MaxSeries,
 		now: now, seed: maphash.MakeSeed(),
 	}
 	for i := range t.shards {
@@ -218,7 +210,7 @@ func (t *leaseTable) insertLocked(s *leaseShard, h uint64, tenant, route string,
 
 // decision is a decision made from k's lease at now.
 func (k *hotKey) decision(lim regions.Limit, now int64, allowed bool) Decision {
-	d := Decision{Allowed: allowed, Limit: lim.Capacity, Source: SourceLease}
+	d := Decision{Allowed: allowed, Limit: lim.Capacity, RefillPerSecond: lim.RefillPerSecond, Source: SourceLease}
 	d.Remaining = max(0, min(lim.Capacity, k.remaining+k.held))
 	if k.resetAt > now {
 		d.ResetAfter = time.Duration(k.resetAt - now)
@@ -270,7 +262,7 @@ func (l *Redis) decideLease(ctx context.Context, r Request, cost int64, shards i
 			l.m.leaseRejected.Inc()
 			return d, true
 		}
-		b := t.batchFor(k, r.Limit, l.instanceCount(), shards, now)
+		b := t.batchFor(k, r.Limit, l.fb.n(), shards, now)
 		if b > 0 && cost > b {
 			s.mu.Unlock() // a request larger than a batch: Redis decides it, the lease stays
 			return Decision{}, false
@@ -301,7 +293,7 @@ func (l *Redis) decideLease(ctx context.Context, r Request, cost int64, shards i
 		}
 		if !l.refillLocked(ctx, s, k, r.Limit, shards, b) {
 			s.mu.Unlock()
-			return l.decideFallback(r, cost, true), true
+			return l.fb.decide(r, cost), true
 		}
 		now = t.now().UnixNano()
 	}
@@ -351,7 +343,7 @@ func (l *Redis) refillLocked(ctx context.Context, s *leaseShard, k *hotKey, lim 
 		return true
 	}
 	want := b - k.held
-	n := l.instanceCount()
+	n := l.fb.n()
 	k.refilling, k.wait = true, make(chan struct{})
 	s.mu.Unlock()
 
@@ -360,25 +352,19 @@ func (l *Redis) refillLocked(ctx context.Context, s *leaseShard, k *hotKey, lim 
 	if shards > 1 {
 		var first int
 		first, second = twoShards(shards)
-		key, slim = l.keys.Shard(k.tenant, k.route, first), ShardLimit(lim, shards, first)
+		key, slim = l.keys.Shard(k.tenant, k.route, first), lim.Shard(shards, first)
 	}
 	l.m.leaseCalls.Inc()
 	r := Request{Tenant: k.tenant, Route: k.route, Limit: lim}
-	debt := l.owed(r, slim)
-	a, answered, _ := l.call(ctx, lua.ScriptLease, key, slim, want, debt)
-	if !answered && !a.maybeRan {
-		l.stillOwed(r, debt)
-	} else if answered && debt > 0 {
-		l.m.repaid.Add(float64(debt))
-	}
+	a, answered, _ := l.callCharging(ctx, r, lua.ScriptLease, key, slim, want)
 	granted, calls := a.granted, 1
 	if answered && 2*granted < want && shards > 1 {
 		// Less than half a batch: the next shard may have more. (At half or more, a
 		// second call would cost more than the tokens it adds are worth.)
 		calls++
-		key2, lim2 := l.keys.Shard(k.tenant, k.route, second), ShardLimit(lim, shards, second)
+		key2, lim2 := l.keys.Shard(k.tenant, k.route, second), lim.Shard(shards, second)
 		l.m.leaseCalls.Inc()
-		if a2, ok2, _ := l.call(ctx, lua.ScriptLease, key2, lim2, want-granted, 0); ok2 {
+		if a2, ok2, _ := l.callCharging(ctx, r, lua.ScriptLease, key2, lim2, want-granted); ok2 {
 			if granted == 0 || a2.granted > 0 {
 				key, slim = key2, lim2 // give back to a shard that had tokens
 			}
@@ -389,7 +375,7 @@ func (l *Redis) refillLocked(ctx context.Context, s *leaseShard, k *hotKey, lim 
 	}
 	if answered {
 		// What the shards asked hold, spread over all of them: the rule's estimate.
-		l.observe(r, min(lim.Capacity, a.res.Remaining*int64(max(shards, 1))/int64(calls)))
+		l.fb.observe(r, min(lim.Capacity, a.res.Remaining*int64(max(shards, 1))/int64(calls)))
 	}
 
 	s.mu.Lock()
@@ -440,7 +426,7 @@ func backoff(granted, want int64, res lua.Result, shards, calls, instances int, 
 
 // giveBack returns n unspent tokens to the bucket at key. A failure loses them (the
 // bucket refills them), which can only under-admit; it is counted with the others.
-func (l *Redis) giveBack(ctx context.Context, key string, lim regions.Limit, n int64) {
+func (l *Redis) giveBack(ctx context.Context, key lua.Ref, lim regions.Limit, n int64) {
 	l.m.returnCalls.Inc()
 	if _, ok, _ := l.call(context.WithoutCancel(ctx), lua.ScriptReturn, key, lim, n, 0); ok {
 		l.m.leaseReturned.Add(float64(n))
@@ -448,7 +434,7 @@ func (l *Redis) giveBack(ctx context.Context, key string, lim regions.Limit, n i
 }
 
 // Leases lists the keys this instance leases tokens for now, largest bound first: at
-// most MaxLeaseKeys, each with its batch and over-admission bound. For an admin page.
+// most Leases.MaxKeys, each with its batch and over-admission bound. For an admin page.
 // It returns nil when leases are off.
 func (l *Redis) Leases() []LeaseInfo {
 	if l.leases == nil {

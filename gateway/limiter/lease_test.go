@@ -35,7 +35,7 @@ func TestLeaseLifecycle(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	l := newTestRedis(t, rdb, Options{
 		Region: "test", Registerer: reg, Now: clock.Now, Timeout: time.Second,
-		LeaseThreshold: 100, Instances: func() int { return 2 },
+		Leases: LeaseOptions{Threshold: 100}, Instances: func() int { return 2 },
 	})
 	ctx := context.Background()
 	if err := l.Load(ctx); err != nil {
@@ -128,7 +128,7 @@ func TestLeaseEmptyBucketRejectsLocally(t *testing.T) {
 	clock := newFakeClock()
 	// One instance, fraction 1: batch = refill 10/s x 1 s = 10. The capacity is large
 	// enough that the key is surely tracked (sampled 1 in 16) before the bucket is empty.
-	l := newTestRedis(t, rdb, Options{Now: clock.Now, Timeout: time.Second, LeaseThreshold: 1, LeaseFraction: 1})
+	l := newTestRedis(t, rdb, Options{Now: clock.Now, Timeout: time.Second, Leases: LeaseOptions{Threshold: 1, Fraction: 1}})
 	r := Request{Tenant: "t", Route: "r", Limit: regions.Limit{Capacity: 200, RefillPerSecond: 10}}
 	admitted, start := 0, time.Now()
 	for range 400 {
@@ -169,7 +169,7 @@ func TestLeaseEmptyBucketRejectsLocally(t *testing.T) {
 // for the bound, given the instances) is never leased, however hot.
 func TestLeaseNotWorthIt(t *testing.T) {
 	p := testenv.Redis(t)
-	l := newTestRedis(t, newClient(t, p), Options{Timeout: time.Second, LeaseThreshold: 1, Instances: func() int { return 20 }})
+	l := newTestRedis(t, newClient(t, p), Options{Timeout: time.Second, Leases: LeaseOptions{Threshold: 1}, Instances: func() int { return 20 }})
 	// 2% of 1000/s over 20 instances: 1 token.
 	r := Request{Tenant: "t", Route: "r", Limit: regions.Limit{Capacity: 1_000_000, RefillPerSecond: 1000}}
 	for range 200 {
@@ -187,7 +187,7 @@ func TestLeaseNotWorthIt(t *testing.T) {
 func TestLeaseSurvivesRedisOutage(t *testing.T) {
 	p := testenv.Redis(t)
 	clock := newFakeClock()
-	l := newTestRedis(t, newClient(t, p), Options{Now: clock.Now, Timeout: 100 * time.Millisecond, LeaseThreshold: 1, LeaseFraction: 1})
+	l := newTestRedis(t, newClient(t, p), Options{Now: clock.Now, Timeout: 100 * time.Millisecond, Leases: LeaseOptions{Threshold: 1, Fraction: 1}})
 	r := Request{Tenant: "t", Route: "r", Limit: regions.Limit{Capacity: 1000, RefillPerSecond: 50}}
 	untilSource(t, l, r, SourceLease, 200)
 	held := l.Leases()[0].Held
@@ -215,7 +215,7 @@ func TestLeaseTableBounded(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	l := newTestRedis(t, newClient(t, p), Options{
 		Region: "test", Registerer: reg, Now: clock.Now, Timeout: time.Second,
-		LeaseThreshold: 1, LeaseFraction: 1, MaxLeaseKeys: 128, MaxLeaseSeries: 5,
+		Leases: LeaseOptions{Threshold: 1, Fraction: 1, MaxKeys: 128, MaxSeries: 5},
 	})
 	for k := range 400 {
 		r := Request{Tenant: fmt.Sprintf("t%d", k), Route: "r", Limit: regions.Limit{Capacity: 1000, RefillPerSecond: 100}}
@@ -242,13 +242,15 @@ func TestNewRedisRejectsBadLeaseOptions(t *testing.T) {
 	p := testenv.Redis(t)
 	rdb := newClient(t, p)
 	for _, o := range []Options{
-		{LeaseThreshold: -1},
-		{LeaseFraction: 1.5},
-		{LeaseFraction: -0.1},
-		{LeaseTTL: -time.Second},
-		{MaxLeaseKeys: -1},
-		{PipelineBatch: -1},
-		{PipelineInFlight: -2},
+		{Leases: LeaseOptions{Threshold: -1}},
+		{Leases: LeaseOptions{Fraction: 1.5}},
+		{Leases: LeaseOptions{Fraction: -0.1}},
+		{Leases: LeaseOptions{TTL: -time.Second}},
+		{Leases: LeaseOptions{MaxKeys: -1}},
+		{Pipeline: PipelineOptions{Batch: -1}},
+		{Pipeline: PipelineOptions{InFlight: -2}},
+		{Breaker: BreakerOptions{OpenFor: -time.Second}},
+		{Registerer: prometheus.NewRegistry()}, // no Region for the metrics' label
 	} {
 		if _, err := NewRedis(rdb, o); err == nil {
 			t.Errorf("NewRedis(%+v): no error", o)
@@ -262,7 +264,7 @@ func TestNewRedisRejectsBadLeaseOptions(t *testing.T) {
 func TestLeaseManyCallersOneInstance(t *testing.T) {
 	p := testenv.Redis(t)
 	rdb := newClient(t, p)
-	l := newTestRedis(t, rdb, Options{Timeout: time.Second, LeaseThreshold: 100})
+	l := newTestRedis(t, rdb, Options{Timeout: time.Second, Leases: LeaseOptions{Threshold: 100}})
 	// One instance: batch = 2% of 1000/s = 20.
 	r := Request{Tenant: "t", Route: "r", Limit: regions.Limit{Capacity: 1000, RefillPerSecond: 1000}}
 	untilSource(t, l, r, SourceLease, 500)
@@ -279,7 +281,7 @@ func TestLeaseManyCallersOneInstance(t *testing.T) {
 // (the rate tracking in front of the Redis call), over 100,000 keys.
 func BenchmarkLeaseTrackingColdKeys(b *testing.B) {
 	p := testenv.Redis(b)
-	l := newTestRedis(b, newClient(b, p), Options{LeaseThreshold: 100})
+	l := newTestRedis(b, newClient(b, p), Options{Leases: LeaseOptions{Threshold: 100}})
 	reqs := make([]Request, 100_000)
 	for i := range reqs {
 		reqs[i] = Request{Tenant: fmt.Sprintf("tenant-%06d", i), Route: "r", Limit: regions.Limit{Capacity: 1000, RefillPerSecond: 1000}}

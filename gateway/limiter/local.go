@@ -49,8 +49,8 @@ type LocalOptions struct {
 }
 
 // Local is an in-memory limiter: a sharded map of Buckets keyed by (tenant, route). It is
-// the whole limiter of a standalone gateway (Source "local") and the fallback of Redis
-// (Source "fallback").
+// the whole limiter of a standalone gateway (SourceLocal) and the store of Redis's
+// fallback (SourceFallback).
 //
 // A bucket is keyed by a 64-bit hash of (tenant, route) with a per-process random seed,
 // not by the strings: 32 bytes a slot and no pointers for the garbage collector to scan
@@ -124,20 +124,17 @@ func newLocal(opts LocalOptions) *Local {
 }
 
 // Decide takes r.Cost tokens (0 means 1) from the local bucket of (r.Tenant, r.Route)
-// holding r.Limit. Decisions have Source "local". The error is non-nil only for an
+// holding r.Limit. Decisions have SourceLocal. The error is non-nil only for an
 // invalid request (ErrInvalidRequest) or a context that has already ended.
 func (l *Local) Decide(ctx context.Context, r Request) (Decision, error) {
 	cost, err := r.cost()
 	if err != nil {
 		return Decision{}, err
 	}
-	if r.Route, err = r.bucketRoute(); err != nil {
-		return Decision{}, err
-	}
 	if err := ctx.Err(); err != nil {
 		return Decision{}, fmt.Errorf("decide %s/%s: %w", r.Tenant, r.Route, err)
 	}
-	d := l.take(l.now(), r.Tenant, r.Route, r.Limit, cost)
+	d := l.takeID(l.now(), idOf(r), r.Limit, cost)
 	d.Source = SourceLocal
 	return d, nil
 }
@@ -176,32 +173,47 @@ func (l *Local) Sweep() int {
 	return n
 }
 
-// key hashes (tenant, route) and picks its shard. Each id is hashed on its own, with
-// the seed (no copy through a Hash's buffer), and the two hashes are mixed by an odd
-// multiplier, so ("ab", "c") and ("a", "bc"), or ("a", "b") and ("b", "a"), differ.
-func (l *Local) key(tenant, route string) (uint64, *shard) {
-	k := maphash.String(l.seed, tenant)*0x9e3779b97f4a7c15 ^ maphash.String(l.seed, route)
+// bucketID names one in-memory bucket: a tenant's route, and a client value of it
+// (Request.Value) or "".
+type bucketID struct{ tenant, route, value string }
+
+func idOf(r Request) bucketID { return bucketID{r.Tenant, r.Route, r.Value} }
+
+// key hashes id and picks its shard. Each id is hashed on its own, with the seed (no
+// copy through a Hash's buffer), and the hashes are mixed by odd multipliers, so
+// ("ab", "c") and ("a", "bc"), or ("a", "b") and ("b", "a"), differ. A value, of any
+// length, is hashed the same way: the map holds 64-bit keys only.
+func (l *Local) key(id bucketID) (uint64, *shard) {
+	k := maphash.String(l.seed, id.tenant)*0x9e3779b97f4a7c15 ^ maphash.String(l.seed, id.route)
+	if id.value != "" {
+		k = k*0xbf58476d1ce4e5b9 ^ maphash.String(l.seed, id.value)
+	}
 	return k, &l.shards[k>>58] // the top 6 bits pick one of 64 shards
 }
 
-// take is the decision of every local bucket, at now, with a validated limit and cost.
+// take is takeID for a (tenant, route) without a value.
 func (l *Local) take(now time.Time, tenant, route string, lim regions.Limit, cost int64) Decision {
+	return l.takeID(now, bucketID{tenant: tenant, route: route}, lim, cost)
+}
+
+// takeID is the decision of every local bucket, at now, with a validated limit and cost.
+func (l *Local) takeID(now time.Time, id bucketID, lim regions.Limit, cost int64) Decision {
 	var d Decision
-	l.update(now, tenant, route, lim, func(e entry, owed int64) (entry, int64, bool) {
+	l.update(now, id, lim, func(e entry, owed int64) (entry, int64, bool) {
 		d = e.b.Take(now, lim.Capacity, lim.RefillPerSecond, cost)
 		return e, owed, true
 	})
 	return d
 }
 
-// update runs f on the bucket of (tenant, route), a full one if there is none, and its
+// update runs f on the bucket id, a full one if there is none, and its
 // debt (see shard.owed), under its shard's lock, and stores what f returns unless f
 // says not to keep a missing bucket (then it stays missing, owing nothing). It keeps the
 // shard bounded as described on Local. (Values in and out, not pointers: a pointer
 // handed to f would put the entry on the heap on every decision.)
-func (l *Local) update(now time.Time, tenant, route string, lim regions.Limit, f func(e entry, owed int64) (entry, int64, bool)) {
+func (l *Local) update(now time.Time, id bucketID, lim regions.Limit, f func(e entry, owed int64) (entry, int64, bool)) {
 	t := now.UnixNano()
-	k, s := l.key(tenant, route)
+	k, s := l.key(id)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	e, ok := s.m[k]
@@ -233,8 +245,11 @@ func (l *Local) update(now time.Time, tenant, route string, lim regions.Limit, f
 	if !ok {
 		idle += s.sample(t, sampleOnInsert)
 		if len(s.m) >= l.perShard {
-			i, f := s.makeRoom(t)
+			i, f, dropped := s.makeRoom(t)
 			idle, forced = idle+i, forced+f
+			if dropped > 0 {
+				l.m.debtDropped.Add(float64(dropped))
+			}
 		}
 	} else if s.hits++; s.hits%sampleEvery == 0 {
 		idle += s.sample(t, sampleOnHit)
@@ -270,8 +285,8 @@ func (s *shard) sample(now int64, n int) int {
 
 // makeRoom is called when the shard is at its cap: it samples for full buckets, and if
 // there are none, evicts the sampled bucket closest to full. It returns the idle and
-// the forced evictions.
-func (s *shard) makeRoom(now int64) (idle, forced int) {
+// the forced evictions, and the debt the forced one forgot.
+func (s *shard) makeRoom(now int64) (idle, forced int, dropped int64) {
 	seen := 0
 	var victim uint64
 	victimAt, found := int64(0), false
@@ -287,20 +302,23 @@ func (s *shard) makeRoom(now int64) (idle, forced int) {
 		}
 	}
 	if idle == 0 && found {
-		s.remove(victim)
+		dropped = s.remove(victim)
 		forced = 1
 	}
-	return idle, forced
+	return idle, forced, dropped
 }
 
-// remove evicts the bucket k, and its debt with it.
-func (s *shard) remove(k uint64) {
+// remove evicts the bucket k, and its debt with it, and returns that debt. (A full
+// bucket's debt is void anyway: see fallback.owed.)
+func (s *shard) remove(k uint64) int64 {
 	delete(s.m, k)
 	if s.owed != nil {
-		if _, owed := s.owed[k]; owed {
+		if d, owed := s.owed[k]; owed {
 			s.forgive(k)
+			return d
 		}
 	}
+	return 0
 }
 
 // forgive drops k's debt, which must exist, and the debt map once it is empty.
@@ -324,3 +342,7 @@ func (s *shard) maybeShrink() {
 	}
 	s.m, s.peak = m, len(m)
 }
+
+// Close does nothing: a Local holds no goroutine or connection. It lets a caller hold
+// either limiter behind one interface with Decide and Close.
+func (l *Local) Close() {}

@@ -42,9 +42,9 @@ func TestLocalArticle(t *testing.T) {
 	l := newTestLocal(t, LocalOptions{Now: clock.Now})
 	r := Request{Tenant: "shop-a", Route: "create-order", Limit: regions.Limit{Capacity: 2, RefillPerSecond: 1}}
 	want := []Decision{
-		{Allowed: true, Limit: 2, Remaining: 1, ResetAfter: time.Second, Source: SourceLocal},
-		{Allowed: true, Limit: 2, Remaining: 0, ResetAfter: 2 * time.Second, Source: SourceLocal},
-		{Allowed: false, Limit: 2, Remaining: 0, RetryAfter: time.Second, ResetAfter: 2 * time.Second, Source: SourceLocal},
+		{Allowed: true, Limit: 2, RefillPerSecond: 1, Remaining: 1, ResetAfter: time.Second, Source: SourceLocal},
+		{Allowed: true, Limit: 2, RefillPerSecond: 1, Remaining: 0, ResetAfter: 2 * time.Second, Source: SourceLocal},
+		{Allowed: false, Limit: 2, RefillPerSecond: 1, Remaining: 0, RetryAfter: time.Second, ResetAfter: 2 * time.Second, Source: SourceLocal},
 	}
 	for i, w := range want {
 		if got := mustDecide(t, l, r); got != w {

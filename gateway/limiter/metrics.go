@@ -24,9 +24,10 @@ const (
 // localMetrics are the metrics of one Local. They exist whether or not they are
 // registered, so the hot path never checks.
 type localMetrics struct {
-	evictions *prometheus.CounterVec
-	idle      prometheus.Counter
-	capacity  prometheus.Counter
+	evictions   *prometheus.CounterVec
+	idle        prometheus.Counter
+	capacity    prometheus.Counter
+	debtDropped prometheus.Counter
 }
 
 func newLocalMetrics() *localMetrics {
@@ -35,6 +36,10 @@ func newLocalMetrics() *localMetrics {
 			Name: "ratelimit_local_evictions_total",
 			Help: "In-memory buckets evicted: idle (full, so exact) or capacity (MaxBuckets reached, forgets the bucket's debt).",
 		}, []string{"reason"}),
+		debtDropped: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "ratelimit_fallback_debt_dropped_tokens_total",
+			Help: "Fallback debt forgotten, never charged to Redis, because the bucket owing it was evicted past MaxBuckets (the only path that drops a debt).",
+		}),
 	}
 	m.idle = m.evictions.WithLabelValues(evictIdle)
 	m.capacity = m.evictions.WithLabelValues(evictCapacity)
@@ -57,6 +62,7 @@ func (m *localMetrics) evicted(reason string, n int) {
 func (m *localMetrics) collectors(buckets func() int) []prometheus.Collector {
 	return []prometheus.Collector{
 		m.evictions,
+		m.debtDropped,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "ratelimit_local_buckets",
 			Help: "In-memory token buckets held by the local or fallback limiter.",
@@ -75,6 +81,10 @@ type redisMetrics struct {
 	state       prometheus.Gauge
 	minCapacity prometheus.Counter
 	repaid      prometheus.Counter
+	writtenOff  prometheus.Counter
+	// costAboveFallback counts fallback rejections of a cost above the fallback bucket.
+	costAboveFallback prometheus.Counter
+	evictingPolicy    prometheus.Gauge
 
 	pipelines    prometheus.Counter
 	pipelined    prometheus.Counter
@@ -106,11 +116,23 @@ func newRedisMetrics() *redisMetrics {
 		}),
 		minCapacity: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "ratelimit_fallback_min_capacity_total",
-			Help: "Fallback decisions whose rule had fewer tokens than there are instances, so each instance kept 1 token (the region may admit up to N).",
+			Help: "Fallback decisions whose rule had fewer tokens than there are instances, so each instance kept 1 token, more than its share floor(C/N) = 0 (the region may admit up to N). Every other fallback budget rounds down.",
+		}),
+		evictingPolicy: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "ratelimit_redis_evicting_policy",
+			Help: "1 when Redis's maxmemory-policy evicts keys (allkeys-*, volatile-*): buckets may be evicted and then read as full. Set by Load; 0 when the policy does not evict or could not be read.",
+		}),
+		costAboveFallback: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "ratelimit_fallback_cost_rejections_total",
+			Help: "Fallback decisions rejected because the request's cost exceeded this instance's fallback bucket (never clipped into a cheaper pass).",
 		}),
 		repaid: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "ratelimit_fallback_repaid_tokens_total",
-			Help: "Tokens the fallback admitted that were charged to the shared bucket in Redis once it answered again.",
+			Help: "Tokens the fallback admitted that the bucket script charged to the shared bucket in Redis once it answered again (what Lua charged, after its -capacity floor).",
+		}),
+		writtenOff: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "ratelimit_fallback_debt_written_off_tokens_total",
+			Help: "Tokens of fallback debt sent to Redis that the bucket script did not charge because the bucket was already a whole capacity in debt.",
 		}),
 	}
 	m.timeout = m.errors.WithLabelValues(reasonTimeout)
@@ -156,7 +178,7 @@ func newRedisMetrics() *redisMetrics {
 // collectors are what a Redis limiter registers; leases adds the per-key bound series
 // (nil when leases are off).
 func (m *redisMetrics) collectors(leases *leaseTable) []prometheus.Collector {
-	cs := []prometheus.Collector{m.errors, m.active, m.state, m.minCapacity, m.repaid,
+	cs := []prometheus.Collector{m.errors, m.active, m.state, m.minCapacity, m.repaid, m.writtenOff, m.costAboveFallback, m.evictingPolicy,
 		m.pipelines, m.pipelined, m.noscript, m.shardRetries, m.leaseOps, m.leaseTokens, m.leaseRejected}
 	if leases != nil {
 		cs = append(cs, &leaseCollector{t: leases})
@@ -166,7 +188,7 @@ func (m *redisMetrics) collectors(leases *leaseTable) []prometheus.Collector {
 
 var (
 	leaseBoundDesc = prometheus.NewDesc("ratelimit_lease_overadmission_bound_tokens",
-		"Worst-case over-admission of the region on a leased hot key (instances x batch, tokens), for the keys with the largest bounds (at most MaxLeaseSeries series).",
+		"Worst-case over-admission of the region on a leased hot key (instances x batch, tokens), for the keys with the largest bounds (at most Leases.MaxSeries series).",
 		[]string{"tenant", "route"}, nil)
 	leaseKeysDesc = prometheus.NewDesc("ratelimit_lease_keys",
 		"Hot keys this instance leases tokens for.", nil, nil)

@@ -5,12 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 	"github.com/sony/gobreaker/v2"
 
@@ -18,127 +17,49 @@ import (
 	"github.com/quotaplane/quotaplane/regions"
 )
 
-// Defaults of Options.
-const (
-	DefaultTimeout           = 5 * time.Millisecond
-	DefaultBreakerFailures   = 5
-	DefaultBreakerOpenFor    = time.Second
-	DefaultBreakerProbes     = 1
-	DefaultExpectedInstances = 1
-)
-
-// Options configures a Redis limiter. Zero fields take the defaults above.
-type Options struct {
-	// Region is the constant "region" label of the metrics; required with a Registerer.
-	Region string
-	// KeyPrefix starts every bucket key (lua.Keys); empty means "rl".
-	KeyPrefix string
-	// Timeout bounds each Redis call (default 5 ms). A call that exceeds it counts as a
-	// failure and the decision comes from the fallback, so a slow Redis costs at most
-	// this much latency.
-	Timeout time.Duration
-	// BreakerFailures consecutive failures (errors or timeouts) open the breaker
-	// (default 5), once they have gone on for BreakerFailureSpan. While it is open no
-	// call goes to Redis.
-	BreakerFailures uint32
-	// BreakerFailureSpan is how long calls must have been failing, with no success in
-	// between, before the breaker opens (default BreakerFailures x Timeout). Calls that
-	// time out together, in one pipeline or one stall of a busy machine, then count as
-	// one failure rather than as many; a Redis that is down opens it within the span.
-	BreakerFailureSpan time.Duration
-	// BreakerOpenFor is how long the breaker stays open before it half-opens and lets
-	// probes through (default 1 s).
-	BreakerOpenFor time.Duration
-	// BreakerProbes is how many calls a half-open breaker lets through; that many
-	// successes close it, one failure opens it again (default 1).
-	BreakerProbes uint32
-	// Instances returns the number of live gateway instances of this region (from
-	// heartbeats); the fallback holds 1/N of each rule. nil, or a result <= 0, means
-	// ExpectedInstances.
-	Instances func() int
-	// ExpectedInstances is N while Instances does not know (default 1).
-	ExpectedInstances int
-	// Now is the clock of the fallback buckets, of leases (rates, expiry) and of the
-	// breaker's failure span; nil means time.Now. The shared bucket itself runs on
-	// Redis TIME.
-	Now func() time.Time
-	// MaxFallbackBuckets caps the fallback's buckets (LocalOptions.MaxBuckets).
-	MaxFallbackBuckets int
-	// Registerer receives the metrics; nil means they are not registered.
-	Registerer prometheus.Registerer
-	// Logger receives breaker state changes (never per-request lines); nil discards.
-	Logger *slog.Logger
-
-	// NoPipelining sends every call as its own EVALSHA. By default concurrent calls to
-	// the same Redis share pipelines (see PipelineBatch); with one caller at a time the
-	// two are the same.
-	NoPipelining bool
-	// PipelineBatch is the most calls sent in one pipeline (default 64).
-	PipelineBatch int
-	// PipelineInFlight is the most calls or pipelines out at once (default 4): a call
-	// that finds them all out waits in a queue, and the next one to come back sends
-	// everything queued.
-	PipelineInFlight int
-
-	// LeaseThreshold turns token leases on: a key this instance is asked for at this
-	// many tokens per second or more takes batches of tokens from Redis and spends them
-	// locally (Source "lease"). 0 means leases off. A few hundred is a sensible value:
-	// below it a key costs few Redis calls anyway.
-	LeaseThreshold float64
-	// LeaseFraction bounds the region's worst-case over-admission on a leased key,
-	// instances x batch, as a fraction of one second's regional refill (default 0.02).
-	LeaseFraction float64
-	// LeaseTTL is how long leased tokens may be spent (default 250 ms); later they go
-	// back to Redis.
-	LeaseTTL time.Duration
-	// MaxLeaseKeys bounds the keys tracked for leases (default 4096).
-	MaxLeaseKeys int
-	// MaxLeaseSeries bounds the keys exported with their over-admission bound
-	// (ratelimit_lease_overadmission_bound_tokens), largest first (default 16).
-	MaxLeaseSeries int
-}
-
 // Redis decides with the region's shared token bucket in Redis (one EVALSHA per
 // decision, concurrent ones pipelined together), behind a per-call timeout and a circuit
-// breaker. When a call fails or the breaker is open, a local bucket holding Limit/N
-// decides instead (Source "fallback"), N being the live instances of the region, so the
-// region as a whole still admits about its limit. Sharded rules (Request.Shards) spread
-// over sub-buckets; hot keys may be leased (Options.LeaseThreshold).
+// breaker. When a call fails or the breaker is open, the fallback decides instead
+// (SourceFallback) with a local bucket holding floor(Limit/N), N being the live
+// instances of the region, so the region as a whole still admits at most its limit, and
+// what it admits is charged to Redis afterwards. Sharded rules (Request.Shards) spread
+// over sub-buckets; hot keys may be leased (Options.Leases).
 //
 // It is safe for concurrent use. It has no goroutine of its own: the pipelining starts
 // short-lived ones that send queued calls and exit when the queue is empty, and a failed
 // call or a NOSCRIPT reply starts one that reloads the scripts under a deadline (rewarm),
 // which Close stops.
 type Redis struct {
-	rdb       redis.Scripter
-	tb        *lua.TokenBucket
-	batch     *batcher    // nil with NoPipelining
-	leases    *leaseTable // nil with leases off
-	keys      lua.Keys
-	timeout   time.Duration
-	cb        *gobreaker.TwoStepCircuitBreaker[struct{}]
-	fallback  *Local
-	instances func() int
-	expected  int
-	m         *redisMetrics
-	log       *slog.Logger
-	loading   atomic.Bool // a rewarm is running
-	rewarmFor time.Duration
-	// life guards closed and the rewarm goroutines' WaitGroup (see Close).
-	life struct {
-		sync.Mutex
-		closed bool
-		ctx    context.Context // ended by Close
-		stop   context.CancelFunc
-		wg     sync.WaitGroup
-	}
+	rdb     redis.Scripter
+	tb      *lua.TokenBucket
+	batch   *batcher    // nil with Pipeline.Off
+	leases  *leaseTable // nil with leases off
+	fb      *fallback
+	keys    lua.Keys
+	timeout time.Duration
+	cb      *gobreaker.TwoStepCircuitBreaker[struct{}]
+	m       *redisMetrics
+	log     *slog.Logger
+	rewarm  rewarmer
 	// failingSince is when the first failure since the last success happened, in ns
-	// since origin plus 1, 0 when the last call succeeded (Options.BreakerFailureSpan).
+	// since origin plus 1, 0 when the last call succeeded (Breaker.FailureSpan).
 	// Durations from origin use the monotonic clock when Now is time.Now, so a wall
 	// clock step cannot stop the breaker from opening.
 	failingSince atomic.Int64
 	now          func() time.Time
 	origin       time.Time
+}
+
+// rewarmer is the one goroutine that reloads the scripts out of band (see
+// Redis.rewarmScripts), and what Close stops.
+type rewarmer struct {
+	loading   atomic.Bool // a rewarm is running
+	forAtMost time.Duration
+	sync.Mutex
+	closed bool
+	ctx    context.Context // ended by Close
+	stop   context.CancelFunc
+	wg     sync.WaitGroup
 }
 
 // errCallerGone marks a call abandoned because the caller's context ended: it says
@@ -160,83 +81,29 @@ func NewRedis(rdb redis.Scripter, opts Options) (*Redis, error) {
 	if err := checkContextTimeouts(rdb); err != nil {
 		return nil, fmt.Errorf("new redis limiter: %w", err)
 	}
-	if opts.Timeout < 0 || opts.BreakerOpenFor < 0 || opts.BreakerFailureSpan < 0 || opts.ExpectedInstances < 0 {
-		return nil, fmt.Errorf("new redis limiter: negative Timeout %v, BreakerOpenFor %v, BreakerFailureSpan %v or ExpectedInstances %d",
-			opts.Timeout, opts.BreakerOpenFor, opts.BreakerFailureSpan, opts.ExpectedInstances)
+	opts, err := opts.withDefaults()
+	if err != nil {
+		return nil, fmt.Errorf("new redis limiter: %w", err)
 	}
-	if opts.PipelineBatch < 0 || opts.PipelineInFlight < 0 || opts.LeaseTTL < 0 || opts.MaxLeaseKeys < 0 || opts.MaxLeaseSeries < 0 {
-		return nil, fmt.Errorf("new redis limiter: negative PipelineBatch %d, PipelineInFlight %d, LeaseTTL %v, MaxLeaseKeys %d or MaxLeaseSeries %d",
-			opts.PipelineBatch, opts.PipelineInFlight, opts.LeaseTTL, opts.MaxLeaseKeys, opts.MaxLeaseSeries)
-	}
-	if !(opts.LeaseThreshold >= 0) || math.IsInf(opts.LeaseThreshold, 0) || !(opts.LeaseFraction >= 0 && opts.LeaseFraction <= 1) {
-		return nil, fmt.Errorf("new redis limiter: LeaseThreshold %v must be a finite number >= 0 and LeaseFraction %v within [0, 1]",
-			opts.LeaseThreshold, opts.LeaseFraction)
-	}
-	if opts.Timeout == 0 {
-		opts.Timeout = DefaultTimeout
-	}
-	if opts.BreakerFailures == 0 {
-		opts.BreakerFailures = DefaultBreakerFailures
-	}
-	if opts.BreakerFailureSpan == 0 {
-		opts.BreakerFailureSpan = time.Duration(opts.BreakerFailures) * opts.Timeout
-	}
-	if opts.BreakerOpenFor == 0 {
-		opts.BreakerOpenFor = DefaultBreakerOpenFor
-	}
-	if opts.BreakerProbes == 0 {
-		opts.BreakerProbes = DefaultBreakerProbes
-	}
-	if opts.ExpectedInstances == 0 {
-		opts.ExpectedInstances = DefaultExpectedInstances
-	}
-	if opts.Instances == nil {
-		opts.Instances = func() int { return 0 }
-	}
-	if opts.Logger == nil {
-		opts.Logger = slog.New(slog.DiscardHandler)
-	}
-	if opts.Now == nil {
-		opts.Now = time.Now
-	}
-	if opts.PipelineBatch == 0 {
-		opts.PipelineBatch = DefaultPipelineBatch
-	}
-	if opts.PipelineInFlight == 0 {
-		opts.PipelineInFlight = DefaultPipelineInFlight
-	}
-	if opts.LeaseFraction == 0 {
-		opts.LeaseFraction = DefaultLeaseFraction
-	}
-	if opts.LeaseTTL == 0 {
-		opts.LeaseTTL = DefaultLeaseTTL
-	}
-	if opts.MaxLeaseKeys == 0 {
-		opts.MaxLeaseKeys = DefaultMaxLeaseKeys
-	}
-	if opts.MaxLeaseSeries == 0 {
-		opts.MaxLeaseSeries = DefaultMaxLeaseSeries
-	}
+	m := newRedisMetrics()
 	l := &Redis{
-		rdb:       rdb,
-		tb:        lua.NewTokenBucket(rdb),
-		keys:      lua.Keys{Prefix: opts.KeyPrefix},
-		timeout:   opts.Timeout,
-		fallback:  newLocal(LocalOptions{Now: opts.Now, MaxBuckets: opts.MaxFallbackBuckets}),
-		instances: opts.Instances,
-		expected:  opts.ExpectedInstances,
-		m:         newRedisMetrics(),
-		log:       opts.Logger.With("region", opts.Region),
-		now:       opts.Now,
-		origin:    opts.Now(),
-		rewarmFor: max(scriptLoadTimeout, 10*opts.Timeout, opts.BreakerOpenFor),
+		rdb:     rdb,
+		tb:      lua.NewTokenBucket(rdb),
+		fb:      newFallback(opts, m),
+		keys:    lua.Keys{Prefix: opts.KeyPrefix},
+		timeout: opts.Timeout,
+		m:       m,
+		log:     opts.Logger.With("region", opts.Region),
+		now:     opts.Now,
+		origin:  opts.Now(),
 	}
-	l.life.ctx, l.life.stop = context.WithCancel(context.Background())
-	failures, span := opts.BreakerFailures, opts.BreakerFailureSpan.Nanoseconds()
+	l.rewarm.forAtMost = max(scriptLoadTimeout, 10*opts.Timeout, opts.Breaker.OpenFor)
+	l.rewarm.ctx, l.rewarm.stop = context.WithCancel(context.Background())
+	failures, span := opts.Breaker.Failures, opts.Breaker.FailureSpan.Nanoseconds()
 	l.cb = gobreaker.NewTwoStepCircuitBreaker[struct{}](gobreaker.Settings{
 		Name:        "redis",
-		MaxRequests: opts.BreakerProbes,
-		Timeout:     opts.BreakerOpenFor,
+		MaxRequests: opts.Breaker.Probes,
+		Timeout:     opts.Breaker.OpenFor,
 		ReadyToTrip: func(c gobreaker.Counts) bool {
 			since := l.failingSince.Load()
 			return c.ConsecutiveFailures >= failures && since != 0 && l.sinceOrigin()-since >= span
@@ -245,13 +112,13 @@ func NewRedis(rdb redis.Scripter, opts Options) (*Redis, error) {
 		// Called under the breaker's lock, only on a change: cheap, and the only log.
 		OnStateChange: func(_ string, from, to gobreaker.State) { l.stateChanged(from, to) },
 	})
-	if p, ok := rdb.(pipeliner); ok && !opts.NoPipelining {
-		l.batch = newBatcher(l, p, opts.PipelineBatch, opts.PipelineInFlight)
+	if p, ok := rdb.(pipeliner); ok && !opts.Pipeline.Off {
+		l.batch = newBatcher(l, p, opts.Timeout, opts.Pipeline.Batch, opts.Pipeline.InFlight, m)
 	}
-	if opts.LeaseThreshold > 0 {
-		l.leases = newLeaseTable(opts.LeaseThreshold, opts.LeaseFraction, opts.LeaseTTL, opts.MaxLeaseKeys, opts.MaxLeaseSeries, opts.Now)
+	if opts.Leases.Threshold > 0 {
+		l.leases = newLeaseTable(opts.Leases, opts.Now)
 	}
-	cs := append(l.m.collectors(l.leases), l.fallback.m.collectors(l.fallback.Len)...)
+	cs := append(l.m.collectors(l.leases), l.fb.local.m.collectors(l.fb.local.Len)...)
 	if err := register(opts.Registerer, opts.Region, cs...); err != nil {
 		return nil, fmt.Errorf("new redis limiter: %w", err)
 	}
@@ -276,23 +143,24 @@ func checkContextTimeouts(rdb redis.Scripter) error {
 }
 
 // Decide takes r.Cost tokens (0 means 1) from the shared bucket of (r.Tenant, r.Route)
-// in Redis: from one random shard of it, then one other if that one rejects, when
-// r.Shards >= 2; or from this instance's lease on the key when it is hot (Source
-// "lease"). If Redis does not answer within the timeout, fails, or the breaker is open,
-// the fallback decides (Source "fallback") and the error is nil: a Redis outage is not
-// the caller's error. The error is non-nil only for an invalid request
+// in Redis (of r.Value when set): from one random shard of it, then one other if that
+// one rejects, when r.Shards >= 2; or from this instance's lease on the key when it is
+// hot (Source lease). If Redis does not answer within the timeout, fails, or the
+// breaker is open, the fallback decides (Source fallback) and the error is nil: a Redis
+// outage is not the caller's error. The error is non-nil only for an invalid request
 // (ErrInvalidRequest) or when ctx ended before a decision.
 func (l *Redis) Decide(ctx context.Context, r Request) (Decision, error) {
 	cost, err := r.cost()
 	if err != nil {
 		return Decision{}, err
 	}
-	if r.Route, err = r.bucketRoute(); err != nil {
-		return Decision{}, err
-	}
 	shards, err := r.shards(cost)
 	if err != nil {
 		return Decision{}, err
+	}
+	if r.Value != "" {
+		// A client value's bucket is small and its own: neither sharded nor leased.
+		return l.take(ctx, r, cost, l.keys.Value(r.Tenant, r.Route, r.Value), r.Limit)
 	}
 	if l.leases != nil {
 		if d, ok := l.decideLease(ctx, r, cost, shards); ok {
@@ -303,52 +171,54 @@ func (l *Redis) Decide(ctx context.Context, r Request) (Decision, error) {
 		return l.take(ctx, r, cost, l.keys.Bucket(r.Tenant, r.Route), r.Limit)
 	}
 	i, j := twoShards(shards)
-	d, err := l.take(ctx, r, cost, l.keys.Shard(r.Tenant, r.Route, i), ShardLimit(r.Limit, shards, i))
+	d, err := l.take(ctx, r, cost, l.keys.Shard(r.Tenant, r.Route, i), r.Limit.Shard(shards, i))
 	if err != nil || d.Allowed || d.Source != SourceRedis {
 		return d, err
 	}
 	l.m.shardRetries.Inc()
-	d2, err := l.take(ctx, r, cost, l.keys.Shard(r.Tenant, r.Route, j), ShardLimit(r.Limit, shards, j))
+	d2, err := l.take(ctx, r, cost, l.keys.Shard(r.Tenant, r.Route, j), r.Limit.Shard(shards, j))
 	if err == nil && !d2.Allowed && d2.Source == SourceRedis {
 		d2.RetryAfter = min(d.RetryAfter, d2.RetryAfter) // whichever shard refills first
 	}
 	return d2, err
 }
 
-// take decides r with cost tokens from the bucket at key holding lim, or with the
-// fallback when Redis does not answer. A shard's answer is scaled back to the whole
-// rule: Limit is the rule's capacity and Remaining the shard's times the shards.
-func (l *Redis) take(ctx context.Context, r Request, cost int64, key string, lim regions.Limit) (Decision, error) {
-	debt := l.owed(r, lim)
-	a, ok, err := l.call(ctx, lua.ScriptTake, key, lim, cost, debt)
-	if !ok && !a.maybeRan {
-		l.stillOwed(r, debt)
-	}
+// take decides r with cost tokens from the bucket key holding lim, or with the fallback
+// when Redis does not answer. A shard's answer is scaled back to the whole rule: Limit
+// is the rule's capacity and Remaining the shard's times the shards.
+func (l *Redis) take(ctx context.Context, r Request, cost int64, key lua.Ref, lim regions.Limit) (Decision, error) {
+	a, ok, err := l.callCharging(ctx, r, lua.ScriptTake, key, lim, cost)
 	if err != nil {
 		return Decision{}, fmt.Errorf("decide %s/%s: %w", r.Tenant, r.Route, err)
 	}
 	if !ok {
-		// A call that timed out after it was sent has most likely run (Redis was slow,
-		// or paused and will run it when it resumes): it took this request's tokens,
-		// if there were any, and charged the debt. The fallback decides without owing.
-		return l.decideFallback(r, cost, !a.maybeRan), nil
-	}
-	if debt > 0 { // a counter's Add is an atomic write: not for every decision
-		l.m.repaid.Add(float64(debt))
+		return l.fb.decide(r, cost), nil
 	}
 	remaining := a.res.Remaining
 	if lim.Capacity != r.Limit.Capacity && lim.Capacity > 0 {
 		remaining = min(r.Limit.Capacity, remaining*(r.Limit.Capacity/lim.Capacity))
 	}
-	l.observe(r, remaining)
+	l.fb.observe(r, remaining)
 	return Decision{
-		Allowed:    a.res.Allowed,
-		Limit:      r.Limit.Capacity,
-		Remaining:  remaining,
-		RetryAfter: a.res.RetryAfter,
-		ResetAfter: a.res.ResetAfter,
-		Source:     SourceRedis,
+		Allowed:         a.res.Allowed,
+		Limit:           r.Limit.Capacity,
+		RefillPerSecond: r.Limit.RefillPerSecond,
+		Remaining:       remaining,
+		RetryAfter:      a.res.RetryAfter,
+		ResetAfter:      a.res.ResetAfter,
+		Source:          SourceRedis,
 	}, nil
+}
+
+// callCharging is the one charge/settle path of a call that may carry r's fallback
+// debt (Take and Lease, on a bucket, a shard or a lease): it takes the debt from the
+// fallback, sends it with the call, and settles it: cleared when a reply was read, kept
+// whole when none was (the call did not count).
+func (l *Redis) callCharging(ctx context.Context, r Request, op lua.Script, key lua.Ref, lim regions.Limit, n int64) (answer, bool, error) {
+	debt := l.fb.owed(r, lim)
+	a, ok, err := l.call(ctx, op, key, lim, n, debt)
+	l.fb.settle(r, debt, ok, a.res.Charged)
+	return a, ok, err
 }
 
 // call runs one script call on Redis behind the breaker and the timeout, pipelined
@@ -357,7 +227,7 @@ func (l *Redis) take(ctx context.Context, r Request, cost int64, key string, lim
 // fallback; the answer then says only whether the call may have run all the same
 // (maybeRan). err is non-nil only when the arguments were invalid (ErrInvalidRequest) or
 // ctx ended: then Redis is not to blame.
-func (l *Redis) call(ctx context.Context, op lua.Script, key string, lim regions.Limit, n, debt int64) (answer, bool, error) {
+func (l *Redis) call(ctx context.Context, op lua.Script, key lua.Ref, lim regions.Limit, n, debt int64) (answer, bool, error) {
 	done, err := l.cb.Allow()
 	if err != nil { // open, or half-open with its probes already out
 		l.m.breakerOpen.Inc()
@@ -381,7 +251,7 @@ func (l *Redis) call(ctx context.Context, op lua.Script, key string, lim regions
 		return answer{}, false, fmt.Errorf("%w: %w", ErrInvalidRequest, err)
 	case ctx.Err() != nil:
 		done(errCallerGone)
-		return answer{maybeRan: a.maybeRan}, false, ctx.Err()
+		return answer{}, false, ctx.Err()
 	case a.timedOut:
 		l.failingSince.CompareAndSwap(0, l.sinceOrigin())
 		done(err)
@@ -390,10 +260,10 @@ func (l *Redis) call(ctx context.Context, op lua.Script, key string, lim regions
 		l.failingSince.CompareAndSwap(0, l.sinceOrigin())
 		done(err)
 		l.m.failed.Inc()
-		l.rewarm("a redis call failed", slog.LevelDebug)
+		l.rewarmScripts("a redis call failed", slog.LevelDebug)
 	}
-	l.log.Debug("redis call failed; using fallback", "key", key, "err", err)
-	return answer{maybeRan: a.maybeRan}, false, nil
+	l.log.Debug("redis call failed; using fallback", "key", key.Key, "err", err)
+	return answer{}, false, nil
 }
 
 // sinceOrigin is the time since the limiter was made, in ns plus 1 (never 0).
@@ -407,40 +277,42 @@ func (l *Redis) succeeded() {
 	}
 }
 
-// reloadScripts loads the bucket scripts into Redis again after a call found them
-// missing (NOSCRIPT: Redis restarted, or SCRIPT FLUSH), out of band (rewarm). The call
-// that found them missing retries with EVAL within its own timeout, but on a slow Redis
-// that retry may never fit; without the load, every later call would fail the same way.
-func (l *Redis) reloadScripts() {
-	if l.rewarm("redis had lost the bucket scripts", slog.LevelInfo) {
+// lostScripts loads the bucket scripts into Redis again after a call found them
+// missing (NOSCRIPT: Redis restarted, or SCRIPT FLUSH), out of band (rewarmScripts). The
+// call that found them missing retries with EVAL within its own timeout, but on a slow
+// Redis that retry may never fit; without the load, every later call would fail the
+// same way.
+func (l *Redis) lostScripts() {
+	if l.rewarmScripts("redis had lost the bucket scripts", slog.LevelInfo) {
 		l.m.noscript.Inc()
 	}
 }
 
-// rewarm loads the bucket scripts into Redis, which also opens a connection, on a
-// goroutine of its own, one at a time, trying every rewarmEvery until it succeeds or
-// rewarmFor has passed (the breaker's open interval, at least scriptLoadTimeout and 10
-// x the call timeout). It runs after a call found the scripts missing, and after a call
-// that failed for another reason than its timeout (a refused or dropped connection):
-// then, once Redis is back, the breaker's next probe finds a connection open and the
-// scripts loaded, instead of paying for a dial and an EVAL within the call timeout and
-// failing again on a busy machine, which would keep the breaker open another interval.
-// It logs its success at level, and a failure at debug (the breaker logs the outage).
-// It reports whether it started.
-func (l *Redis) rewarm(why string, level slog.Level) bool {
-	if l.loading.Load() {
+// rewarmScripts loads the bucket scripts into Redis, which also opens a connection, on
+// a goroutine of its own, one at a time, trying every rewarmEvery until it succeeds or
+// rewarm.forAtMost has passed (the breaker's open interval, at least scriptLoadTimeout
+// and 10 x the call timeout). It runs after a call found the scripts missing, and after
+// a call that failed for another reason than its timeout (a refused or dropped
+// connection): then, once Redis is back, the breaker's next probe finds a connection
+// open and the scripts loaded, instead of paying for a dial and an EVAL within the call
+// timeout and failing again on a busy machine, which would keep the breaker open
+// another interval. It logs its success at level, and a failure at debug (the breaker
+// logs the outage). It reports whether it started.
+func (l *Redis) rewarmScripts(why string, level slog.Level) bool {
+	w := &l.rewarm
+	if w.loading.Load() {
 		return false // one at a time; the check saves the lock on every failed call
 	}
-	l.life.Lock()
-	defer l.life.Unlock()
-	if l.life.closed || !l.loading.CompareAndSwap(false, true) {
+	w.Lock()
+	defer w.Unlock()
+	if w.closed || !w.loading.CompareAndSwap(false, true) {
 		return false
 	}
-	l.life.wg.Add(1)
+	w.wg.Add(1)
 	go func() {
-		defer l.life.wg.Done()
-		defer l.loading.Store(false)
-		ctx, cancel := context.WithTimeout(l.life.ctx, l.rewarmFor)
+		defer w.wg.Done()
+		defer w.loading.Store(false)
+		ctx, cancel := context.WithTimeout(w.ctx, w.forAtMost)
 		defer cancel()
 		tick := time.NewTicker(rewarmEvery)
 		defer tick.Stop()
@@ -465,13 +337,14 @@ func (l *Redis) rewarm(why string, level slog.Level) bool {
 // Decisions go on working (they need no goroutine of their own). It does not close the
 // Redis client, which the caller owns.
 func (l *Redis) Close() {
-	l.life.Lock()
-	if !l.life.closed {
-		l.life.closed = true
-		l.life.stop()
+	w := &l.rewarm
+	w.Lock()
+	if !w.closed {
+		w.closed = true
+		w.stop()
 	}
-	l.life.Unlock()
-	l.life.wg.Wait()
+	w.Unlock()
+	w.wg.Wait()
 }
 
 // scriptLoadTimeout is the least time rewarm goes on trying; rewarmEvery is its pace.
@@ -484,19 +357,55 @@ const (
 // caller's deadline rather than Options.Timeout. Call it at startup (and it serves as a
 // readiness probe): otherwise the first decisions pay for a dial and an EVAL, which may
 // exceed a 5 ms timeout and be answered by the fallback.
-func (l *Redis) Load(ctx context.Context) error { return l.tb.Load(ctx) }
+//
+// It also checks Redis's maxmemory-policy: an evicting policy (allkeys-*, volatile-*)
+// may evict buckets and rule records under memory pressure, and an evicted bucket reads
+// as full (or, for a shard, as empty), so the limit no longer holds. That is a loud
+// warning and ratelimit_redis_evicting_policy 1, not a refusal: the operator may have
+// sized memory so that it never evicts, and a gateway that refused to start would turn
+// a configuration smell into an outage. A Redis that refuses CONFIG (managed services
+// often do) is logged at debug and not an error.
+func (l *Redis) Load(ctx context.Context) error {
+	if err := l.tb.Load(ctx); err != nil {
+		return err
+	}
+	l.checkEviction(ctx)
+	return nil
+}
+
+// configGetter is the one go-redis method checkEviction needs.
+type configGetter interface {
+	ConfigGet(ctx context.Context, parameter string) *redis.MapStringStringCmd
+}
+
+func (l *Redis) checkEviction(ctx context.Context) {
+	c, ok := l.rdb.(configGetter)
+	if !ok {
+		return
+	}
+	v, err := c.ConfigGet(ctx, "maxmemory-policy").Result()
+	if err != nil {
+		l.log.Debug("cannot read redis maxmemory-policy; not checked", "err", err)
+		return
+	}
+	policy := v["maxmemory-policy"]
+	if evicting(policy) {
+		l.m.evictingPolicy.Set(1)
+		l.log.Warn("REDIS MAY EVICT RATE LIMIT BUCKETS: maxmemory-policy evicts keys, and an evicted bucket reads as full, so limits may not hold under memory pressure; set maxmemory-policy noeviction (or size maxmemory so it never evicts)",
+			"maxmemory_policy", policy)
+		return
+	}
+	l.m.evictingPolicy.Set(0)
+}
+
+// evicting reports whether a maxmemory-policy evicts keys.
+func evicting(policy string) bool {
+	return strings.HasPrefix(policy, "allkeys-") || strings.HasPrefix(policy, "volatile-")
+}
 
 // FallbackActive reports whether the breaker is not closed, that is whether decisions
 // are (or may be) coming from the fallback. For readiness and status pages.
 func (l *Redis) FallbackActive() bool { return l.cb.State() != gobreaker.StateClosed }
-
-// instanceCount is N: the live instances of the region, else ExpectedInstances.
-func (l *Redis) instanceCount() int {
-	if n := l.instances(); n > 0 {
-		return n
-	}
-	return l.expected
-}
 
 func (l *Redis) stateChanged(from, to gobreaker.State) {
 	l.m.state.Set(float64(stateValue(to)))

@@ -124,7 +124,7 @@ func TestRedisInvalidRequest(t *testing.T) {
 
 func TestRedisCallerGoneDoesNotTripBreaker(t *testing.T) {
 	p := testenv.Redis(t)
-	l := newTestRedis(t, newClient(t, p), Options{BreakerFailures: 2, Timeout: time.Second})
+	l := newTestRedis(t, newClient(t, p), Options{Breaker: BreakerOptions{Failures: 2}, Timeout: time.Second})
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	for range 10 {
@@ -148,10 +148,10 @@ func TestRedisKilledFallsBackAndRecovers(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	var logs lockedBuffer // the script reload logs from a goroutine of its own
 	l := newTestRedis(t, newClient(t, p), Options{
-		Region:         "test",
-		BreakerOpenFor: 100 * time.Millisecond,
-		Registerer:     reg,
-		Logger:         slog.New(slog.NewTextHandler(&logs, nil)),
+		Region:     "test",
+		Breaker:    BreakerOptions{OpenFor: 100 * time.Millisecond},
+		Registerer: reg,
+		Logger:     slog.New(slog.NewTextHandler(&logs, nil)),
 	})
 	lots := Request{Tenant: "t", Route: "r", Limit: regions.Limit{Capacity: 1_000_000, RefillPerSecond: 1000}}
 	if err := l.Load(context.Background()); err != nil {
@@ -214,7 +214,7 @@ func TestRedisLogsOnlyStateChanges(t *testing.T) {
 	p := testenv.Redis(t)
 	var logs lockedBuffer
 	l := newTestRedis(t, newClient(t, p), Options{
-		Region: "test", BreakerOpenFor: time.Hour, Logger: slog.New(slog.NewTextHandler(&logs, nil)),
+		Region: "test", Breaker: BreakerOptions{OpenFor: time.Hour}, Logger: slog.New(slog.NewTextHandler(&logs, nil)),
 	})
 	if err := p.Kill(); err != nil {
 		t.Fatal(err)
@@ -243,7 +243,7 @@ func TestRedisPausedAnswersWithinTimeout(t *testing.T) {
 	)
 	p := testenv.Redis(t)
 	reg := prometheus.NewRegistry()
-	l := newTestRedis(t, newClient(t, p), Options{Region: "test", BreakerOpenFor: 100 * time.Millisecond, Registerer: reg})
+	l := newTestRedis(t, newClient(t, p), Options{Region: "test", Breaker: BreakerOptions{OpenFor: 100 * time.Millisecond}, Registerer: reg})
 	lots := Request{Tenant: "t", Route: "r", Limit: regions.Limit{Capacity: 1_000_000, RefillPerSecond: 1000}}
 	if err := l.Load(context.Background()); err != nil { // a pooled connection exists
 		t.Fatal(err)
@@ -307,7 +307,7 @@ func TestRedisFallbackScalesByInstances(t *testing.T) {
 		{"uneven split rounds", 3, 20, 100, 1, 33, 0},
 		{"too small to split keeps 1 token", 4, 20, 3, 1, 1, 3}, // 3 decisions below
 		{"half a token rounds up to 1", 4, 20, 2, 1, 1, 3},
-		{"cost clipped to the instance's capacity", 4, 20, 8, 4, 1, 0},
+		{"cost above the instance's capacity is rejected, not clipped", 4, 20, 8, 4, 0, 0},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

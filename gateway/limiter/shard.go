@@ -7,44 +7,15 @@ import (
 	"github.com/quotaplane/quotaplane/regions"
 )
 
-// MaxShards is the most sub-buckets a rule may be split into (as regions.Rule allows).
-const MaxShards = 1024
-
-// ShardCount is how many sub-buckets a rule of lim split into shards actually uses:
-// shards, but never more than the capacity (each shard holds at least one token).
-// 0 and 1 mean unsharded and return 1.
-func ShardCount(lim regions.Limit, shards int) int {
-	if shards <= 1 {
-		return 1
-	}
-	if int64(shards) > lim.Capacity {
-		return int(max(lim.Capacity, 1))
-	}
-	return shards
-}
-
-// ShardLimit is the part of lim that shard i of k holds: capacity/k tokens, the
-// remainder going one token each to the first shards, so the shards' capacities add up
-// to lim.Capacity exactly; and refill/k. k comes from ShardCount, so every shard holds
-// at least one token. ratectl shows shards with the same split.
-func ShardLimit(lim regions.Limit, k, i int) regions.Limit {
-	if k <= 1 {
-		return lim
-	}
-	base, rem := lim.Capacity/int64(k), lim.Capacity%int64(k)
-	c := base
-	if int64(i) < rem {
-		c++
-	}
-	return regions.Limit{Capacity: c, RefillPerSecond: lim.RefillPerSecond / float64(k)}
-}
+// MaxShards is the most sub-buckets a rule may be split into (regions.MaxShards).
+const MaxShards = regions.MaxShards
 
 // shards validates r.Shards against r's cost and returns the sub-buckets to use.
 func (r Request) shards(cost int64) (int, error) {
 	if r.Shards < 0 || r.Shards > MaxShards {
 		return 0, fmt.Errorf("%w %s/%s: shards %d must be between 0 and %d", ErrInvalidRequest, r.Tenant, r.Route, r.Shards, MaxShards)
 	}
-	k := ShardCount(r.Limit, r.Shards)
+	k := r.Limit.ShardCount(r.Shards)
 	if k > 1 && cost > r.Limit.Capacity/int64(k) {
 		// Some shard could never hold the cost; refusing is better than a silent
 		// bypass of the sharded budget.
