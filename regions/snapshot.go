@@ -24,6 +24,18 @@ type SnapshotData struct {
 	InstanceTTL time.Duration
 	// LoadedAt is when the data was read (the store's clock).
 	LoadedAt time.Time
+	// Skipped lists the rows the store could not accept and left out (see SkippedRow).
+	Skipped []SkippedRow
+}
+
+// SkippedRow is a stored row a loader left out of a snapshot because it is invalid (an
+// id the database accepted but ValidateID refuses, say): one bad row must not stop every
+// gateway's reload. Table is the table's name (a bounded set, a metric label); ID
+// identifies the row (its key columns) and Err says why.
+type SkippedRow struct {
+	Table string
+	ID    string
+	Err   error
 }
 
 // Snapshot is an immutable, validated view of the control-plane data. Gateways hold one
@@ -37,6 +49,7 @@ type Snapshot struct {
 	live     map[string]int
 	loadedAt time.Time
 	nRules   int
+	skipped  []SkippedRow
 	// rebScopes are the distinct scopes with rebalancer rows, sorted by String().
 	rebScopes []Scope
 }
@@ -64,6 +77,7 @@ func NewSnapshot(d SnapshotData) (*Snapshot, error) {
 		live:     make(map[string]int),
 		loadedAt: d.LoadedAt,
 		nRules:   len(d.Rules),
+		skipped:  slices.Clone(d.Skipped),
 	}
 	known := make(map[string]bool, len(d.Regions))
 	for _, r := range d.Regions {
@@ -140,6 +154,9 @@ func (s *Snapshot) RebalancerScopes() []Scope { return slices.Clone(s.rebScopes)
 
 // LoadedAt is when the data behind the snapshot was read.
 func (s *Snapshot) LoadedAt() time.Time { return s.loadedAt }
+
+// Skipped lists the rows the loader left out (SnapshotData.Skipped); a new slice.
+func (s *Snapshot) Skipped() []SkippedRow { return slices.Clone(s.skipped) }
 
 // RuleCount is the number of rules loaded.
 func (s *Snapshot) RuleCount() int { return s.nRules }

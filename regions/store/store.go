@@ -40,6 +40,18 @@ const NotifyChannel = migrations.NotifyChannel
 // concurrent use.
 type Store struct {
 	pool *pgxpool.Pool
+	// hook, in tests, is called at named points inside write transactions (hookOverrideRead),
+	// so a test can interleave another writer there. nil in production.
+	hook func(point string)
+}
+
+// Hook points.
+const hookOverrideRead = "override: regions read"
+
+func (s *Store) at(point string) {
+	if s.hook != nil {
+		s.hook(point)
+	}
 }
 
 // defaultConnectTimeout bounds each connection attempt when the URL sets none, so an

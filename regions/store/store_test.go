@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -701,7 +702,7 @@ func fptr(f *float64) string {
 }
 
 // TestStoreRegionChangesKeepSharesSummingToOne: adding a region under existing shares gives
-// it 0 in each scope, removing one scales the rest back up to 1, so no scope ever enforces
+// it 0 under an override and the equal split of the rebalancer's rows, removing one scales the rest back up to 1, so no scope ever enforces
 // more (or less) than its global limit across the regions.
 func TestStoreRegionChangesKeepSharesSummingToOne(t *testing.T) {
 	t.Parallel()
@@ -761,6 +762,13 @@ func TestStoreRegionChangesKeepSharesSummingToOne(t *testing.T) {
 	}
 	if got, src := snap.EffectiveShare("ap-south", "shop-a", "x", time.Now()); got != 0 || src != regions.SourceOverride {
 		t.Errorf("ap-south share under shop-a's override = %v (%s), want 0 (override)", got, src)
+	}
+	// The rebalancer's rows: the new region gets the equal split, the others keep their
+	// proportions in what is left.
+	for r, want := range map[string]float64{"ap-south": 1.0 / 3, "us-east": 0.7 * 2 / 3, "eu-west": 0.3 * 2 / 3} {
+		if sh, ok := snap.ScopeShare(r, regions.GlobalScope, time.Now()); !ok || math.Abs(sh.Share-want) > 1e-12 {
+			t.Errorf("%s rebalancer share of * after adding ap-south = %v, want %v", r, sh.Share, want)
+		}
 	}
 
 	if err := s.RemoveRegion(ctx, "us-east", true); err != nil {
