@@ -1,18 +1,17 @@
--- The rebalancer's leadership lease and fencing token (docs/rebalancer.md "Leadership").
--- One row. A rebalancer leads while it is the holder and expires_at (the database's clock)
--- is in the future; taking the lease over increments epoch. Every rebalancer write renews
--- the lease in its own transaction with
---   UPDATE rebalancer_lease SET expires_at = ... WHERE epoch = $mine AND expires_at > clock_timestamp()
--- and is refused when that updates no row: a leader that was stopped or cut off past its
--- expiry cannot write once another has taken over (its epoch is stale), nor before (the
--- lease has expired).
+-- The rebalancer's fencing token (docs/rebalancer.md "Leadership and fencing").
+-- One row. A rebalancer that takes the election lock (a session advisory lock) increments
+-- epoch on the same session and remembers the new value; every rebalancer write checks,
+-- in its own transaction, that epoch still has that value (reading the row FOR SHARE, so
+-- a takeover's increment waits until the write commits). A rebalancer that lost the lock
+-- (its session ended, or was ended by idle_session_timeout while its process was stopped)
+-- can therefore not write once another has taken over.
 
 -- +goose Up
 CREATE TABLE rebalancer_lease (
-    id         integer     PRIMARY KEY DEFAULT 1,
-    holder     text        NOT NULL DEFAULT '',
-    epoch      bigint      NOT NULL DEFAULT 0,
-    expires_at timestamptz NOT NULL DEFAULT '-infinity',
+    id          integer     PRIMARY KEY DEFAULT 1,
+    holder      text        NOT NULL DEFAULT '',
+    epoch       bigint      NOT NULL DEFAULT 0,
+    acquired_at timestamptz,
     CONSTRAINT rebalancer_lease_one_row CHECK (id = 1)
 );
 INSERT INTO rebalancer_lease (id) VALUES (1);

@@ -211,6 +211,13 @@ func (s *Snapshot) ScopeShare(region string, scope Scope, now time.Time) (Share,
 	return Share{}, false
 }
 
+// ScopeShareOf is region's row of source for exactly this scope, and false when there is
+// none. The rebalancer uses it to compare the rows it read with those it writes over.
+func (s *Snapshot) ScopeShareOf(region string, scope Scope, src Source) (Share, bool) {
+	sh, ok := s.shares[shareKey{scope.normal(), region, src}]
+	return sh, ok
+}
+
 // Regional is the rule for a request scaled by region's effective share.
 func (s *Snapshot) Regional(region, tenant, route string, now time.Time) (Rule, Limit, float64) {
 	r := s.Rule(tenant, route)

@@ -12,7 +12,23 @@ import (
 	"github.com/quotaplane/quotaplane/internal/testenv"
 	"github.com/quotaplane/quotaplane/rebalancer/job"
 	"github.com/quotaplane/quotaplane/regions"
+	"github.com/quotaplane/quotaplane/regions/store"
 )
+
+// migratedDB is a new database with the schema (the elector's lease row).
+func migratedDB(t *testing.T) string {
+	t.Helper()
+	url := testenv.PostgresDB(t)
+	st, err := store.Open(t.Context(), url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	if err := st.Migrate(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	return url
+}
 
 func newElector(t *testing.T, dbURL string) *job.Elector {
 	t.Helper()
@@ -42,7 +58,7 @@ func leaders(t *testing.T, els ...*job.Elector) []int {
 
 func TestElectorExactlyOneLeader(t *testing.T) {
 	t.Parallel()
-	db := testenv.PostgresDB(t)
+	db := migratedDB(t)
 	a, b := newElector(t, db), newElector(t, db)
 	for range 5 {
 		if got := leaders(t, a, b); len(got) != 1 || got[0] != 0 {
@@ -50,14 +66,14 @@ func TestElectorExactlyOneLeader(t *testing.T) {
 		}
 	}
 	// A third one on another database does not compete.
-	if got := leaders(t, newElector(t, testenv.PostgresDB(t))); len(got) != 1 {
+	if got := leaders(t, newElector(t, migratedDB(t))); len(got) != 1 {
 		t.Fatalf("elector on another database: leaders = %v, want it to lead", got)
 	}
 }
 
 func TestElectorReleasedOnClose(t *testing.T) {
 	t.Parallel()
-	db := testenv.PostgresDB(t)
+	db := migratedDB(t)
 	a, b := newElector(t, db), newElector(t, db)
 	if got := leaders(t, a, b); len(got) != 1 || got[0] != 0 {
 		t.Fatalf("leaders = %v, want [0]", got)
@@ -75,7 +91,7 @@ func TestElectorReleasedOnClose(t *testing.T) {
 // other takes it; the old leader learns it lost on its next tick.
 func TestElectorReleasedWhenConnectionDies(t *testing.T) {
 	t.Parallel()
-	db := testenv.PostgresDB(t)
+	db := migratedDB(t)
 	a, b := newElector(t, db), newElector(t, db)
 	if got := leaders(t, a, b); len(got) != 1 || got[0] != 0 {
 		t.Fatalf("leaders = %v, want [0]", got)

@@ -196,7 +196,7 @@ type ShareChange struct {
 }
 
 // ErrFenced: a fenced rebalancer write was refused because its lease epoch is no longer
-// current (another rebalancer took over) or the lease expired: the writer no longer leads.
+// current: another rebalancer took the leadership over since the writer took it.
 var ErrFenced = errors.New("rebalancer lease lost: not the leader")
 
 // ErrConflict: a compare-and-set rebalancer write was refused because a row it was
@@ -219,8 +219,7 @@ type RebalancerWrite struct {
 	Inputs any
 	Actor  string
 	// Epoch fences the write: it lands only while the rebalancer lease (table
-	// rebalancer_lease) has this epoch and has not expired by the database's clock, else
-	// ErrFenced. 0: not fenced (a single rebalancer, tests).
+	// rebalancer_lease) has this epoch, else ErrFenced. 0: not fenced (tests, ratectl).
 	Epoch int64
 	// Regions, when not nil, is the region set the changes were computed for: the write
 	// is refused with ErrConflict unless the regions are exactly these.
@@ -236,8 +235,8 @@ func (s *Store) WriteRebalancerShares(ctx context.Context, changes []ShareChange
 }
 
 // idleInTxTimeout bounds how long a fenced write may sit idle inside its transaction
-// (its process stopped, say) while it holds the lease row: then PostgreSQL ends its
-// session, so a takeover waits at most this long.
+// (its process stopped, say) while it holds the lease row FOR SHARE: then PostgreSQL ends
+// its session, so a takeover waits at most this long.
 const idleInTxTimeout = 5 * time.Second
 
 // WriteRebalancer upserts the rebalancer's shares, and deletes the rows of the changes
@@ -284,17 +283,19 @@ func (s *Store) WriteRebalancer(ctx context.Context, w RebalancerWrite) error {
 	}
 	err = s.write(ctx, audit{actor: w.Actor}, func(tx pgx.Tx) error {
 		if w.Epoch != 0 {
+			// A stopped writer holding the lease row must not hold a takeover back for
+			// long: PostgreSQL ends its session after this.
 			if _, err := tx.Exec(ctx, fmt.Sprintf(`SET LOCAL idle_in_transaction_session_timeout = %d`, idleInTxTimeout.Milliseconds())); err != nil {
 				return err
 			}
-			// FOR SHARE: a takeover (an UPDATE of the row) waits until this commits.
-			var ok bool
-			err := tx.QueryRow(ctx, `SELECT epoch = $1 AND expires_at > clock_timestamp() FROM rebalancer_lease WHERE id = 1 FOR SHARE`, w.Epoch).Scan(&ok)
-			if errors.Is(err, pgx.ErrNoRows) || err == nil && !ok {
-				return ErrFenced
-			}
+			// FOR SHARE: a takeover (which increments epoch) waits until this commits.
+			var epoch int64
+			err := tx.QueryRow(ctx, `SELECT epoch FROM rebalancer_lease WHERE id = 1 FOR SHARE`).Scan(&epoch)
 			if err != nil {
 				return fmt.Errorf("check lease: %w", err)
+			}
+			if epoch != w.Epoch {
+				return fmt.Errorf("%w: lease epoch is %d, the writer's %d", ErrFenced, epoch, w.Epoch)
 			}
 		}
 		if err := lockRegions(ctx, tx); err != nil {
