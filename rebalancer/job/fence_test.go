@@ -32,7 +32,9 @@ func (s *staticDemand) set(offered map[string]float64) {
 	s.d.Store(&demand.Demand{At: time.Now(), Scopes: map[regions.Scope]map[string]demand.Sample{regions.GlobalScope: g}})
 }
 
-func (s *staticDemand) Read(context.Context, time.Time) (demand.Demand, error) { return *s.d.Load(), nil }
+func (s *staticDemand) Read(context.Context, time.Time) (demand.Demand, error) {
+	return *s.d.Load(), nil
+}
 
 // world is a migrated database with live regions and no shares.
 type world struct {
