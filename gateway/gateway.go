@@ -287,7 +287,7 @@ func (g *Gateway) pairShare(tenant, route string) (float64, bool) {
 	if s == nil {
 		return 0, false
 	}
-	v, _ := s.EffectiveShare(g.cfg.Region, tenant, route, g.now())
+	v, _ := s.Share(g.cfg.Region, tenant, route)
 	return v, true
 }
 
@@ -297,7 +297,7 @@ func (g *Gateway) setSnapshot(s *regions.Snapshot) {
 	g.m.rulesLoaded.Set(float64(s.RuleCount()))
 	g.m.lastReload.SetToCurrentTime()
 	g.m.instances.Set(float64(s.LiveInstances(g.cfg.Region)))
-	share, _ := s.EffectiveShare(g.cfg.Region, regions.Wildcard, regions.Wildcard, g.now())
+	share, _ := s.Share(g.cfg.Region, regions.Wildcard, regions.Wildcard)
 	g.m.shareRatio.WithLabelValues(regions.Wildcard).Set(share)
 	g.tenants.refreshShares()
 	g.readyMu.Lock()

@@ -190,7 +190,7 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, rt *route) {
 	if !ok {
 		return
 	}
-	rule, lim, _ := snap.Regional(g.cfg.Region, tenant, rt.id, g.now())
+	rule, lim, _ := snap.RegionalRule(g.cfg.Region, tenant, rt.id)
 	start := time.Now()
 	d, err := g.lim.Decide(r.Context(), limiter.Request{Tenant: tenant, Route: rt.id, Limit: lim, Cost: 1, Shards: rule.Shards})
 	elapsed := time.Since(start)

@@ -50,6 +50,8 @@ type Snapshot struct {
 	loadedAt time.Time
 	nRules   int
 	skipped  []SkippedRow
+	// nextExpiry is the earliest expiry of an override in force (zero: none).
+	nextExpiry time.Time
 	// rebScopes are the distinct scopes with rebalancer rows, sorted by String().
 	rebScopes []Scope
 }
@@ -63,7 +65,14 @@ type shareKey struct {
 }
 
 // NewSnapshot validates data and builds a Snapshot. Any invalid row fails the whole
-// snapshot, so a reloader keeps its previous one.
+// snapshot, so a reloader keeps its previous one (the store's loader leaves out, and
+// lists in Skipped, the rows it cannot accept, so they never get here).
+//
+// Expiry is judged once, here, by LoadedAt (the store's clock: the database's now()): a
+// share whose ExpiresAt is not after LoadedAt is left out, and NextExpiry is the earliest
+// expiry of those kept, when the holder must load a new snapshot (the Reloader does).
+// No method takes the reader's clock, so gateways whose clocks disagree still apply the
+// same shares. With LoadedAt zero nothing is left out.
 func NewSnapshot(d SnapshotData) (*Snapshot, error) {
 	validKeys := d.KeyTenants
 	if validKeys == nil {
@@ -125,6 +134,14 @@ func NewSnapshot(d SnapshotData) (*Snapshot, error) {
 		if sh.Source != SourceOverride && sh.Source != SourceRebalancer {
 			return nil, fmt.Errorf("snapshot: %w: share source %q", ErrInvalid, sh.Source)
 		}
+		if !sh.ExpiresAt.IsZero() && !d.LoadedAt.IsZero() {
+			if !d.LoadedAt.Before(sh.ExpiresAt) {
+				continue // expired by the store's clock
+			}
+			if s.nextExpiry.IsZero() || sh.ExpiresAt.Before(s.nextExpiry) {
+				s.nextExpiry = sh.ExpiresAt
+			}
+		}
 		k := shareKey{sh.Scope, sh.Region, sh.Source}
 		if _, dup := s.shares[k]; dup {
 			return nil, fmt.Errorf("snapshot: %w: duplicate %s share of region %s scope %s", ErrInvalid, sh.Source, sh.Region, sh.Scope)
@@ -155,6 +172,11 @@ func (s *Snapshot) RebalancerScopes() []Scope { return slices.Clone(s.rebScopes)
 // LoadedAt is when the data behind the snapshot was read.
 func (s *Snapshot) LoadedAt() time.Time { return s.loadedAt }
 
+// NextExpiry is the earliest expiry of an override in the snapshot, by the store's clock
+// (zero: none expires). The snapshot is stale from then on: reload after NextExpiry minus
+// LoadedAt has passed (a duration, so the holder's clock never enters).
+func (s *Snapshot) NextExpiry() time.Time { return s.nextExpiry }
+
 // Skipped lists the rows the loader left out (SnapshotData.Skipped); a new slice.
 func (s *Snapshot) Skipped() []SkippedRow { return slices.Clone(s.skipped) }
 
@@ -178,15 +200,15 @@ func (s *Snapshot) Rule(tenant, route string) Rule {
 	return s.rules[ruleKey{Wildcard, Wildcard}]
 }
 
-// EffectiveShare is region's share of tenant's rule for route at now. Overrides (most
-// specific scope first: tenant/route, tenant, "*") beat rebalancer values (most specific
-// first); an override at a scope covers everything inside it. With neither, the regions
-// split equally. Expired overrides are ignored.
-func (s *Snapshot) EffectiveShare(region, tenant, route string, now time.Time) (float64, Source) {
+// Share is region's share of tenant's rule for route. Overrides (most specific scope
+// first: tenant/route, tenant, "*") beat rebalancer values (most specific first); an
+// override at a scope covers everything inside it. With neither, the regions split
+// equally. Only shares in force at LoadedAt are in the snapshot (see NewSnapshot).
+func (s *Snapshot) Share(region, tenant, route string) (float64, Source) {
 	scopes := [...]Scope{{tenant, route}, {tenant, Wildcard}, GlobalScope}
 	for _, src := range [...]Source{SourceOverride, SourceRebalancer} {
 		for _, sc := range scopes {
-			if sh, ok := s.shares[shareKey{sc, region, src}]; ok && sh.Active(now) {
+			if sh, ok := s.shares[shareKey{sc, region, src}]; ok {
 				return sh.Share, src
 			}
 		}
@@ -198,17 +220,31 @@ func (s *Snapshot) EffectiveShare(region, tenant, route string, now time.Time) (
 	return 1 / float64(n), SourceDefault
 }
 
-// ScopeShare is region's active share for exactly this scope (an override before a
-// rebalancer value; no fallback to wider scopes), and false when there is none; ratectl
-// and the rebalancer use it.
-func (s *Snapshot) ScopeShare(region string, scope Scope, now time.Time) (Share, bool) {
+// EffectiveShare is Share.
+//
+// Deprecated: now is ignored (expiry was judged at load by the store's clock); use Share.
+func (s *Snapshot) EffectiveShare(region, tenant, route string, _ time.Time) (float64, Source) {
+	return s.Share(region, tenant, route)
+}
+
+// ScopeRow is region's share for exactly this scope (an override before a rebalancer
+// value; no fallback to wider scopes), and false when there is none; ratectl and the
+// rebalancer use it.
+func (s *Snapshot) ScopeRow(region string, scope Scope) (Share, bool) {
 	scope = scope.normal()
 	for _, src := range [...]Source{SourceOverride, SourceRebalancer} {
-		if sh, ok := s.shares[shareKey{scope, region, src}]; ok && sh.Active(now) {
+		if sh, ok := s.shares[shareKey{scope, region, src}]; ok {
 			return sh, true
 		}
 	}
 	return Share{}, false
+}
+
+// ScopeShare is ScopeRow.
+//
+// Deprecated: now is ignored (expiry was judged at load by the store's clock); use ScopeRow.
+func (s *Snapshot) ScopeShare(region string, scope Scope, _ time.Time) (Share, bool) {
+	return s.ScopeRow(region, scope)
 }
 
 // ScopeShareOf is region's row of source for exactly this scope, and false when there is
@@ -218,11 +254,19 @@ func (s *Snapshot) ScopeShareOf(region string, scope Scope, src Source) (Share, 
 	return sh, ok
 }
 
-// Regional is the rule for a request scaled by region's effective share.
-func (s *Snapshot) Regional(region, tenant, route string, now time.Time) (Rule, Limit, float64) {
+// RegionalRule is the rule for a request scaled by region's share (Share).
+func (s *Snapshot) RegionalRule(region, tenant, route string) (Rule, Limit, float64) {
 	r := s.Rule(tenant, route)
-	share, _ := s.EffectiveShare(region, tenant, route, now)
+	share, _ := s.Share(region, tenant, route)
 	return r, Scale(r.Capacity, r.RefillPerSecond, share), share
+}
+
+// Regional is RegionalRule.
+//
+// Deprecated: now is ignored (expiry was judged at load by the store's clock); use
+// RegionalRule.
+func (s *Snapshot) Regional(region, tenant, route string, _ time.Time) (Rule, Limit, float64) {
+	return s.RegionalRule(region, tenant, route)
 }
 
 // LiveInstances is the number of gateways of region whose heartbeat is fresh; 0 when

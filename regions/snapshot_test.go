@@ -108,10 +108,20 @@ func TestEffectiveSharePrecedence(t *testing.T) {
 			}
 			// Another tenant's shares never apply.
 			shares = append(shares, Share{Scope: Scope{"u", "*"}, Region: region, Share: 0.77, Source: SourceOverride})
-			s := mustSnapshot(t, SnapshotData{Regions: []string{region, "eu-west"}, Rules: []Rule{defaultRule()}, Shares: shares})
-			got, src := s.EffectiveShare(region, "t", tt.route, t0)
+			// Expired by the store's clock at load (LoadedAt), not by the reader's.
+			s := mustSnapshot(t, SnapshotData{Regions: []string{region, "eu-west"}, Rules: []Rule{defaultRule()}, Shares: shares, LoadedAt: t0})
+			got, src := s.Share(region, "t", tt.route)
 			if math.Abs(got-tt.want) > 1e-12 || src != tt.wantSource {
-				t.Fatalf("EffectiveShare = %v (%s), want %v (%s)", got, src, tt.want, tt.wantSource)
+				t.Fatalf("Share = %v (%s), want %v (%s)", got, src, tt.want, tt.wantSource)
+			}
+			wantNext := time.Time{}
+			for _, l := range tt.levels {
+				if l.source == SourceOverride {
+					wantNext = t0.Add(time.Hour)
+				}
+			}
+			if !s.NextExpiry().Equal(wantNext) {
+				t.Fatalf("NextExpiry = %v, want %v", s.NextExpiry(), wantNext)
 			}
 		})
 	}

@@ -442,7 +442,6 @@ func (j *Job) expire(snap *regions.Snapshot, d demand.Demand, regs []string, liv
 			complete = false
 		}
 	}
-	at := snap.LoadedAt()
 	var (
 		changes []store.ShareChange
 		expired []regions.Scope
@@ -467,7 +466,7 @@ func (j *Job) expire(snap *regions.Snapshot, d demand.Demand, regs []string, liv
 		}
 		overridden := false
 		for _, r := range regs {
-			if _, src := snap.EffectiveShare(r, sc.Tenant, sc.Route, at); src == regions.SourceOverride {
+			if _, src := snap.Share(r, sc.Tenant, sc.Route); src == regions.SourceOverride {
 				overridden = true
 			}
 		}
@@ -496,20 +495,19 @@ func (j *Job) expired(scopes []regions.Scope) {
 
 // expiry is the Delete change of every rebalancer row of pair sc, absent for n runs.
 func (j *Job) expiry(snap *regions.Snapshot, regs []string, sc regions.Scope, n int) []store.ShareChange {
-	at := snap.LoadedAt()
 	rule := snap.Rule(sc.Tenant, sc.Route)
 	in := ScopeInputs{Scope: sc.String(), Reason: ReasonExpired, Kind: kindRun.String(), Split: SplitWaterfill,
 		RefillPerSecond: rule.RefillPerSecond, Capacity: rule.Capacity, AbsentRuns: n}
 	var rows []regions.Share
 	for _, r := range regs {
-		sh, ok := snap.ScopeShare(r, sc, at)
+		sh, ok := snap.ScopeRow(r, sc)
 		if !ok || sh.Source != regions.SourceRebalancer {
 			continue
 		}
 		rows = append(rows, sh)
 		in.Regions = append(in.Regions, RegionInput{Region: r,
 			Status:   rebalancer.RegionStatus(snap.LiveInstances(r) > 0, false),
-			Previous: sh.Share, Share: fallbackShare(snap, r, sc, at, len(regs))})
+			Previous: sh.Share, Share: fallbackShare(snap, r, sc, len(regs))})
 	}
 	reason := fmt.Sprintf("%s: no demand for %d runs", ReasonExpired, n)
 	out := make([]store.ShareChange, 0, len(rows))
@@ -521,9 +519,9 @@ func (j *Job) expiry(snap *regions.Snapshot, regs []string, sc regions.Scope, n 
 
 // fallbackShare is the share pair sc gets in region once its own rows are gone: its
 // tenant's, else "*"'s, else the equal split (rows as loaded by the run).
-func fallbackShare(snap *regions.Snapshot, region string, sc regions.Scope, at time.Time, n int) float64 {
+func fallbackShare(snap *regions.Snapshot, region string, sc regions.Scope, n int) float64 {
 	for _, wider := range [...]regions.Scope{{Tenant: sc.Tenant, Route: regions.Wildcard}, regions.GlobalScope} {
-		if sh, ok := snap.ScopeShare(region, wider, at); ok {
+		if sh, ok := snap.ScopeRow(region, wider); ok {
 			return sh.Share
 		}
 	}
@@ -553,13 +551,12 @@ func (j *Job) pairScopes(d demand.Demand) []regions.Scope {
 // pair or its tenant in that region. What remains is the traffic of every other tenant
 // (the folded _other included).
 func globalDemand(snap *regions.Snapshot, d demand.Demand, rebalanced map[regions.Scope]bool) demand.Demand {
-	at := snap.LoadedAt()
 	own := func(sc regions.Scope, region string) bool {
 		if rebalanced[sc] {
 			return true
 		}
-		_, pair := snap.ScopeShare(region, sc, at)
-		_, tenant := snap.ScopeShare(region, regions.Scope{Tenant: sc.Tenant, Route: regions.Wildcard}, at)
+		_, pair := snap.ScopeRow(region, sc)
+		_, tenant := snap.ScopeRow(region, regions.Scope{Tenant: sc.Tenant, Route: regions.Wildcard})
 		return pair || tenant
 	}
 	totals := d.Scopes[regions.GlobalScope]
@@ -618,7 +615,6 @@ func allocationRates(r demand.Rates) rebalancer.Rates {
 // (floors protected): headroom, peak reserve and equal rest are empty by construction.
 // Dark, unknown, overrides, the fast path and the hysteresis work as for a pair.
 func (j *Job) decide(snap *regions.Snapshot, d demand.Demand, regs []string, sc regions.Scope, k kind, now time.Time) (ScopeReport, []store.ShareChange, []store.ShareChange, error) {
-	at := snap.LoadedAt() // override expiry is judged by the database's clock
 	rule := snap.Rule(sc.Tenant, sc.Route)
 	limit := regions.Limit{Capacity: rule.Capacity, RefillPerSecond: rule.RefillPerSecond}
 	global := sc == regions.GlobalScope
@@ -639,7 +635,7 @@ func (j *Job) decide(snap *regions.Snapshot, d demand.Demand, regs []string, sc 
 	in := make([]rebalancer.RegionInput, 0, len(regs))
 	overridden, anyOK, total := false, false, 0.0
 	for _, r := range regs {
-		share, o := currentShare(snap, r, sc, at, len(regs))
+		share, o := currentShare(snap, r, sc, len(regs))
 		overridden = overridden || o
 		smp, fresh := d.Sample(sc, r)
 		ri := rebalancer.RegionInput{Region: r, Share: share,
@@ -754,15 +750,15 @@ func withoutPeaks(st rebalancer.State) rebalancer.State {
 // decides it (then the rebalancer leaves the scope alone). For "*" it is the scope's own
 // row, else the equal split; for a pair it is what the gateways enforce for it
 // (EffectiveShare), so an override at the tenant or "*" covers the pair too.
-func currentShare(snap *regions.Snapshot, region string, sc regions.Scope, at time.Time, n int) (float64, bool) {
+func currentShare(snap *regions.Snapshot, region string, sc regions.Scope, n int) (float64, bool) {
 	if sc == regions.GlobalScope {
-		sh, ok := snap.ScopeShare(region, sc, at)
+		sh, ok := snap.ScopeRow(region, sc)
 		if !ok {
 			return 1 / float64(n), false
 		}
 		return sh.Share, sh.Source == regions.SourceOverride
 	}
-	share, src := snap.EffectiveShare(region, sc.Tenant, sc.Route, at)
+	share, src := snap.Share(region, sc.Tenant, sc.Route)
 	return share, src == regions.SourceOverride
 }
 

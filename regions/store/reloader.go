@@ -51,11 +51,15 @@ const (
 	listenMaxDelay = 5 * time.Second        // longest LISTEN reconnect delay
 	listenPing     = 15 * time.Second       // idle LISTEN connections are pinged this often
 	connectTimeout = 5 * time.Second        // one LISTEN connection attempt
+	// expiryMargin: the reload at an override's expiry comes this long after it, so
+	// the database's now() has passed it.
+	expiryMargin = 5 * time.Millisecond
 )
 
 // Reloader holds the current Snapshot and replaces it whole: on every notification on
-// NotifyChannel (coalesced by Debounce), every Interval, and soon after a failed load
-// (retrying with backoff up to Interval). A load is validated before the swap; a failed
+// NotifyChannel (coalesced by Debounce), every Interval, when an override in the
+// snapshot expires (Snapshot.NextExpiry, timed as a duration from the load on the
+// store's clock), and soon after a failed load (retrying with backoff up to Interval). A load is validated before the swap; a failed
 // load keeps the previous snapshot. While the LISTEN connection is down it reconnects with
 // backoff and the timer keeps reloading; after it reconnects it reloads, since changes
 // may have been missed.
@@ -248,9 +252,11 @@ func (r *Reloader) Run(ctx context.Context) error {
 	var (
 		debounce   <-chan time.Time // pending coalesced notification
 		retry      <-chan time.Time // pending retry after a failure
+		expiry     <-chan time.Time // the current snapshot's next override expiry
 		retryDelay = retryMin
 	)
 	reload := func() {
+		start := time.Now()
 		if err := r.Reload(ctx); err != nil {
 			if ctx.Err() == nil {
 				retry = time.After(retryDelay)
@@ -259,6 +265,13 @@ func (r *Reloader) Run(ctx context.Context) error {
 			return
 		}
 		retry, retryDelay = nil, retryMin
+		expiry = nil
+		if s := r.Current(); s != nil && !s.NextExpiry().IsZero() {
+			// A duration on the store's clock (NextExpiry - LoadedAt), counted from
+			// when the load started: this clock's time of day never enters.
+			wait := s.NextExpiry().Sub(s.LoadedAt()) - time.Since(start)
+			expiry = time.After(max(wait, 0) + expiryMargin)
+		}
 	}
 	reload()
 	for {
@@ -274,6 +287,9 @@ func (r *Reloader) Run(ctx context.Context) error {
 			reload()
 		case <-retry:
 			retry = nil
+			reload()
+		case <-expiry:
+			expiry = nil
 			reload()
 		case <-ticker.C:
 			reload()

@@ -84,3 +84,52 @@ func TestBadRowsDoNotStopReload(t *testing.T) {
 	}
 	t.Logf("new key visible after %v", time.Since(start))
 }
+
+// TestReloaderReloadsAtExpiry (issue 17, item 5): an override's expiry is decided by the
+// database: the snapshot carries it and the Reloader reloads then, with no notification
+// and long before its timer, whatever this process's clock says.
+func TestReloaderReloadsAtExpiry(t *testing.T) {
+	t.Parallel()
+	s, _ := newStore(t)
+	ctx := WithAudit(context.Background(), "alice", "test")
+	for _, r := range []string{"us-east", "eu-west"} {
+		if err := s.AddRegion(ctx, r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	const ttl = 1500 * time.Millisecond
+	if err := s.SetOverride(ctx, regions.GlobalScope, map[string]float64{"us-east": 0.9, "eu-west": 0.1}, "alice", "pin", ttl); err != nil {
+		t.Fatal(err)
+	}
+	set := time.Now()
+	// No LISTEN, and a timer far away: only the expiry can reload in time.
+	r := NewReloader(ReloaderOptions{Load: func(ctx context.Context) (*regions.Snapshot, error) { return s.LoadSnapshot(ctx, 0) },
+		Interval: time.Hour})
+	rctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Go(func() { _ = r.Run(rctx) })
+	defer wg.Wait()
+	defer cancel()
+	for r.Current() == nil {
+		time.Sleep(5 * time.Millisecond)
+	}
+	if v, src := r.Current().Share("us-east", "t", "r"); v != 0.9 || src != regions.SourceOverride {
+		t.Fatalf("before expiry: %v %s, want the override's 0.9", v, src)
+	}
+	if r.Current().NextExpiry().IsZero() {
+		t.Fatal("the snapshot does not carry the override's expiry")
+	}
+	for {
+		if _, src := r.Current().Share("us-east", "t", "r"); src != regions.SourceOverride {
+			break
+		}
+		if time.Since(set) > ttl+2*time.Second {
+			t.Fatalf("the override still applies %v after it was set with ttl %v", time.Since(set), ttl)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	t.Logf("override gone %v after it was set with ttl %v", time.Since(set), ttl)
+	if d := time.Since(set); d < ttl-200*time.Millisecond {
+		t.Fatalf("override dropped after %v, before its ttl %v", d, ttl)
+	}
+}

@@ -355,6 +355,16 @@ func serverName(c *pgx.ConnConfig) string {
 	return fmt.Sprintf("%s:%d/%s (user %s)", c.Host, c.Port, c.Database, c.User)
 }
 
+// Now is the database's clock (now()): override expiry is judged by it everywhere, so
+// ratectl and the rebalancer use it rather than their own.
+func (s *Store) Now(ctx context.Context) (time.Time, error) {
+	var t time.Time
+	if err := s.pool.QueryRow(ctx, `SELECT now()`).Scan(&t); err != nil {
+		return time.Time{}, fmt.Errorf("read the database clock: %w", err)
+	}
+	return t, nil
+}
+
 // audit is who makes a write and why; the triggers record it.
 type audit struct{ actor, reason string }
 

@@ -426,8 +426,13 @@ func TestStoreOverrides(t *testing.T) {
 	if v, _ := snap.EffectiveShare("eu-west", "shop-b", "x", now); v != 0.5 {
 		t.Fatalf("EffectiveShare(eu-west, shop-b) = %v", v)
 	}
-	if v, _ := snap.EffectiveShare("eu-west", "shop-a", "x", now.Add(2*time.Hour)); v != 0.5 {
-		t.Fatalf("after expiry EffectiveShare(eu-west, shop-a) = %v, want the * override", v)
+	// Expiry is the database's: a reader whose clock is 2 h ahead still gets the
+	// override; the snapshot says when to reload instead.
+	if v, _ := snap.EffectiveShare("eu-west", "shop-a", "x", now.Add(2*time.Hour)); v != 0.3 {
+		t.Fatalf("EffectiveShare(eu-west, shop-a) by a clock 2 h ahead = %v, want the override's 0.3", v)
+	}
+	if d := snap.NextExpiry().Sub(now); d < 59*time.Minute || d > 61*time.Minute {
+		t.Fatalf("NextExpiry %v after the load, want the override's 1 h", d)
 	}
 
 	// Replace, then clear.
