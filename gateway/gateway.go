@@ -436,10 +436,11 @@ func (g *Gateway) run(ctx context.Context, ln, aln net.Listener) error {
 				}
 				return st.LoadSnapshot(ctx, g.instanceTTL())
 			},
-			ListenURL: g.cfg.DatabaseURL,
-			Interval:  g.cfg.ReloadInterval,
-			Logger:    g.log,
-			OnReload:  g.onReload,
+			ListenURL:  g.cfg.DatabaseURL,
+			Interval:   g.cfg.ReloadInterval,
+			Logger:     g.log,
+			Registerer: prometheus.WrapRegistererWith(prometheus.Labels{"region": g.cfg.Region}, g.registerer),
+			OnReload:   g.onReload,
 			OnError: func(error) {
 				g.m.reloadErrors.Inc()
 			},

@@ -133,3 +133,35 @@ func TestReloaderReloadsAtExpiry(t *testing.T) {
 		t.Fatalf("override dropped after %v, before its ttl %v", d, ttl)
 	}
 }
+
+// TestLoadWithoutKeys: the rebalancer's load (WithoutKeys) reads no API key, and
+// everything else as a gateway's does.
+func TestLoadWithoutKeys(t *testing.T) {
+	t.Parallel()
+	s, _ := newStore(t)
+	ctx := WithAudit(context.Background(), "alice", "test")
+	if err := s.AddRegion(ctx, "us-east"); err != nil {
+		t.Fatal(err)
+	}
+	secret, _, err := s.CreateKey(ctx, "shop-a", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	full, err := s.LoadSnapshot(ctx, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lean, err := s.Load(ctx, LoadOptions{WithoutKeys: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := full.Tenant(regions.HashKey(secret)); !ok {
+		t.Fatal("the full load lacks the key")
+	}
+	if _, ok := lean.Tenant(regions.HashKey(secret)); ok {
+		t.Fatal("the load without keys has the key")
+	}
+	if !slices.Equal(lean.Regions(), full.Regions()) || lean.RuleCount() != full.RuleCount() {
+		t.Fatalf("without keys: regions %v rules %d, want %v %d", lean.Regions(), lean.RuleCount(), full.Regions(), full.RuleCount())
+	}
+}
