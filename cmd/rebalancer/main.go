@@ -113,6 +113,8 @@ func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (op
 		return o, fmt.Errorf("--interval %s: must be at least 1s", o.interval)
 	case o.checkInterval <= 0:
 		return o, fmt.Errorf("--check-interval %s: must be > 0", o.checkInterval)
+	case o.leaderTimeout != 0 && o.leaderTimeout < time.Second:
+		return o, fmt.Errorf("--leader-timeout %s: must be at least 1s (or 0 for the default)", o.leaderTimeout)
 	case o.reloadWait <= 0 || o.instanceTTL <= 0 || o.shortWindow < time.Second:
 		return o, errors.New("--reload-wait and --instance-ttl must be > 0, --short-window at least 1s")
 	case o.expireAfter < 1 && o.expireAfter != -1:
