@@ -42,7 +42,7 @@ type verdict struct {
 // its fallback, leases and shards, or the local limiter), shadow rules, fail open, and
 // the metrics. ok is false only when ctx ended first: there is no one to answer.
 func (g *Gateway) decide(ctx context.Context, a ask) (v verdict, ok bool) {
-	rule, lim, _ := a.snap.Regional(g.cfg.Region, a.tenant, a.rt.id, g.now())
+	rule, lim, _ := a.snap.RegionalRule(g.cfg.Region, a.tenant, a.rt.id)
 	start := time.Now()
 	d, err := g.lim.Decide(ctx, limiter.Request{
 		Tenant: a.tenant, Route: a.rt.id, Limit: lim, Cost: a.cost, Shards: rule.Shards, Value: a.value,

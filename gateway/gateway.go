@@ -330,7 +330,7 @@ func (g *Gateway) pairShare(tenant, route string) (float64, bool) {
 	if s == nil {
 		return 0, false
 	}
-	v, _ := s.EffectiveShare(g.cfg.Region, tenant, route, g.now())
+	v, _ := s.Share(g.cfg.Region, tenant, route)
 	return v, true
 }
 
@@ -340,7 +340,7 @@ func (g *Gateway) setSnapshot(s *regions.Snapshot) {
 	g.m.rulesLoaded.Set(float64(s.RuleCount()))
 	g.m.lastReload.SetToCurrentTime()
 	g.m.instances.Set(float64(s.LiveInstances(g.cfg.Region)))
-	share, _ := s.EffectiveShare(g.cfg.Region, regions.Wildcard, regions.Wildcard, g.now())
+	share, _ := s.Share(g.cfg.Region, regions.Wildcard, regions.Wildcard)
 	g.m.shareRatio.WithLabelValues(regions.Wildcard).Set(share)
 	g.tenants.refreshShares()
 	g.readyMu.Lock()
@@ -486,10 +486,11 @@ func (g *Gateway) run(ctx context.Context, ln, aln net.Listener) error {
 				}
 				return st.LoadSnapshot(ctx, g.instanceTTL())
 			},
-			ListenURL: g.cfg.DatabaseURL,
-			Interval:  g.cfg.ReloadInterval,
-			Logger:    g.log,
-			OnReload:  g.onReload,
+			ListenURL:  g.cfg.DatabaseURL,
+			Interval:   g.cfg.ReloadInterval,
+			Logger:     g.log,
+			Registerer: prometheus.WrapRegistererWith(prometheus.Labels{"region": g.cfg.Region}, g.registerer),
+			OnReload:   g.onReload,
 			OnError: func(error) {
 				g.m.reloadErrors.Inc()
 			},

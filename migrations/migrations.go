@@ -31,6 +31,10 @@ const (
 	SettingInputs = "quotaplane.inputs" // JSON text, stored as jsonb in region_share_history
 )
 
+// ReservedIDs are the tenant and route ids the CHECKs refuse besides the syntax
+// (migration 00004): regions.ValidateID refuses the same ones.
+var ReservedIDs = []string{"_other"}
+
 // lockID is the session advisory lock held while migrating, so concurrent migrators queue.
 // Other packages taking advisory locks must use other ids.
 const lockID int64 = 0x5170_6d67 // "Qpmg"
@@ -52,6 +56,19 @@ func Up(ctx context.Context, db *sql.DB) error {
 	}
 	if _, err := p.Up(ctx); err != nil {
 		return fmt.Errorf("migrate up: %w", err)
+	}
+	return nil
+}
+
+// UpTo applies the pending migrations up to and including version (tests of a
+// migration over existing data use it).
+func UpTo(ctx context.Context, db *sql.DB, version int64) error {
+	p, err := provider(db)
+	if err != nil {
+		return err
+	}
+	if _, err := p.UpTo(ctx, version); err != nil {
+		return fmt.Errorf("migrate up to %d: %w", version, err)
 	}
 	return nil
 }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
+	"math"
 	"os"
 	"strconv"
 	"strings"
@@ -17,6 +19,7 @@ import (
 
 	"github.com/quotaplane/quotaplane/internal/testenv"
 	"github.com/quotaplane/quotaplane/migrations"
+	"github.com/quotaplane/quotaplane/regions"
 )
 
 func TestMain(m *testing.M) { os.Exit(testenv.RunTests(m)) }
@@ -226,8 +229,8 @@ func TestChecksRejectBadRows(t *testing.T) {
 		{"rule capacity negative", rule("t", "r", "-5", "1", "1"), "rate_limit_rule_capacity_positive"},
 		{"rule refill zero", rule("t", "r", "1", "0", "1"), "rate_limit_rule_refill_positive"},
 		{"rule refill negative", rule("t", "r", "1", "-0.1", "1"), "rate_limit_rule_refill_positive"},
-		{"rule refill NaN", rule("t", "r", "1", "'NaN'", "1"), "rate_limit_rule_refill_positive"},
-		{"rule refill infinity", rule("t", "r", "1", "'Infinity'", "1"), "rate_limit_rule_refill_positive"},
+		{"rule refill NaN", rule("t", "r", "1", "'NaN'", "1"), "rate_limit_rule_refill_bound"}, // NaN sorts above every number in PostgreSQL
+		{"rule refill infinity", rule("t", "r", "1", "'Infinity'", "1"), "rate_limit_rule_refill_bound"},
 		{"rule shards zero", rule("t", "r", "1", "1", "0"), "rate_limit_rule_shards_range"},
 		{"rule shards too many", rule("t", "r", "1", "1", "1025"), "rate_limit_rule_shards_range"},
 		{"rule duplicate", rule("shop-a", "create-order", "1", "1", "1"), "rate_limit_rule_pkey"},
@@ -256,6 +259,14 @@ func TestChecksRejectBadRows(t *testing.T) {
 		{"share scope wildcard route", share("*/r", "us-east", "0.5", "rebalancer", "NULL"), "region_share_scope_syntax"},
 		{"share scope trailing slash", share("a/", "us-east", "0.5", "rebalancer", "NULL"), "region_share_scope_syntax"},
 		{"share rebalancer with expiry", share("shop-c", "us-east", "0.5", "rebalancer", "now()"), "region_share_expiry_override_only"},
+
+		{"rule tenant reserved", rule("_other", "r", "1", "1", "1"), "rate_limit_rule_tenant_reserved"},
+		{"rule route reserved", rule("t", "_other", "1", "1", "1"), "rate_limit_rule_route_reserved"},
+		{"rule like reserved ok", rule("_other2", "_other-x", "1", "1", "1"), ""},
+		{"key reserved tenant", `INSERT INTO api_key (key_hash, tenant_id) VALUES (sha256('r'), '_other')`, "api_key_tenant_reserved"},
+		{"share scope reserved tenant", share("_other", "us-east", "0.5", "rebalancer", "NULL"), "region_share_scope_reserved"},
+		{"share scope reserved route", share("t/_other", "us-east", "0.5", "rebalancer", "NULL"), "region_share_scope_reserved"},
+		{"share scope reserved pair", share("_other/r", "us-east", "0.5", "rebalancer", "NULL"), "region_share_scope_reserved"},
 
 		{"instance ok", `INSERT INTO gateway_instance (id, region) VALUES ('gw-1.us-east', 'us-east')`, ""},
 		{"instance bad id", `INSERT INTO gateway_instance (id, region) VALUES ('gw 1', 'us-east')`, "gateway_instance_id_syntax"},
@@ -420,3 +431,122 @@ func TestHistoryAndAuditTriggers(t *testing.T) {
 }
 
 func ftoa(f float64) string { return strconv.FormatFloat(f, 'g', -1, 64) }
+
+// TestChecksAcceptExactlyValidateID: a tenant, route or scope id is accepted by the
+// database if and only if regions.ValidateID accepts it, so no row the database holds can
+// be one the loader must refuse.
+func TestChecksAcceptExactlyValidateID(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db, _ := openDB(t)
+	if err := migrations.Up(ctx, db); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.ExecContext(ctx, `INSERT INTO region (name) VALUES ('r1')`); err != nil {
+		t.Fatal(err)
+	}
+	ids := []string{"a", "_other", "_OTHER", "_other2", "other", "_", ".", "-", "..", "a.b_c-D9",
+		strings.Repeat("x", 64), strings.Repeat("x", 65), "", "*", "a b", "a/b", "é", "a\n", "ａ", "a\x00b",
+		"tab\there", "%", "a*", "Ω", "ß"}
+	ids = append(ids, migrations.ReservedIDs...)
+	try := func(sql string, args ...any) bool {
+		tx, err := db.BeginTx(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Rollback()
+		_, err = tx.ExecContext(ctx, sql, args...)
+		return err == nil
+	}
+	for i, id := range ids {
+		if id == "*" {
+			continue // the wildcard is a default rule, not an id
+		}
+		for _, kind := range []string{"tenant", "route"} {
+			goOK := regions.ValidateID(kind, id) == nil
+			var dbOK bool
+			if kind == "tenant" {
+				dbOK = try(`INSERT INTO rate_limit_rule (tenant_id, route_id, capacity, refill_per_second) VALUES ($1, 'r', 1, 1)`, id) &&
+					try(`INSERT INTO api_key (key_hash, tenant_id) VALUES (sha256($2::bytea), $1)`, id, fmt.Sprint(i)) &&
+					try(`INSERT INTO region_share (scope, region, share, source) VALUES ($1, 'r1', 1, 'override')`, id)
+			} else {
+				dbOK = try(`INSERT INTO rate_limit_rule (tenant_id, route_id, capacity, refill_per_second) VALUES ('t', $1, 1, 1)`, id) &&
+					try(`INSERT INTO region_share (scope, region, share, source) VALUES ('t/' || $1, 'r1', 1, 'override')`, id)
+			}
+			if goOK != dbOK {
+				t.Errorf("%s id %q: ValidateID accepts=%v, database accepts=%v", kind, id, goOK, dbOK)
+			}
+		}
+	}
+}
+
+// TestReservedMigrationNamesExistingRows: rows written before migration 4 with a reserved
+// id stop it with an error that names every one of them.
+func TestReservedMigrationNamesExistingRows(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db, _ := openDB(t)
+	if err := migrations.UpTo(ctx, db, 3); err != nil {
+		t.Fatal(err)
+	}
+	for _, q := range []string{
+		`INSERT INTO region (name) VALUES ('r1')`,
+		`INSERT INTO rate_limit_rule (tenant_id, route_id, capacity, refill_per_second) VALUES ('_other', 'r', 1, 1)`,
+		`INSERT INTO rate_limit_rule (tenant_id, route_id, capacity, refill_per_second) VALUES ('t', '_other', 1, 1)`,
+		`INSERT INTO api_key (key_hash, tenant_id) VALUES (sha256('k'), '_other')`,
+		`INSERT INTO region_share (scope, region, share, source) VALUES ('t/_other', 'r1', 1, 'rebalancer')`,
+	} {
+		if _, err := db.ExecContext(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	err := migrations.Up(ctx, db)
+	if err == nil {
+		t.Fatal("migration 4 accepted rows with a reserved id")
+	}
+	for _, want := range []string{"tenant=_other route=r", "tenant=t route=_other", "api_key id=", "scope=t/_other region=r1"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error does not name %q: %v", want, err)
+		}
+	}
+	if v, _ := migrations.Version(ctx, db); v != 3 {
+		t.Fatalf("version %d after the refused migration, want 3", v)
+	}
+	// Deleting them lets it through.
+	for _, q := range []string{`DELETE FROM region_share`, `DELETE FROM api_key`, `DELETE FROM rate_limit_rule WHERE tenant_id <> '*'`} {
+		if _, err := db.ExecContext(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := migrations.Up(ctx, db); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestChecksAcceptExactlyValidRules: a rule's capacity and refill are accepted by the
+// database if and only if regions.Rule.Validate accepts them (issue 14 item 5: above
+// the bounds the limiter could not decide, and the gateway failed open).
+func TestChecksAcceptExactlyValidRules(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db, _ := openDB(t)
+	if err := migrations.Up(ctx, db); err != nil {
+		t.Fatal(err)
+	}
+	for i, tc := range []struct {
+		capacity int64
+		refill   float64
+	}{
+		{1, 1}, {0, 1}, {-1, 1}, {1, 0}, {1, 1e-9},
+		{regions.MaxCapacity, 1}, {regions.MaxCapacity + 1, 1}, {math.MaxInt64, 1},
+		{1, regions.MaxRefillPerSecond}, {1, regions.MaxRefillPerSecond * 1.000001}, {1, 1e300},
+	} {
+		rule := regions.Rule{Tenant: "t", Route: fmt.Sprintf("r%d", i), Capacity: tc.capacity, RefillPerSecond: tc.refill, Shards: 1}
+		goOK := rule.Validate() == nil
+		_, err := db.ExecContext(ctx, `INSERT INTO rate_limit_rule (tenant_id, route_id, capacity, refill_per_second) VALUES ($1, $2, $3, $4)`,
+			rule.Tenant, rule.Route, rule.Capacity, rule.RefillPerSecond)
+		if dbOK := err == nil; goOK != dbOK {
+			t.Errorf("capacity %d refill %v: Validate accepts=%v, database accepts=%v (%v)", tc.capacity, tc.refill, goOK, dbOK, err)
+		}
+	}
+}

@@ -24,6 +24,18 @@ type SnapshotData struct {
 	InstanceTTL time.Duration
 	// LoadedAt is when the data was read (the store's clock).
 	LoadedAt time.Time
+	// Skipped lists the rows the store could not accept and left out (see SkippedRow).
+	Skipped []SkippedRow
+}
+
+// SkippedRow is a stored row a loader left out of a snapshot because it is invalid (an
+// id the database accepted but ValidateID refuses, say): one bad row must not stop every
+// gateway's reload. Table is the table's name (a bounded set, a metric label); ID
+// identifies the row (its key columns) and Err says why.
+type SkippedRow struct {
+	Table string
+	ID    string
+	Err   error
 }
 
 // Snapshot is an immutable, validated view of the control-plane data. Gateways hold one
@@ -37,6 +49,9 @@ type Snapshot struct {
 	live     map[string]int
 	loadedAt time.Time
 	nRules   int
+	skipped  []SkippedRow
+	// nextExpiry is the earliest expiry of an override in force (zero: none).
+	nextExpiry time.Time
 	// rebScopes are the distinct scopes with rebalancer rows, sorted by String().
 	rebScopes []Scope
 }
@@ -50,7 +65,14 @@ type shareKey struct {
 }
 
 // NewSnapshot validates data and builds a Snapshot. Any invalid row fails the whole
-// snapshot, so a reloader keeps its previous one.
+// snapshot, so a reloader keeps its previous one (the store's loader leaves out, and
+// lists in Skipped, the rows it cannot accept, so they never get here).
+//
+// Expiry is judged once, here, by LoadedAt (the store's clock: the database's now()): a
+// share whose ExpiresAt is not after LoadedAt is left out, and NextExpiry is the earliest
+// expiry of those kept, when the holder must load a new snapshot (the Reloader does).
+// No method takes the reader's clock, so gateways whose clocks disagree still apply the
+// same shares. With LoadedAt zero nothing is left out.
 func NewSnapshot(d SnapshotData) (*Snapshot, error) {
 	validKeys := d.KeyTenants
 	if validKeys == nil {
@@ -64,6 +86,7 @@ func NewSnapshot(d SnapshotData) (*Snapshot, error) {
 		live:     make(map[string]int),
 		loadedAt: d.LoadedAt,
 		nRules:   len(d.Rules),
+		skipped:  slices.Clone(d.Skipped),
 	}
 	known := make(map[string]bool, len(d.Regions))
 	for _, r := range d.Regions {
@@ -111,6 +134,14 @@ func NewSnapshot(d SnapshotData) (*Snapshot, error) {
 		if sh.Source != SourceOverride && sh.Source != SourceRebalancer {
 			return nil, fmt.Errorf("snapshot: %w: share source %q", ErrInvalid, sh.Source)
 		}
+		if !sh.ExpiresAt.IsZero() && !d.LoadedAt.IsZero() {
+			if !d.LoadedAt.Before(sh.ExpiresAt) {
+				continue // expired by the store's clock
+			}
+			if s.nextExpiry.IsZero() || sh.ExpiresAt.Before(s.nextExpiry) {
+				s.nextExpiry = sh.ExpiresAt
+			}
+		}
 		k := shareKey{sh.Scope, sh.Region, sh.Source}
 		if _, dup := s.shares[k]; dup {
 			return nil, fmt.Errorf("snapshot: %w: duplicate %s share of region %s scope %s", ErrInvalid, sh.Source, sh.Region, sh.Scope)
@@ -141,6 +172,14 @@ func (s *Snapshot) RebalancerScopes() []Scope { return slices.Clone(s.rebScopes)
 // LoadedAt is when the data behind the snapshot was read.
 func (s *Snapshot) LoadedAt() time.Time { return s.loadedAt }
 
+// NextExpiry is the earliest expiry of an override in the snapshot, by the store's clock
+// (zero: none expires). The snapshot is stale from then on: reload after NextExpiry minus
+// LoadedAt has passed (a duration, so the holder's clock never enters).
+func (s *Snapshot) NextExpiry() time.Time { return s.nextExpiry }
+
+// Skipped lists the rows the loader left out (SnapshotData.Skipped); a new slice.
+func (s *Snapshot) Skipped() []SkippedRow { return slices.Clone(s.skipped) }
+
 // RuleCount is the number of rules loaded.
 func (s *Snapshot) RuleCount() int { return s.nRules }
 
@@ -161,15 +200,15 @@ func (s *Snapshot) Rule(tenant, route string) Rule {
 	return s.rules[ruleKey{Wildcard, Wildcard}]
 }
 
-// EffectiveShare is region's share of tenant's rule for route at now. Overrides (most
-// specific scope first: tenant/route, tenant, "*") beat rebalancer values (most specific
-// first); an override at a scope covers everything inside it. With neither, the regions
-// split equally. Expired overrides are ignored.
-func (s *Snapshot) EffectiveShare(region, tenant, route string, now time.Time) (float64, Source) {
+// Share is region's share of tenant's rule for route. Overrides (most specific scope
+// first: tenant/route, tenant, "*") beat rebalancer values (most specific first); an
+// override at a scope covers everything inside it. With neither, the regions split
+// equally. Only shares in force at LoadedAt are in the snapshot (see NewSnapshot).
+func (s *Snapshot) Share(region, tenant, route string) (float64, Source) {
 	scopes := [...]Scope{{tenant, route}, {tenant, Wildcard}, GlobalScope}
 	for _, src := range [...]Source{SourceOverride, SourceRebalancer} {
 		for _, sc := range scopes {
-			if sh, ok := s.shares[shareKey{sc, region, src}]; ok && sh.Active(now) {
+			if sh, ok := s.shares[shareKey{sc, region, src}]; ok {
 				return sh.Share, src
 			}
 		}
@@ -181,23 +220,30 @@ func (s *Snapshot) EffectiveShare(region, tenant, route string, now time.Time) (
 	return 1 / float64(n), SourceDefault
 }
 
-// ScopeShare is region's active share for exactly this scope (an override before a
-// rebalancer value; no fallback to wider scopes), and false when there is none; ratectl
-// and the rebalancer use it.
-func (s *Snapshot) ScopeShare(region string, scope Scope, now time.Time) (Share, bool) {
+// ScopeRow is region's share for exactly this scope (an override before a rebalancer
+// value; no fallback to wider scopes), and false when there is none; ratectl and the
+// rebalancer use it.
+func (s *Snapshot) ScopeRow(region string, scope Scope) (Share, bool) {
 	scope = scope.normal()
 	for _, src := range [...]Source{SourceOverride, SourceRebalancer} {
-		if sh, ok := s.shares[shareKey{scope, region, src}]; ok && sh.Active(now) {
+		if sh, ok := s.shares[shareKey{scope, region, src}]; ok {
 			return sh, true
 		}
 	}
 	return Share{}, false
 }
 
-// Regional is the rule for a request scaled by region's effective share.
-func (s *Snapshot) Regional(region, tenant, route string, now time.Time) (Rule, Limit, float64) {
+// ScopeShareOf is region's row of source for exactly this scope, and false when there is
+// none. The rebalancer uses it to compare the rows it read with those it writes over.
+func (s *Snapshot) ScopeShareOf(region string, scope Scope, src Source) (Share, bool) {
+	sh, ok := s.shares[shareKey{scope.normal(), region, src}]
+	return sh, ok
+}
+
+// RegionalRule is the rule for a request scaled by region's share (Share).
+func (s *Snapshot) RegionalRule(region, tenant, route string) (Rule, Limit, float64) {
 	r := s.Rule(tenant, route)
-	share, _ := s.EffectiveShare(region, tenant, route, now)
+	share, _ := s.Share(region, tenant, route)
 	return r, Scale(r.Capacity, r.RefillPerSecond, share), share
 }
 

@@ -108,10 +108,20 @@ func TestEffectiveSharePrecedence(t *testing.T) {
 			}
 			// Another tenant's shares never apply.
 			shares = append(shares, Share{Scope: Scope{"u", "*"}, Region: region, Share: 0.77, Source: SourceOverride})
-			s := mustSnapshot(t, SnapshotData{Regions: []string{region, "eu-west"}, Rules: []Rule{defaultRule()}, Shares: shares})
-			got, src := s.EffectiveShare(region, "t", tt.route, t0)
+			// Expired by the store's clock at load (LoadedAt), not by the reader's.
+			s := mustSnapshot(t, SnapshotData{Regions: []string{region, "eu-west"}, Rules: []Rule{defaultRule()}, Shares: shares, LoadedAt: t0})
+			got, src := s.Share(region, "t", tt.route)
 			if math.Abs(got-tt.want) > 1e-12 || src != tt.wantSource {
-				t.Fatalf("EffectiveShare = %v (%s), want %v (%s)", got, src, tt.want, tt.wantSource)
+				t.Fatalf("Share = %v (%s), want %v (%s)", got, src, tt.want, tt.wantSource)
+			}
+			wantNext := time.Time{}
+			for _, l := range tt.levels {
+				if l.source == SourceOverride {
+					wantNext = t0.Add(time.Hour)
+				}
+			}
+			if !s.NextExpiry().Equal(wantNext) {
+				t.Fatalf("NextExpiry = %v, want %v", s.NextExpiry(), wantNext)
 			}
 		})
 	}
@@ -127,19 +137,19 @@ func TestRegionalAndScopeShare(t *testing.T) {
 			{Scope: Scope{Tenant: "shop-a"}, Region: "eu-west", Share: 0.3, Source: SourceRebalancer},
 		},
 	})
-	r, lim, share := s.Regional("us-east", "shop-a", "create-order", t0)
+	r, lim, share := s.RegionalRule("us-east", "shop-a", "create-order")
 	if r.Capacity != 2000 || lim.Capacity != 1400 || lim.RefillPerSecond != 700 || share != 0.7 {
 		t.Fatalf("Regional = %+v %+v %v, want 2000 -> 1400/700 at 0.7", r, lim, share)
 	}
-	if _, lim, _ := s.Regional("eu-west", "other", "x", t0); lim.Capacity != 10 || lim.RefillPerSecond != 5 {
+	if _, lim, _ := s.RegionalRule("eu-west", "other", "x"); lim.Capacity != 10 || lim.RefillPerSecond != 5 {
 		t.Fatalf("default rule at the equal split = %+v, want 10/5", lim)
 	}
 	for _, sc := range []Scope{{"shop-a", "*"}, {"shop-a", ""}} {
-		if sh, ok := s.ScopeShare("eu-west", sc, t0); !ok || sh.Share != 0.3 {
+		if sh, ok := s.ScopeRow("eu-west", sc); !ok || sh.Share != 0.3 {
 			t.Fatalf("ScopeShare(%+v) = %+v, %v; want 0.3", sc, sh, ok)
 		}
 	}
-	if _, ok := s.ScopeShare("eu-west", GlobalScope, t0); ok {
+	if _, ok := s.ScopeRow("eu-west", GlobalScope); ok {
 		t.Fatal("ScopeShare(*) found a share where there is none")
 	}
 	if got := s.Regions(); strings.Join(got, ",") != "us-east,eu-west" {
@@ -253,6 +263,6 @@ func BenchmarkSnapshotHotPath(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		tenant, _ := s.Tenant(h)
-		s.Regional("us-east", tenant, "r", t0)
+		s.RegionalRule("us-east", tenant, "r")
 	}
 }

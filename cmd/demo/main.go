@@ -154,7 +154,7 @@ func share(ctx context.Context, s *stack.Stack, region string) float64 {
 	if err != nil {
 		return -1
 	}
-	v, _ := snap.EffectiveShare(region, shifting, stack.Route, time.Now())
+	v, _ := snap.Share(region, shifting, stack.Route)
 	return v
 }
 
@@ -183,8 +183,8 @@ func printTable(ctx context.Context, out io.Writer, s *stack.Stack, api promv1.A
 	for _, r := range s.Regions {
 		sh, src, def := 0.0, regions.Source("?"), 0.0
 		if snap != nil {
-			sh, src = snap.EffectiveShare(r, shifting, stack.Route, time.Now())
-			def, _ = snap.EffectiveShare(r, regions.Wildcard, regions.Wildcard, time.Now())
+			sh, src = snap.Share(r, shifting, stack.Route)
+			def, _ = snap.Share(r, regions.Wildcard, regions.Wildcard)
 		}
 		rt := rates[r]
 		fmt.Fprintf(tw, "%s\t%.1f\t%.1f\t%.1f\t%.3f\t%s\t%.3f\t\n", r, rt.Offered(), rt.Allowed, rt.Throttled, sh, src, def)

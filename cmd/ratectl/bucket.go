@@ -158,7 +158,7 @@ func (a *app) bucketInspect(cmd *cobra.Command, o bucketOptions) error {
 			if !known {
 				return usagef("unknown region %q (see ratectl regions list)", o.region)
 			}
-			rule, lim, share := v.snap.Regional(o.region, o.tenant, o.route, v.now)
+			rule, lim, share := v.snap.RegionalRule(o.region, o.tenant, o.route)
 			limit = &bucketLimit{Capacity: lim.Capacity, RefillPerSecond: sig(lim.RefillPerSecond), Source: "database",
 				Region: o.region, Share: share, Shards: max(1, rule.Shards)}
 			return nil

@@ -89,13 +89,33 @@ func TestRegions(t *testing.T) {
 		t.Errorf("audit rows for eu-west: %d", n)
 	}
 
-	// A scope with shares that do not name a new region: warned.
+	// A scope under an override: the new region gets 0 of it, and the operator is warned.
 	c.ok("regions", "remove", "ap-south")
 	c.ok("shares", "set", "us-east=0.6", "eu-west=0.4", "--reason", "test", "--apply")
 	r := c.ok("regions", "add", "ap-south")
-	if !strings.Contains(r.stderr, "warning: scopes * have shares that do not name ap-south") {
+	if !strings.Contains(r.stderr, "warning: scopes * are under an operator override: ap-south gets 0 of them") {
 		t.Errorf("no warning on add: %q", r.stderr)
 	}
+	if n := sqlInt(t, url, `SELECT count(*) FROM region_share WHERE region = 'ap-south' AND source = 'override' AND share = 0`); n != 1 {
+		t.Errorf("ap-south override rows with 0: %d, want 1", n)
+	}
+	// Rebalancer rows: the new region gets the equal split, as the command says.
+	c.ok("shares", "clear", "--reason", "test")
+	c.ok("regions", "remove", "ap-south", "--force")
+	if _, err := pgxExec(url, `INSERT INTO region_share (scope, region, share, source) VALUES ('*', 'us-east', 0.7, 'rebalancer'), ('*', 'eu-west', 0.3, 'rebalancer')`); err != nil {
+		t.Fatal(err)
+	}
+	r = c.ok("regions", "add", "ap-south")
+	if !strings.Contains(r.stdout, "ap-south gets the equal split (1/3) of the rebalancer's shares of *") || r.stderr != "" {
+		t.Errorf("add under rebalancer rows: %+v", r)
+	}
+	if n := sqlInt(t, url, `SELECT count(*) FROM region_share WHERE region = 'ap-south' AND source = 'rebalancer' AND abs(share - 1.0/3) < 1e-12`); n != 1 {
+		t.Errorf("ap-south rebalancer rows with 1/3: %d, want 1", n)
+	}
+	if _, err := pgxExec(url, `DELETE FROM region_share`); err != nil {
+		t.Fatal(err)
+	}
+	c.ok("shares", "set", "us-east=0.5", "eu-west=0.3", "ap-south=0.2", "--reason", "test", "--apply")
 
 	for _, tc := range []struct {
 		name     string
@@ -377,5 +397,45 @@ func TestDatabaseErrors(t *testing.T) {
 	}
 	if d := time.Since(start); d > 20*time.Second {
 		t.Errorf("database errors took %v", d)
+	}
+}
+
+func pgxExec(url, q string, args ...any) (int64, error) {
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		return 0, err
+	}
+	defer conn.Close(ctx)
+	tag, err := conn.Exec(ctx, q, args...)
+	return tag.RowsAffected(), err
+}
+
+// TestDeleteRowsWithReservedIDs: rows the database holds but the gateways skip (written
+// before migration 4, or with its CHECKs dropped) can be deleted with ratectl.
+func TestDeleteRowsWithReservedIDs(t *testing.T) {
+	t.Parallel()
+	c, url := newDB(t)
+	c.ok("regions", "add", "us-east")
+	for _, q := range []string{
+		`ALTER TABLE rate_limit_rule DROP CONSTRAINT rate_limit_rule_tenant_reserved, DROP CONSTRAINT rate_limit_rule_route_reserved`,
+		`ALTER TABLE region_share DROP CONSTRAINT region_share_scope_reserved`,
+		`INSERT INTO rate_limit_rule (tenant_id, route_id, capacity, refill_per_second) VALUES ('_other', '*', 1, 1), ('t', '_other', 1, 1)`,
+		`INSERT INTO region_share (scope, region, share, source) VALUES ('_other/x', 'us-east', 1, 'rebalancer'), ('_other/x', 'us-east', 1, 'override')`,
+	} {
+		if _, err := pgxExec(url, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	c.ok("rules", "delete", "--tenant", "_other", "--route", "*")
+	c.ok("rules", "delete", "--tenant", "t", "--route", "_other")
+	if r := c.ok("shares", "clear", "--raw-scope", "_other/x", "--reason", "bad row"); !strings.Contains(r.stdout, "deleted 2 share row(s)") {
+		t.Errorf("shares clear --raw-scope: %+v", r)
+	}
+	if n := sqlInt(t, url, `SELECT (SELECT count(*) FROM rate_limit_rule WHERE tenant_id = '_other' OR route_id = '_other') + (SELECT count(*) FROM region_share)`); n != 0 {
+		t.Errorf("%d bad rows left", n)
+	}
+	if r := c.run("shares", "clear", "--raw-scope", "_other/x", "--tenant", "a", "--reason", "x"); r.code != exitUsage {
+		t.Errorf("--raw-scope with --tenant: %+v", r)
 	}
 }

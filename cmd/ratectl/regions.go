@@ -76,8 +76,8 @@ func newRegionsCmd(a *app) *cobra.Command {
 					return fmt.Errorf("add region %s: %w", name, err)
 				}
 				fmt.Fprintf(cmd.OutOrStdout(), "added region %s\n", name)
-				// Scopes with stored shares do not name the new region: it gets an equal split
-				// there while the others keep theirs, so the scope's shares sum above 1.
+				// AddRegion gave the new region a row in every scope with rows (see
+				// store.AddRegion): say which, and what it got.
 				shares, err := st.Shares(ctx)
 				if err != nil {
 					return err
@@ -86,9 +86,14 @@ func newRegionsCmd(a *app) *cobra.Command {
 				if err != nil {
 					return err
 				}
-				if scopes := scopesWithShares(shares, a.now()); len(scopes) > 0 {
-					a.warnf("scopes %s have shares that do not name %s: it gets an equal split (1/%d) of them on top of the other regions' shares until you run ratectl shares set (or the rebalancer runs)",
-						strings.Join(scopes, ", "), name, len(all))
+				reb, over := newRegionScopes(shares, name)
+				if len(reb) > 0 {
+					fmt.Fprintf(cmd.OutOrStdout(), "%s gets the equal split (1/%d) of the rebalancer's shares of %s; the other regions keep their proportions of the rest until the rebalancer moves them by demand\n",
+						name, len(all), strings.Join(reb, ", "))
+				}
+				if len(over) > 0 {
+					a.warnf("scopes %s are under an operator override: %s gets 0 of them until you change the override (ratectl shares set) or it expires",
+						strings.Join(over, ", "), name)
 				}
 				return nil
 			})
@@ -132,17 +137,22 @@ func newRegionsCmd(a *app) *cobra.Command {
 	return groupCmd("regions", "List, add and remove regions", list, add, remove)
 }
 
-// scopesWithShares lists the scopes that have active stored shares, sorted.
-func scopesWithShares(shares []regions.Share, now time.Time) []string {
-	set := map[string]bool{}
+// newRegionScopes lists, sorted, the scopes in which region has a rebalancer row and
+// those in which it has an override row.
+func newRegionScopes(shares []regions.Share, region string) (rebalanced, overridden []string) {
 	for _, s := range shares {
-		if s.Active(now) {
-			set[s.Scope.String()] = true
+		if s.Region != region {
+			continue
+		}
+		if s.Source == regions.SourceOverride {
+			overridden = append(overridden, s.Scope.String())
+		} else {
+			rebalanced = append(rebalanced, s.Scope.String())
 		}
 	}
-	out := sortedKeys(set)
-	sort.Strings(out)
-	return out
+	sort.Strings(rebalanced)
+	sort.Strings(overridden)
+	return rebalanced, overridden
 }
 
 // reasonOr is the --reason given, else the command line's name.

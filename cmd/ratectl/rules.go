@@ -163,11 +163,13 @@ new rule needs --capacity and --refill.`,
 		Short: "Delete a rule (the tenant falls back to the next matching rule)",
 		Args:  noArgs,
 		RunE: runE(func(cmd *cobra.Command, _ []string) error {
-			if err := checkIDOrWildcard("tenant", dt); err != nil {
-				return err
+			// Any id the database may hold: a row written with plain SQL that the
+			// gateways skip (a reserved name) must be removable too.
+			if err := store.RawID("tenant", dt); err != nil {
+				return usageError{err}
 			}
-			if err := checkIDOrWildcard("route", dr); err != nil {
-				return err
+			if err := store.RawID("route", dr); err != nil {
+				return usageError{err}
 			}
 			if dt == regions.Wildcard && dr == regions.Wildcard {
 				return usagef("the default rule */* cannot be deleted: change it with ratectl rules set")

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"strconv"
@@ -311,14 +312,21 @@ func planTable(w io.Writer, p planJSON, ttl time.Duration) {
 
 func newSharesClearCmd(a *app) *cobra.Command {
 	var (
-		sf     scopeFlags
-		reason string
+		sf       scopeFlags
+		reason   string
+		rawScope string
 	)
 	cmd := &cobra.Command{
 		Use:   "clear --reason TEXT",
 		Short: "Remove the operator override of a scope (the rebalancer's shares or the equal split apply again)",
 		Args:  noArgs,
 		RunE: runE(func(cmd *cobra.Command, _ []string) error {
+			if rawScope != "" {
+				if sf.tenant != "" || sf.route != "" {
+					return usagef("--raw-scope replaces --tenant and --route")
+				}
+				return clearRawScope(cmd, a, rawScope, reason)
+			}
 			scope, err := sf.scope()
 			if err != nil {
 				return err
@@ -362,7 +370,33 @@ func newSharesClearCmd(a *app) *cobra.Command {
 	}
 	sf.add(cmd, "clear the override")
 	cmd.Flags().StringVar(&reason, "reason", "", "why (required; recorded in the share history)")
+	cmd.Flags().StringVar(&rawScope, "raw-scope", "", "delete every share row (override and rebalancer) of this exact scope as stored, valid or not (e.g. one gateways skip as invalid)")
 	return cmd
+}
+
+// clearRawScope deletes every row of a scope written exactly as raw.
+func clearRawScope(cmd *cobra.Command, a *app, raw, reason string) error {
+	if strings.TrimSpace(reason) == "" {
+		return usagef("--reason is required: say why, for the share history")
+	}
+	actor, err := a.actor()
+	if err != nil {
+		return err
+	}
+	return a.withStore(cmd, func(ctx context.Context, st *store.Store) error {
+		n, err := st.DeleteScopeShares(ctx, raw, actor, reason)
+		if err != nil {
+			if errors.Is(err, regions.ErrInvalid) {
+				return usageError{err}
+			}
+			return err
+		}
+		if n == 0 {
+			return fmt.Errorf("scope %q has no share rows: nothing to delete", raw)
+		}
+		fmt.Fprintf(cmd.OutOrStdout(), "deleted %d share row(s) of scope %q\n", n, raw)
+		return nil
+	})
 }
 
 // historyJSON is one change in `shares history -o json`.

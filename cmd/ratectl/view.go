@@ -54,7 +54,12 @@ func (a *app) loadView(ctx context.Context, st *store.Store, tenant string) (*vi
 	if err != nil {
 		return nil, fmt.Errorf("list gateway instances: %w", err)
 	}
-	v := &view{tenant: tenant, regions: rs, rules: rules, shares: shares, insts: insts, now: a.now()}
+	// Expiry is judged by the database's clock, as the gateways' snapshots are.
+	now, err := st.Now(ctx)
+	if err != nil {
+		return nil, err
+	}
+	v := &view{tenant: tenant, regions: rs, rules: rules, shares: shares, insts: insts, now: now}
 	if err := v.build(); err != nil {
 		return nil, err
 	}
@@ -109,7 +114,7 @@ type effectiveShare struct {
 // effective resolves region's share for tenant and route as the gateways do
 // (Snapshot.EffectiveShare), and names the scope that supplied it.
 func (v *view) effective(region, tenant, route string) effectiveShare {
-	share, src := v.snap.EffectiveShare(region, tenant, route, v.now)
+	share, src := v.snap.Share(region, tenant, route)
 	e := effectiveShare{share: share, source: src}
 	if src == regions.SourceDefault {
 		return e
@@ -156,7 +161,7 @@ func (v *view) limits() []limitRow {
 	var out []limitRow
 	for _, route := range v.routes() {
 		for _, region := range v.regions {
-			rule, lim, _ := v.snap.Regional(region, v.tenant, route, v.now)
+			rule, lim, _ := v.snap.RegionalRule(region, v.tenant, route)
 			e := v.effective(region, v.tenant, route)
 			out = append(out, limitRow{
 				Tenant: v.tenant, Route: route, RuleTenant: rule.Tenant, RuleRoute: rule.Route,

@@ -58,9 +58,23 @@ type options struct {
 	reloadWait    time.Duration
 	instanceTTL   time.Duration
 	expireAfter   int // full runs; -1 never
+	leaderTimeout time.Duration
 	once, dryRun  bool
 	adminListen   string
 	logLevel      string
+}
+
+// sessionTimeout is --leader-timeout, or its default: the leader uses its lock connection
+// before every tick, at most the shorter interval plus a tick's duration apart.
+func (o options) sessionTimeout() time.Duration {
+	if o.leaderTimeout > 0 {
+		return o.leaderTimeout
+	}
+	every := o.interval
+	if o.checkInterval > 0 && o.checkInterval < every {
+		every = o.checkInterval
+	}
+	return max(2*every+o.reloadWait+10*time.Second, time.Second)
 }
 
 func parseFlags(args []string, lookupEnv func(string) (string, bool), stderr io.Writer) (options, error) {
@@ -76,6 +90,7 @@ func parseFlags(args []string, lookupEnv func(string) (string, bool), stderr io.
 	fs.DurationVar(&o.reloadWait, "reload-wait", job.DefaultReloadWait, "pause between writing share decreases and increases (one gateway reload)")
 	fs.DurationVar(&o.instanceTTL, "instance-ttl", job.DefaultInstanceTTL, "a gateway unseen for longer is not live; a region with none is dark")
 	fs.IntVar(&o.expireAfter, "expire-after-runs", job.DefaultExpireAfterRuns, "delete a tenant/route pair's rebalancer shares after this many full runs without its demand (history reason \"expired\"); -1 never")
+	fs.DurationVar(&o.leaderTimeout, "leader-timeout", 0, "a leader that has not used its lock connection for this long (stopped, cut off) loses its session and the lock; another replica takes over within this plus one check interval (default: 2 x the shorter of --interval and --check-interval, plus --reload-wait, plus 10s)")
 	fs.BoolVar(&o.once, "once", false, "run once and exit: takes the leader lock (fails while another rebalancer holds it); non-zero if the run was skipped")
 	fs.BoolVar(&o.dryRun, "dry-run", false, "compute and log the shares, write nothing")
 	fs.StringVar(&o.adminListen, "admin-listen", "127.0.0.1:9102", "admin address for /metrics, /healthz, /readyz and the status page (/ and /status.json); empty disables it")
@@ -103,6 +118,8 @@ func parseFlags(args []string, lookupEnv func(string) (string, bool), stderr io.
 		return o, fmt.Errorf("--interval %s: must be at least 1s", o.interval)
 	case o.checkInterval <= 0:
 		return o, fmt.Errorf("--check-interval %s: must be > 0", o.checkInterval)
+	case o.leaderTimeout != 0 && o.leaderTimeout < time.Second:
+		return o, fmt.Errorf("--leader-timeout %s: must be at least 1s (or 0 for the default)", o.leaderTimeout)
 	case o.reloadWait <= 0 || o.instanceTTL <= 0 || o.shortWindow < time.Second:
 		return o, errors.New("--reload-wait and --instance-ttl must be > 0, --short-window at least 1s")
 	case o.expireAfter < 1 && o.expireAfter != -1:
@@ -152,7 +169,7 @@ func run(ctx context.Context, args []string, lookupEnv func(string) (string, boo
 	}
 	var elector *job.Elector
 	if !o.dryRun { // a dry run writes nothing, so it needs no lock and takes none
-		if elector, err = job.NewElector(job.ElectorConfig{DatabaseURL: o.databaseURL, Logger: log}); err != nil {
+		if elector, err = job.NewElector(job.ElectorConfig{DatabaseURL: o.databaseURL, Logger: log, SessionTimeout: o.sessionTimeout()}); err != nil {
 			return err
 		}
 		defer elector.Close()

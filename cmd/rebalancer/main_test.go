@@ -27,6 +27,20 @@ func TestMain(m *testing.M) { os.Exit(testenv.RunTests(m)) }
 
 func noEnv(string) (string, bool) { return "", false }
 
+// TestLeaderTimeout: by default a leader loses its lock session after twice the shorter
+// tick period plus the reload wait plus 10 s (the bound in docs/rebalancer.md).
+func TestLeaderTimeout(t *testing.T) {
+	t.Parallel()
+	o := options{interval: 5 * time.Minute, checkInterval: time.Minute, reloadWait: 2 * time.Second}
+	if got := o.sessionTimeout(); got != 132*time.Second {
+		t.Errorf("default leader timeout %v, want 132s", got)
+	}
+	o.leaderTimeout = 20 * time.Second
+	if got := o.sessionTimeout(); got != 20*time.Second {
+		t.Errorf("--leader-timeout 20s gives %v", got)
+	}
+}
+
 func TestParseFlags(t *testing.T) {
 	t.Parallel()
 	base := []string{"--database-url", "postgres://x@127.0.0.1/db", "--prometheus-url", "http://127.0.0.1:9090"}
@@ -49,6 +63,7 @@ func TestParseFlags(t *testing.T) {
 		{name: "no prometheus", args: []string{"--database-url", "postgres://x/db"}, wantErr: "--prometheus-url is required"},
 		{name: "interval too short", args: append(base, "--interval", "10ms"), wantErr: "--interval"},
 		{name: "zero check interval", args: append(base, "--check-interval", "0s"), wantErr: "--check-interval"},
+		{name: "leader timeout too short", args: append(base, "--leader-timeout", "100ms"), wantErr: "--leader-timeout"},
 		{name: "bad log level", args: append(base, "--log-level", "loud"), wantErr: "--log-level"},
 		{name: "stray argument", args: append(base, "extra"), wantErr: "unexpected arguments"},
 		{name: "unknown flag", args: append(base, "--nope"), wantErr: "not defined"},

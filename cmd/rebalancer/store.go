@@ -104,22 +104,22 @@ func (l *lazyStore) Close() {
 	}
 }
 
-// LoadSnapshot implements job.Store.
-func (l *lazyStore) LoadSnapshot(ctx context.Context, instanceTTL time.Duration) (*regions.Snapshot, error) {
+// Load implements job.Store.
+func (l *lazyStore) Load(ctx context.Context, o store.LoadOptions) (*regions.Snapshot, error) {
 	s, err := l.get(ctx)
 	if err != nil {
 		return nil, err
 	}
-	return s.LoadSnapshot(ctx, instanceTTL)
+	return s.Load(ctx, o)
 }
 
-// WriteRebalancerShares implements job.Store.
-func (l *lazyStore) WriteRebalancerShares(ctx context.Context, changes []store.ShareChange, inputs any, actor string) error {
+// WriteRebalancer implements job.Store.
+func (l *lazyStore) WriteRebalancer(ctx context.Context, w store.RebalancerWrite) error {
 	s, err := l.get(ctx)
 	if err != nil {
 		return err
 	}
-	return s.WriteRebalancerShares(ctx, changes, inputs, actor)
+	return s.WriteRebalancer(ctx, w)
 }
 
 // Regions implements status.Store.

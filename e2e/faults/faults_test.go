@@ -292,7 +292,7 @@ func calmLimit(t *testing.T, ctx context.Context, env *Env, region string) strin
 	t.Helper()
 	snap, err := env.Store.LoadSnapshot(ctx, 3*time.Second)
 	must(t, err)
-	_, lim, _ := snap.Regional(region, CalmTenant, stack.Route, time.Now())
+	_, lim, _ := snap.RegionalRule(region, CalmTenant, stack.Route)
 	return fmt.Sprint(lim.Capacity)
 }
 
@@ -447,7 +447,7 @@ func regionDark(t *testing.T, c *faultCase, region string, gws []string) {
 		if err != nil {
 			return false
 		}
-		share, _ = snap.EffectiveShare(region, CalmTenant, stack.Route, time.Now())
+		share, _ = snap.Share(region, CalmTenant, stack.Route)
 		return share <= 0.05+1e-9
 	})
 	if err != nil {

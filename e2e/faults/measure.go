@@ -62,7 +62,7 @@ func (e *Env) Begin(ctx context.Context, fault, region string, live *loadgen.Cou
 	}
 	w := &Window{Fault: fault, Region: region, HotLimits: map[string]regions.Limit{}}
 	for _, r := range e.Regions {
-		_, lim, _ := snap.Regional(r, HotTenant, stack.Route, time.Now())
+		_, lim, _ := snap.RegionalRule(r, HotTenant, stack.Route)
 		w.HotLimits[r] = lim
 	}
 	w.Before = e.Snapshot(ctx, live)

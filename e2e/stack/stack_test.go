@@ -77,7 +77,7 @@ func waitShare(t *testing.T, s *Stack, region string, want, tol float64, limit t
 	for time.Now().Before(deadline) {
 		snap, err := s.Store.LoadSnapshot(ctx, 3*time.Second)
 		if err == nil {
-			got, _ = snap.EffectiveShare(region, "shop-a", Route, time.Now())
+			got, _ = snap.Share(region, "shop-a", Route)
 			if math.Abs(got-want) <= tol {
 				t.Logf("%s share of shop-a reached %.3f (want %.2f±%.2f)", region, got, want, tol)
 				return

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
+	"strconv"
 	"sync"
 	"time"
 
@@ -29,17 +31,31 @@ var ErrDatabaseUnavailable = errors.New("database unavailable")
 // Elector is gocron's distributed elector backed by a PostgreSQL session advisory lock:
 // the leader is the process whose dedicated connection holds pg_try_advisory_lock(key).
 // The lock lives as long as that connection, so when the leader dies (or its connection
-// does) PostgreSQL releases it and another rebalancer takes it on its next tick. It is
-// safe for concurrent use.
+// does) PostgreSQL releases it and another rebalancer takes it on its next tick.
+//
+// A leader that is stopped (SIGSTOP, a long GC or VM pause) or cut off keeps a live TCP
+// connection, so the connection sets idle_session_timeout to SessionTimeout: the leader
+// uses it at every tick (IsLeader), and PostgreSQL ends a session idle for longer, which
+// releases the lock. So another rebalancer takes over at most SessionTimeout plus one of
+// its tick periods after the leader stopped.
+//
+// Fencing: on taking the lock the Elector increments the epoch of the rebalancer_lease
+// row on the same connection; Epoch returns it, and every write of the Job checks it in
+// its own transaction (store.RebalancerWrite.Epoch). A leader that lost the lock can
+// therefore not write once another has taken it. It is safe for concurrent use.
 type Elector struct {
 	url     string
 	key     int64
 	timeout time.Duration
 	log     *slog.Logger
 
+	sessionTimeout time.Duration
+	holder         string
+
 	mu     sync.Mutex
 	conn   *pgx.Conn
 	leader bool
+	epoch  int64 // the lease epoch taken with the lock; 0 while not leading
 	closed bool
 }
 
@@ -51,8 +67,19 @@ type ElectorConfig struct {
 	LockKey int64
 	// Timeout bounds connecting and each query; 0 means 5 s.
 	Timeout time.Duration
-	Logger  *slog.Logger
+	// SessionTimeout is the lock connection's idle_session_timeout: a leader that has not
+	// asked IsLeader for this long (stopped, cut off) loses its session and the lock. It
+	// must exceed the longest gap between two ticks (the check interval plus a tick's
+	// duration); 0 means DefaultSessionTimeout.
+	SessionTimeout time.Duration
+	// Holder names this rebalancer in rebalancer_lease (default host:pid).
+	Holder string
+	Logger *slog.Logger
 }
+
+// DefaultSessionTimeout is ElectorConfig.SessionTimeout's default: twice the default
+// check interval plus ten seconds.
+const DefaultSessionTimeout = 2*DefaultCheckInterval + 10*time.Second
 
 // NewElector validates cfg; it dials nothing until the first IsLeader.
 func NewElector(cfg ElectorConfig) (*Elector, error) {
@@ -68,7 +95,18 @@ func NewElector(cfg ElectorConfig) (*Elector, error) {
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = 5 * time.Second
 	}
-	return &Elector{url: cfg.DatabaseURL, key: cfg.LockKey, timeout: cfg.Timeout, log: orDiscard(cfg.Logger)}, nil
+	if cfg.SessionTimeout <= 0 {
+		cfg.SessionTimeout = DefaultSessionTimeout
+	}
+	if cfg.SessionTimeout < time.Second {
+		return nil, fmt.Errorf("%w elector: session timeout %s must be at least 1s", regions.ErrInvalid, cfg.SessionTimeout)
+	}
+	if cfg.Holder == "" {
+		host, _ := os.Hostname()
+		cfg.Holder = fmt.Sprintf("%s:%d", host, os.Getpid())
+	}
+	return &Elector{url: cfg.DatabaseURL, key: cfg.LockKey, timeout: cfg.Timeout, sessionTimeout: cfg.SessionTimeout,
+		holder: cfg.Holder, log: orDiscard(cfg.Logger)}, nil
 }
 
 // IsLeader returns nil while this process holds the lock, taking it when it is free; else
@@ -93,6 +131,7 @@ func (e *Elector) IsLeader(ctx context.Context) error {
 			cfg.RuntimeParams = map[string]string{}
 		}
 		cfg.RuntimeParams["application_name"] = "quotaplane-rebalancer-lock"
+		cfg.RuntimeParams["idle_session_timeout"] = strconv.FormatInt(e.sessionTimeout.Milliseconds(), 10)
 		conn, err := pgx.ConnectConfig(ctx, cfg)
 		if err != nil {
 			return fmt.Errorf("%w: %w: connect to %s for the lock: %w", ErrNotLeader, ErrDatabaseUnavailable, store.RedactURL(e.url), err)
@@ -115,8 +154,28 @@ func (e *Elector) IsLeader(ctx context.Context) error {
 	if !got {
 		return fmt.Errorf("%w: advisory lock %d is held by another rebalancer", ErrNotLeader, e.key)
 	}
+	// Fence off every earlier leader: their writes check the epoch. This waits for a
+	// write in progress (it holds the row FOR SHARE) to commit first.
+	var epoch int64
+	if err := e.conn.QueryRow(ctx, `UPDATE rebalancer_lease SET epoch = epoch + 1, holder = $1, acquired_at = now()
+		WHERE id = 1 RETURNING epoch`, e.holder).Scan(&epoch); err != nil {
+		e.dropConn() // releases the lock
+		return fmt.Errorf("%w: take the rebalancer lease (is the schema migrated?): %w", ErrNotLeader, err)
+	}
+	e.epoch = epoch
 	e.setLeader(true)
 	return nil
+}
+
+// Epoch is the lease epoch this process took with the lock (the fencing token its writes
+// carry); 0 while it does not lead.
+func (e *Elector) Epoch() int64 {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if !e.leader {
+		return 0
+	}
+	return e.epoch
 }
 
 // Leader reports whether the last IsLeader found this process the leader.
@@ -158,12 +217,15 @@ func (e *Elector) dropConn() {
 }
 
 func (e *Elector) setLeader(v bool) {
+	if !v {
+		e.epoch = 0
+	}
 	if e.leader == v {
 		return
 	}
 	e.leader = v
 	if v {
-		e.log.Info("became leader", "lock_key", e.key)
+		e.log.Info("became leader", "lock_key", e.key, "epoch", e.epoch)
 	} else {
 		e.log.Warn("lost leadership", "lock_key", e.key)
 	}

@@ -12,7 +12,23 @@ import (
 	"github.com/quotaplane/quotaplane/internal/testenv"
 	"github.com/quotaplane/quotaplane/rebalancer/job"
 	"github.com/quotaplane/quotaplane/regions"
+	"github.com/quotaplane/quotaplane/regions/store"
 )
+
+// migratedDB is a new database with the schema (the elector's lease row).
+func migratedDB(t *testing.T) string {
+	t.Helper()
+	url := testenv.PostgresDB(t)
+	st, err := store.Open(t.Context(), url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	if err := st.Migrate(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	return url
+}
 
 func newElector(t *testing.T, dbURL string) *job.Elector {
 	t.Helper()
@@ -42,7 +58,7 @@ func leaders(t *testing.T, els ...*job.Elector) []int {
 
 func TestElectorExactlyOneLeader(t *testing.T) {
 	t.Parallel()
-	db := testenv.PostgresDB(t)
+	db := migratedDB(t)
 	a, b := newElector(t, db), newElector(t, db)
 	for range 5 {
 		if got := leaders(t, a, b); len(got) != 1 || got[0] != 0 {
@@ -50,14 +66,14 @@ func TestElectorExactlyOneLeader(t *testing.T) {
 		}
 	}
 	// A third one on another database does not compete.
-	if got := leaders(t, newElector(t, testenv.PostgresDB(t))); len(got) != 1 {
+	if got := leaders(t, newElector(t, migratedDB(t))); len(got) != 1 {
 		t.Fatalf("elector on another database: leaders = %v, want it to lead", got)
 	}
 }
 
 func TestElectorReleasedOnClose(t *testing.T) {
 	t.Parallel()
-	db := testenv.PostgresDB(t)
+	db := migratedDB(t)
 	a, b := newElector(t, db), newElector(t, db)
 	if got := leaders(t, a, b); len(got) != 1 || got[0] != 0 {
 		t.Fatalf("leaders = %v, want [0]", got)
@@ -75,7 +91,7 @@ func TestElectorReleasedOnClose(t *testing.T) {
 // other takes it; the old leader learns it lost on its next tick.
 func TestElectorReleasedWhenConnectionDies(t *testing.T) {
 	t.Parallel()
-	db := testenv.PostgresDB(t)
+	db := migratedDB(t)
 	a, b := newElector(t, db), newElector(t, db)
 	if got := leaders(t, a, b); len(got) != 1 || got[0] != 0 {
 		t.Fatalf("leaders = %v, want [0]", got)
@@ -201,5 +217,63 @@ func TestTwoRebalancersOneActs(t *testing.T) {
 	// Same demand: the new leader sees the shares already right and writes nothing.
 	if got := writes(follower); got != 0 {
 		t.Errorf("new leader wrote %v shares on unchanged demand, want 0", got)
+	}
+}
+
+// TestStoppedLeaderLosesLeadership: a leader that stops asking (its process stopped by
+// SIGSTOP, or cut off: from PostgreSQL's side its lock session just goes idle) loses the
+// session, and with it the lock, SessionTimeout later; the other takes over, and the old
+// leader's writes, carrying its epoch, are refused.
+func TestStoppedLeaderLosesLeadership(t *testing.T) {
+	t.Parallel()
+	db := migratedDB(t)
+	const timeout = time.Second
+	mk := func() *job.Elector {
+		e, err := job.NewElector(job.ElectorConfig{DatabaseURL: db, Timeout: 2 * time.Second, SessionTimeout: timeout})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = e.Close() })
+		return e
+	}
+	a, b := mk(), mk()
+	if got := leaders(t, a, b); len(got) != 1 || got[0] != 0 {
+		t.Fatalf("leaders = %v, want [0]", got)
+	}
+	epochA := a.Epoch()
+	start := time.Now()
+	for b.IsLeader(t.Context()) != nil {
+		if time.Since(start) > timeout+5*time.Second {
+			t.Fatalf("the follower did not take over within %v of the leader going quiet", timeout+5*time.Second)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	took := time.Since(start)
+	t.Logf("takeover %v after the leader went quiet (session timeout %v)", took, timeout)
+	if took < timeout-100*time.Millisecond {
+		t.Errorf("takeover after %v, before the session timeout %v: the leader was not given its time", took, timeout)
+	}
+	if b.Epoch() <= epochA {
+		t.Fatalf("new epoch %d, old %d: want it incremented", b.Epoch(), epochA)
+	}
+	st, err := store.Open(t.Context(), db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	if err := st.AddRegion(t.Context(), "us-east"); err != nil {
+		t.Fatal(err)
+	}
+	err = st.WriteRebalancer(t.Context(), store.RebalancerWrite{Actor: "a", Epoch: epochA,
+		Changes: []store.ShareChange{{Scope: regions.GlobalScope, Region: "us-east", New: 1}}})
+	if !errors.Is(err, store.ErrFenced) {
+		t.Fatalf("old leader's write: %v, want ErrFenced", err)
+	}
+	if err := st.WriteRebalancer(t.Context(), store.RebalancerWrite{Actor: "b", Epoch: b.Epoch(),
+		Changes: []store.ShareChange{{Scope: regions.GlobalScope, Region: "us-east", New: 1}}}); err != nil {
+		t.Fatalf("new leader's write: %v", err)
+	}
+	if err := a.IsLeader(t.Context()); !errors.Is(err, job.ErrNotLeader) {
+		t.Fatalf("old leader resumed: %v, want ErrNotLeader", err)
 	}
 }

@@ -91,7 +91,7 @@ func waitEffective(t *testing.T, r *store.Reloader, region string, sc regions.Sc
 	)
 	for time.Now().Before(deadline) {
 		if s := r.Current(); s != nil {
-			if got, gotSrc = s.EffectiveShare(region, sc.Tenant, sc.Route, time.Now()); math.Abs(got-want) < 1e-9 && gotSrc == src {
+			if got, gotSrc = s.Share(region, sc.Tenant, sc.Route); math.Abs(got-want) < 1e-9 && gotSrc == src {
 				return
 			}
 		}

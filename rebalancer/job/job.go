@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"math"
 	"slices"
 	"strings"
 	"sync"
@@ -38,9 +39,21 @@ const (
 
 // Store is what a tick needs from the control-plane store (store.Store).
 type Store interface {
-	LoadSnapshot(ctx context.Context, instanceTTL time.Duration) (*regions.Snapshot, error)
-	WriteRebalancerShares(ctx context.Context, changes []store.ShareChange, inputs any, actor string) error
+	Load(ctx context.Context, o store.LoadOptions) (*regions.Snapshot, error)
+	WriteRebalancer(ctx context.Context, w store.RebalancerWrite) error
 }
+
+// epocher is an Elector that hands out a fencing token (*Elector does).
+type epocher interface{ Epoch() int64 }
+
+// Hook points (Config.Hook).
+const (
+	// HookLoaded: the tick has loaded its snapshot and demand, and computed nothing yet.
+	HookLoaded = "loaded"
+	// HookDecreasesWritten: the decreases are committed and the reload wait is over; the
+	// increases are next.
+	HookDecreasesWritten = "decreases_written"
+)
 
 // DemandReader is what a tick needs from Prometheus (demand.Reader).
 type DemandReader interface {
@@ -81,6 +94,9 @@ type Config struct {
 	// Elector decides which rebalancer acts (an *Elector in production); nil means this
 	// one always does. Used by Run only.
 	Elector gocron.Elector
+	// Hook, in tests, is called at the Hook* points of every tick that gets there, so a
+	// test can interleave other writers step by step. nil in production.
+	Hook func(ctx context.Context, point string)
 	// Now is the clock behind the allocation's peak state; nil means time.Now.
 	Now        func() time.Time
 	Logger     *slog.Logger
@@ -301,7 +317,15 @@ func (j *Job) tickLocked(ctx context.Context, k kind) Report {
 		rep.Result, rep.Err = result, err
 		return rep
 	}
-	snap, err := j.store.LoadSnapshot(ctx, j.cfg.InstanceTTL)
+	// The fencing token is taken before anything is read: every write of this tick lands
+	// only while the leadership that read it lasts.
+	var epoch int64
+	if el, ok := j.cfg.Elector.(epocher); ok && !j.cfg.DryRun {
+		if epoch = el.Epoch(); epoch == 0 {
+			return fail(ResultNotLeader, fmt.Errorf("rebalance: %w: no leadership epoch", ErrNotLeader))
+		}
+	}
+	snap, err := j.store.Load(ctx, store.LoadOptions{InstanceTTL: j.cfg.InstanceTTL, WithoutKeys: true})
 	if err != nil {
 		return fail(ResultSkippedDatabase, fmt.Errorf("rebalance: %w", err))
 	}
@@ -312,6 +336,7 @@ func (j *Job) tickLocked(ctx context.Context, k kind) Report {
 	for region, err := range d.Unreachable {
 		j.log.Warn("prometheus of region unreachable; its demand is unknown", "region", region, "err", err)
 	}
+	j.at(ctx, HookLoaded)
 
 	regs := snap.Regions()
 	var first, second []store.ShareChange
@@ -362,22 +387,32 @@ func (j *Job) tickLocked(ctx context.Context, k kind) Report {
 			}
 		}
 	case len(first)+len(second) > 0:
-		firstDone, err := j.write(ctx, first, second)
+		firstDone, err := j.write(ctx, snap, regs, epoch, first, second)
 		if !firstDone {
 			rep.Expired = nil // they go with the first write, so the next run retries them
 		}
 		j.expired(rep.Expired)
 		if err != nil {
+			// A write refused because this rebalancer no longer leads, or because the rows
+			// changed under it, abandons the run: the next check reads again and heals a
+			// scope left summing below 1 by a committed decrease.
 			// PostgreSQL down is a skipped run; a write it refuses as invalid, or one cut
 			// short by shutdown, is an error.
-			if errors.Is(err, regions.ErrInvalid) || ctx.Err() != nil {
+			switch {
+			case errors.Is(err, store.ErrFenced):
+				j.m.writesRefused.WithLabelValues(ResultFenced).Inc()
+				return fail(ResultFenced, err)
+			case errors.Is(err, store.ErrConflict):
+				j.m.writesRefused.WithLabelValues(ResultConflict).Inc()
+				return fail(ResultConflict, err)
+			case errors.Is(err, regions.ErrInvalid) || ctx.Err() != nil:
 				return fail(ResultError, err)
 			}
 			return fail(ResultSkippedDatabase, err)
 		}
 		rep.Written = len(second)
 		for _, c := range first {
-			if !c.Delete {
+			if !c.Delete && c.New != c.Old { // not a region's current share made a row
 				rep.Written++
 			}
 		}
@@ -415,7 +450,6 @@ func (j *Job) expire(snap *regions.Snapshot, d demand.Demand, regs []string, liv
 			complete = false
 		}
 	}
-	at := snap.LoadedAt()
 	var (
 		changes []store.ShareChange
 		expired []regions.Scope
@@ -440,7 +474,7 @@ func (j *Job) expire(snap *regions.Snapshot, d demand.Demand, regs []string, liv
 		}
 		overridden := false
 		for _, r := range regs {
-			if _, src := snap.EffectiveShare(r, sc.Tenant, sc.Route, at); src == regions.SourceOverride {
+			if _, src := snap.Share(r, sc.Tenant, sc.Route); src == regions.SourceOverride {
 				overridden = true
 			}
 		}
@@ -469,20 +503,19 @@ func (j *Job) expired(scopes []regions.Scope) {
 
 // expiry is the Delete change of every rebalancer row of pair sc, absent for n runs.
 func (j *Job) expiry(snap *regions.Snapshot, regs []string, sc regions.Scope, n int) []store.ShareChange {
-	at := snap.LoadedAt()
 	rule := snap.Rule(sc.Tenant, sc.Route)
 	in := ScopeInputs{Scope: sc.String(), Reason: ReasonExpired, Kind: kindRun.String(), Split: SplitWaterfill,
 		RefillPerSecond: rule.RefillPerSecond, Capacity: rule.Capacity, AbsentRuns: n}
 	var rows []regions.Share
 	for _, r := range regs {
-		sh, ok := snap.ScopeShare(r, sc, at)
+		sh, ok := snap.ScopeRow(r, sc)
 		if !ok || sh.Source != regions.SourceRebalancer {
 			continue
 		}
 		rows = append(rows, sh)
 		in.Regions = append(in.Regions, RegionInput{Region: r,
 			Status:   rebalancer.RegionStatus(snap.LiveInstances(r) > 0, false),
-			Previous: sh.Share, Share: fallbackShare(snap, r, sc, at, len(regs))})
+			Previous: sh.Share, Share: fallbackShare(snap, r, sc, len(regs))})
 	}
 	reason := fmt.Sprintf("%s: no demand for %d runs", ReasonExpired, n)
 	out := make([]store.ShareChange, 0, len(rows))
@@ -494,9 +527,9 @@ func (j *Job) expiry(snap *regions.Snapshot, regs []string, sc regions.Scope, n 
 
 // fallbackShare is the share pair sc gets in region once its own rows are gone: its
 // tenant's, else "*"'s, else the equal split (rows as loaded by the run).
-func fallbackShare(snap *regions.Snapshot, region string, sc regions.Scope, at time.Time, n int) float64 {
+func fallbackShare(snap *regions.Snapshot, region string, sc regions.Scope, n int) float64 {
 	for _, wider := range [...]regions.Scope{{Tenant: sc.Tenant, Route: regions.Wildcard}, regions.GlobalScope} {
-		if sh, ok := snap.ScopeShare(region, wider, at); ok {
+		if sh, ok := snap.ScopeRow(region, wider); ok {
 			return sh.Share
 		}
 	}
@@ -526,13 +559,12 @@ func (j *Job) pairScopes(d demand.Demand) []regions.Scope {
 // pair or its tenant in that region. What remains is the traffic of every other tenant
 // (the folded _other included).
 func globalDemand(snap *regions.Snapshot, d demand.Demand, rebalanced map[regions.Scope]bool) demand.Demand {
-	at := snap.LoadedAt()
 	own := func(sc regions.Scope, region string) bool {
 		if rebalanced[sc] {
 			return true
 		}
-		_, pair := snap.ScopeShare(region, sc, at)
-		_, tenant := snap.ScopeShare(region, regions.Scope{Tenant: sc.Tenant, Route: regions.Wildcard}, at)
+		_, pair := snap.ScopeRow(region, sc)
+		_, tenant := snap.ScopeRow(region, regions.Scope{Tenant: sc.Tenant, Route: regions.Wildcard})
 		return pair || tenant
 	}
 	totals := d.Scopes[regions.GlobalScope]
@@ -591,7 +623,6 @@ func allocationRates(r demand.Rates) rebalancer.Rates {
 // (floors protected): headroom, peak reserve and equal rest are empty by construction.
 // Dark, unknown, overrides, the fast path and the hysteresis work as for a pair.
 func (j *Job) decide(snap *regions.Snapshot, d demand.Demand, regs []string, sc regions.Scope, k kind, now time.Time) (ScopeReport, []store.ShareChange, []store.ShareChange, error) {
-	at := snap.LoadedAt() // override expiry is judged by the database's clock
 	rule := snap.Rule(sc.Tenant, sc.Route)
 	limit := regions.Limit{Capacity: rule.Capacity, RefillPerSecond: rule.RefillPerSecond}
 	global := sc == regions.GlobalScope
@@ -612,7 +643,7 @@ func (j *Job) decide(snap *regions.Snapshot, d demand.Demand, regs []string, sc 
 	in := make([]rebalancer.RegionInput, 0, len(regs))
 	overridden, anyOK, total := false, false, 0.0
 	for _, r := range regs {
-		share, o := currentShare(snap, r, sc, at, len(regs))
+		share, o := currentShare(snap, r, sc, len(regs))
 		overridden = overridden || o
 		smp, fresh := d.Sample(sc, r)
 		ri := rebalancer.RegionInput{Region: r, Share: share,
@@ -646,7 +677,18 @@ func (j *Job) decide(snap *regions.Snapshot, d demand.Demand, regs []string, sc 
 		}
 	}
 
-	dec, err := rebalancer.Decide(cfg, limit, now, in, st, k.tick())
+	// A scope whose shares do not sum to 1 (a run's decreases committed, its increases
+	// refused) is healed by the next tick, check or run: decide it as a full run would.
+	sum := 0.0
+	for _, ri := range in {
+		sum += ri.Share
+	}
+	heal := math.Abs(sum-1) > regions.ShareTolerance
+	tick := k.tick()
+	if heal {
+		tick = rebalancer.FullRun
+	}
+	dec, err := rebalancer.Decide(cfg, limit, now, in, st, tick)
 	if err != nil {
 		unchanged()
 		return skip(SkipError, fmt.Errorf("allocate %s: %w", sc, err))
@@ -689,7 +731,21 @@ func (j *Job) decide(snap *regions.Snapshot, d demand.Demand, regs []string, sc 
 		}
 		return out
 	}
-	return sr, changes(dec.First), changes(dec.Second), nil
+	first, second := changes(dec.First), changes(dec.Second)
+	// Every region gets a row of the scope with the first write: a region without one
+	// (it had the equal split, or a wider scope's share) gets its current share, so the
+	// scope's rows name every region between the two writes too — a region removed
+	// meanwhile renormalises what the regions really have.
+	for _, ri := range in {
+		if _, ok := snap.ScopeShareOf(ri.Region, sc, regions.SourceRebalancer); ok {
+			continue
+		}
+		if _, dec := dec.First[ri.Region]; dec {
+			continue
+		}
+		first = append(first, store.ShareChange{Scope: sc, Region: ri.Region, Old: ri.Share, New: ri.Share, Reason: reason, Inputs: sr.Inputs})
+	}
+	return sr, first, second, nil
 }
 
 // withoutPeaks is st with every peak at 0 (the "*" scope has no peak reserve).
@@ -705,26 +761,66 @@ func withoutPeaks(st rebalancer.State) rebalancer.State {
 // currentShare is region's share in force for scope, and whether an operator override
 // decides it (then the rebalancer leaves the scope alone). For "*" it is the scope's own
 // row, else the equal split; for a pair it is what the gateways enforce for it
-// (EffectiveShare), so an override at the tenant or "*" covers the pair too.
-func currentShare(snap *regions.Snapshot, region string, sc regions.Scope, at time.Time, n int) (float64, bool) {
+// (Share), so an override at the tenant or "*" covers the pair too.
+func currentShare(snap *regions.Snapshot, region string, sc regions.Scope, n int) (float64, bool) {
 	if sc == regions.GlobalScope {
-		sh, ok := snap.ScopeShare(region, sc, at)
+		sh, ok := snap.ScopeRow(region, sc)
 		if !ok {
 			return 1 / float64(n), false
 		}
 		return sh.Share, sh.Source == regions.SourceOverride
 	}
-	share, src := snap.EffectiveShare(region, sc.Tenant, sc.Route, at)
+	share, src := snap.Share(region, sc.Tenant, sc.Route)
 	return share, src == regions.SourceOverride
 }
 
 // write stores the decreases (and expired pairs' deletions), waits one gateway reload
 // period, then stores the increases, so the shares gateways enforce never sum above 1.
 // firstDone says whether the first write was committed, even when err is not nil.
-func (j *Job) write(ctx context.Context, first, second []store.ShareChange) (firstDone bool, err error) {
+//
+// Both writes are fenced (epoch) and compare-and-set: each lands only if the region set
+// is still regs and every rebalancer row of the scopes it touches still holds what the
+// run read from snap — or, for the second write, what the first wrote. Otherwise it is
+// refused (store.ErrConflict) and the run abandoned; history records the replaced values.
+func (j *Job) write(ctx context.Context, snap *regions.Snapshot, regs []string, epoch int64, first, second []store.ShareChange) (firstDone bool, err error) {
+	// The rows as read, for every scope either write touches.
+	expect := map[[2]string]*float64{}
+	scopes := map[regions.Scope]bool{}
+	for _, c := range append(slices.Clone(first), second...) {
+		scopes[c.Scope] = true
+	}
+	for sc := range scopes {
+		for _, r := range regs {
+			var v *float64
+			if sh, ok := snap.ScopeShareOf(r, sc, regions.SourceRebalancer); ok {
+				v = &sh.Share
+			}
+			expect[[2]string{sc.String(), r}] = v
+		}
+	}
+	expectList := func() []store.ExpectedShare {
+		out := make([]store.ExpectedShare, 0, len(expect))
+		for sc := range scopes {
+			for _, r := range regs {
+				out = append(out, store.ExpectedShare{Scope: sc, Region: r, Source: regions.SourceRebalancer, Share: expect[[2]string{sc.String(), r}]})
+			}
+		}
+		return out
+	}
+	w := func(changes []store.ShareChange) error {
+		return j.store.WriteRebalancer(ctx, store.RebalancerWrite{Changes: changes, Actor: j.cfg.Actor,
+			Epoch: epoch, Regions: regs, Expect: expectList()})
+	}
 	if len(first) > 0 {
-		if err := j.store.WriteRebalancerShares(ctx, first, nil, j.cfg.Actor); err != nil {
+		if err := w(first); err != nil {
 			return false, fmt.Errorf("rebalance: write decreases: %w", err)
+		}
+		for _, c := range first {
+			var v *float64
+			if !c.Delete {
+				v = &c.New
+			}
+			expect[[2]string{c.Scope.String(), c.Region}] = v
 		}
 		if len(second) > 0 {
 			t := time.NewTimer(j.cfg.ReloadWait)
@@ -734,14 +830,21 @@ func (j *Job) write(ctx context.Context, first, second []store.ShareChange) (fir
 				return true, fmt.Errorf("rebalance: increases not written (decreases were): %w", ctx.Err())
 			case <-t.C:
 			}
+			j.at(ctx, HookDecreasesWritten)
 		}
 	}
 	if len(second) > 0 {
-		if err := j.store.WriteRebalancerShares(ctx, second, nil, j.cfg.Actor); err != nil {
+		if err := w(second); err != nil {
 			return true, fmt.Errorf("rebalance: write increases (decreases were written): %w", err)
 		}
 	}
 	return true, nil
+}
+
+func (j *Job) at(ctx context.Context, point string) {
+	if j.cfg.Hook != nil {
+		j.cfg.Hook(ctx, point)
+	}
 }
 
 // exportShares sets ratelimit_rebalancer_share_ratio from a full run: "*" and the

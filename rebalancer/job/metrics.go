@@ -18,6 +18,13 @@ const (
 	// run was cut short between its two writes.
 	ResultError     = "error"
 	ResultNotLeader = "not_leader" // another rebalancer holds the lock
+	// ResultFenced: a write was refused because another rebalancer took the leadership
+	// over during the tick (the lease epoch moved); the run was abandoned.
+	ResultFenced = "fenced"
+	// ResultConflict: a write was refused because the rows it was computed from changed
+	// (an operator, a region added or removed); the run was abandoned, the next tick
+	// recomputes.
+	ResultConflict = "conflict"
 )
 
 // Reasons a scope's computed shares were not written, beyond the rebalancer's own
@@ -37,7 +44,7 @@ const (
 const BasisProportional rebalancer.Basis = "proportional"
 
 var (
-	results     = []string{ResultOK, ResultSkippedPrometheus, ResultSkippedDatabase, ResultError, ResultNotLeader}
+	results     = []string{ResultOK, ResultSkippedPrometheus, ResultSkippedDatabase, ResultError, ResultNotLeader, ResultFenced, ResultConflict}
 	skipReasons = []string{rebalancer.ReasonHysteresis, rebalancer.ReasonNoTrigger, SkipOverride, SkipDryRun, SkipError, SkipNoDemand}
 )
 
@@ -51,6 +58,7 @@ type metrics struct {
 	expiredScopes prometheus.Counter
 	leader        prometheus.Gauge
 	duration      *prometheus.HistogramVec
+	writesRefused *prometheus.CounterVec
 }
 
 // newMetrics makes the job's metrics and registers them on reg (nil: none). A registry
@@ -60,7 +68,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
 		runs: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "ratelimit_rebalancer_runs_total",
-			Help: "Full rebalancer runs (every interval) by result: ok, skipped_prometheus, skipped_database, error, not_leader.",
+			Help: "Full rebalancer runs (every interval) by result: ok, skipped_prometheus, skipped_database, error, not_leader, fenced, conflict.",
 		}, []string{"result"}),
 		checks: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "ratelimit_rebalancer_checks_total",
@@ -90,6 +98,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "ratelimit_rebalancer_leader",
 			Help: "1 while this rebalancer holds the leader lock.",
 		}),
+		writesRefused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ratelimit_rebalancer_writes_refused_total",
+			Help: "Share writes the database refused, abandoning the tick, by reason: fenced (no longer the leader) or conflict (rows changed since read).",
+		}, []string{"reason"}),
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "ratelimit_rebalancer_run_duration_seconds",
 			Help:    "Duration of a tick (kind run or check), including the shrink-before-grow wait.",
@@ -103,6 +115,8 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	for _, r := range skipReasons {
 		m.writesSkipped.WithLabelValues(r)
 	}
+	m.writesRefused.WithLabelValues(ResultFenced)
+	m.writesRefused.WithLabelValues(ResultConflict)
 	m.duration.WithLabelValues(kindRun.String())
 	m.duration.WithLabelValues(kindCheck.String())
 	if reg == nil {
@@ -119,6 +133,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		{"ratelimit_rebalancer_share_writes_total", m.shareWrites},
 		{"ratelimit_rebalancer_expired_scopes_total", m.expiredScopes}, {"ratelimit_rebalancer_leader", m.leader},
 		{"ratelimit_rebalancer_run_duration_seconds", m.duration},
+		{"ratelimit_rebalancer_writes_refused_total", m.writesRefused},
 	} {
 		if err := reg.Register(c.c); err != nil {
 			for _, d := range done {

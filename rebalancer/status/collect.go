@@ -270,14 +270,14 @@ func (h *Handler) build(now time.Time, db storeData, pd promData) (*Status, erro
 			rg.Gateways = []Gateway{}
 		}
 		rg.Dark = rg.LiveGateways == 0
-		if sh, ok := snap.ScopeShare(name, regions.GlobalScope, now); ok {
+		if sh, ok := snap.ScopeRow(name, regions.GlobalScope); ok {
 			rg.Share, rg.ShareSource, rg.ShareReason = sh.Share, string(sh.Source), sh.Reason
 			rg.ShareSetAt = timePtr(sh.UpdatedAt)
 			if sh.Source == regions.SourceOverride {
 				rg.OverrideExpiresAt = timePtr(sh.ExpiresAt)
 			}
 		} else {
-			v, src := snap.EffectiveShare(name, regions.Wildcard, regions.Wildcard, now)
+			v, src := snap.Share(name, regions.Wildcard, regions.Wildcard)
 			rg.Share, rg.ShareSource = v, string(src)
 		}
 		defaults[name] = rg.Share
@@ -315,7 +315,7 @@ func tenantShares(snap *regions.Snapshot, db storeData, defaults map[string]floa
 	for _, sc := range scopes {
 		ss := ScopeShares{Scope: sc.String()}
 		for _, r := range db.regions {
-			v, src := snap.EffectiveShare(r, sc.Tenant, sc.Route, now)
+			v, src := snap.Share(r, sc.Tenant, sc.Route)
 			d := v - defaults[r]
 			ss.Regions = append(ss.Regions, ScopeRegion{Region: r, Share: v, Source: string(src), DefaultShare: defaults[r], Deviation: d})
 			ss.MaxDeviation = math.Max(ss.MaxDeviation, math.Abs(d))

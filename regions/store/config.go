@@ -25,16 +25,26 @@ func (s *Store) Regions(ctx context.Context) ([]string, error) {
 	return names, nil
 }
 
-// AddRegion adds a region (ErrExists if it exists). Every scope that already has shares
-// (an operator override or rebalancer values) gets a share of 0 for the new region in the
-// same transaction, so each scope's shares keep summing to 1: the new region admits
-// (almost) nothing under them until the rebalancer, which sees it dark and then live, or an
-// operator gives it a share. Scopes without shares split equally, new region included.
+// AddRegion adds a region (ErrExists if it exists), and gives it a row in every scope
+// that has rows, in the same transaction, so each scope's rows keep naming every region
+// and summing to 1:
+//   - rebalancer rows: the new region gets the equal split 1/N (N regions, the new one
+//     included) and the existing rows are scaled to sum to 1 - 1/N, keeping their
+//     proportions (equally, if they summed to 0). The rebalancer then moves it by demand.
+//   - override rows: the new region gets 0 and the operator's split stays as set (an
+//     override is an instruction); the override keeps its expiry. Change the override
+//     to give the new region traffic.
+//
+// Scopes without rows split equally, new region included. It serialises with every share
+// write (lockRegions).
 func (s *Store) AddRegion(ctx context.Context, name string) error {
 	if err := regions.ValidateID("region", name); err != nil {
 		return fmt.Errorf("add region: %w", err)
 	}
 	err := s.write(ctx, auditOf(ctx), func(tx pgx.Tx) error {
+		if err := lockRegionsExclusive(ctx, tx); err != nil {
+			return err
+		}
 		tag, err := tx.Exec(ctx, `INSERT INTO region (name) VALUES ($1) ON CONFLICT (name) DO NOTHING`, name)
 		if err != nil {
 			return dbErr(err)
@@ -42,11 +52,27 @@ func (s *Store) AddRegion(ctx context.Context, name string) error {
 		if tag.RowsAffected() == 0 {
 			return ErrExists
 		}
-		// One zero row per (scope, source) that has rows; an override keeps its expiry.
+		var n int
+		if err := tx.QueryRow(ctx, `SELECT count(*) FROM region`).Scan(&n); err != nil {
+			return err
+		}
+		// Rebalancer rows: scale the others to 1 - 1/n.
+		if _, err := tx.Exec(ctx, `
+			WITH totals AS (
+				SELECT scope, sum(share) AS total, count(*) AS k FROM region_share
+				WHERE source = 'rebalancer' GROUP BY scope
+			)
+			UPDATE region_share r
+			SET share = CASE WHEN t.total > 0 THEN least(1, r.share / t.total * (1 - 1.0 / $1)) ELSE (1 - 1.0 / $1) / t.k END,
+			    updated_at = now(), reason = 'region added: ' || $2
+			FROM totals t
+			WHERE r.scope = t.scope AND r.source = 'rebalancer'`, n, name); err != nil {
+			return err
+		}
 		_, err = tx.Exec(ctx, `
 			INSERT INTO region_share (scope, region, share, source, expires_at, reason)
-			SELECT scope, $1, 0, source, max(expires_at), 'region added'
-			FROM region_share GROUP BY scope, source`, name)
+			SELECT scope, $1, CASE WHEN source = 'rebalancer' THEN 1.0 / $2 ELSE 0 END, source, max(expires_at), 'region added'
+			FROM region_share GROUP BY scope, source`, name, n)
 		return dbErr(err)
 	})
 	if err != nil {
@@ -65,7 +91,9 @@ func (s *Store) RemoveRegion(ctx context.Context, name string, force bool) error
 		return fmt.Errorf("remove region: %w", err)
 	}
 	err := s.write(ctx, auditOf(ctx), func(tx pgx.Tx) error {
-		// Lock the region row: a concurrent SetOverride reads regions FOR SHARE.
+		if err := lockRegionsExclusive(ctx, tx); err != nil {
+			return err
+		}
 		var locked string
 		switch err := tx.QueryRow(ctx, `SELECT name FROM region WHERE name = $1 FOR UPDATE`, name).Scan(&locked); {
 		case errors.Is(err, pgx.ErrNoRows):
@@ -278,12 +306,14 @@ func (s *Store) SetRule(ctx context.Context, r regions.Rule) error {
 }
 
 // DeleteRule deletes the rule for tenant and route; ErrNotFound if there is none. The
-// default rule (*, *) cannot be deleted (ErrInvalid): set it instead.
+// default rule (*, *) cannot be deleted (ErrInvalid): set it instead. Any id the database
+// may hold is accepted (RawID), so a row written with plain SQL that ValidateID refuses
+// (a reserved name) can be deleted too.
 func (s *Store) DeleteRule(ctx context.Context, tenant, route string) error {
-	if err := regions.ValidateIDOrWildcard("tenant", tenant); err != nil {
+	if err := RawID("tenant", tenant); err != nil {
 		return fmt.Errorf("delete rule: %w", err)
 	}
-	if err := regions.ValidateIDOrWildcard("route", route); err != nil {
+	if err := RawID("route", route); err != nil {
 		return fmt.Errorf("delete rule: %w", err)
 	}
 	if tenant == regions.Wildcard && route == regions.Wildcard {
@@ -383,4 +413,22 @@ func (s *Store) Instances(ctx context.Context) ([]regions.Instance, error) {
 		return nil, fmt.Errorf("list instances: %w", err)
 	}
 	return in, nil
+}
+
+// RawID accepts any id a row may hold, valid or not: 1 to 64 bytes of printable UTF-8.
+// Deletions take it, so an operator can remove any row the database holds; writes that
+// create rows validate with regions.ValidateID.
+func RawID(kind, id string) error {
+	if id == "" || len(id) > 64 {
+		return fmt.Errorf("%w %s id %.20q: must be 1 to 64 bytes", regions.ErrInvalid, kind, id)
+	}
+	if !utf8.ValidString(id) {
+		return fmt.Errorf("%w %s id %q: not UTF-8", regions.ErrInvalid, kind, id)
+	}
+	for _, r := range id {
+		if unicode.IsControl(r) {
+			return fmt.Errorf("%w %s id %q: control characters", regions.ErrInvalid, kind, id)
+		}
+	}
+	return nil
 }

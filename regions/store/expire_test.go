@@ -129,7 +129,7 @@ func TestStoreDeleteRebalancerShares(t *testing.T) {
 		t.Errorf("RebalancerScopes after = %v, want %v", got, want)
 	}
 	// The override still decides the pair; without it, the pair would fall back to "*".
-	if sh, src := snap.EffectiveShare("us-east", gone.Tenant, gone.Route, snap.LoadedAt()); sh != 0.5 || src != regions.SourceOverride {
+	if sh, src := snap.Share("us-east", gone.Tenant, gone.Route); sh != 0.5 || src != regions.SourceOverride {
 		t.Errorf("effective share of %s = %v (%s), want the override's 0.5", gone, sh, src)
 	}
 	if err := s.ClearOverride(ctx, gone, "alice", "done"); err != nil {
@@ -138,7 +138,7 @@ func TestStoreDeleteRebalancerShares(t *testing.T) {
 	if snap, err = s.LoadSnapshot(ctx, 0); err != nil {
 		t.Fatal(err)
 	}
-	if sh, src := snap.EffectiveShare("us-east", gone.Tenant, gone.Route, snap.LoadedAt()); sh != 0.7 || src != regions.SourceRebalancer {
+	if sh, src := snap.Share("us-east", gone.Tenant, gone.Route); sh != 0.7 || src != regions.SourceRebalancer {
 		t.Errorf("effective share of %s = %v (%s), want the * rebalancer share 0.7", gone, sh, src)
 	}
 }

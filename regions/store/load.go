@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -17,14 +18,35 @@ import (
 // transaction (one consistent view) and builds a Snapshot: regions, rules, valid keys,
 // active shares, and the instances seen within instanceTTL (all when instanceTTL <= 0).
 // LoadedAt and instance liveness use the database's clock, so gateway clocks do not matter.
+// A row the loader cannot accept is left out and listed in the snapshot's Skipped (see
+// LoadOptions).
 func (s *Store) LoadSnapshot(ctx context.Context, instanceTTL time.Duration) (*regions.Snapshot, error) {
+	return s.Load(ctx, LoadOptions{InstanceTTL: instanceTTL})
+}
+
+// LoadOptions selects what Load reads.
+type LoadOptions struct {
+	// InstanceTTL: instances seen within it are live (all when <= 0).
+	InstanceTTL time.Duration
+	// WithoutKeys leaves the API keys out (the snapshot authenticates nobody): the
+	// rebalancer and ratectl never use them, and at a million keys they cost about a
+	// second and 170 MB per load.
+	WithoutKeys bool
+}
+
+// Load is LoadSnapshot with options. Rows the database holds but the model refuses (an
+// id ValidateID rejects, a share out of range, a share of a region left out) are skipped,
+// not fatal: one such row must not freeze every gateway on its last snapshot. They are
+// listed in Snapshot.Skipped for the caller to count and log (the Reloader does).
+func (s *Store) Load(ctx context.Context, o LoadOptions) (*regions.Snapshot, error) {
 	var (
 		d    regions.SnapshotData
 		keys map[regions.KeyHash]string
 	)
 	err := pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
 		var err error
-		keys, err = loadData(ctx, tx, instanceTTL, &d)
+		d = regions.SnapshotData{}
+		keys, err = loadData(ctx, tx, o, &d)
 		return err
 	})
 	if err != nil {
@@ -38,30 +60,107 @@ func (s *Store) LoadSnapshot(ctx context.Context, instanceTTL time.Duration) (*r
 	return snap, nil
 }
 
+// Table names in SkippedRow.Table.
+const (
+	TableRegion = "region"
+	TableRule   = "rate_limit_rule"
+	TableKey    = "api_key"
+	TableShare  = "region_share"
+)
+
+// SkippedTables are the tables a load may skip rows of (metric labels).
+var SkippedTables = []string{TableRegion, TableRule, TableKey, TableShare}
+
 // loadData reads everything but the keys into d, and returns the valid keys as a map.
-func loadData(ctx context.Context, tx pgx.Tx, instanceTTL time.Duration, d *regions.SnapshotData) (map[regions.KeyHash]string, error) {
+func loadData(ctx context.Context, tx pgx.Tx, o LoadOptions, d *regions.SnapshotData) (map[regions.KeyHash]string, error) {
+	instanceTTL := o.InstanceTTL
 	if err := tx.QueryRow(ctx, `SELECT now()`).Scan(&d.LoadedAt); err != nil {
 		return nil, fmt.Errorf("read clock: %w", err)
 	}
 	d.InstanceTTL = instanceTTL
+	skip := func(table, id string, err error) {
+		d.Skipped = append(d.Skipped, regions.SkippedRow{Table: table, ID: id, Err: err})
+	}
 	rows, _ := tx.Query(ctx, `SELECT name FROM region ORDER BY name`)
 	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	if err != nil {
 		return nil, fmt.Errorf("read regions: %w", err)
 	}
-	d.Regions = names
-
-	if d.Rules, err = loadRules(ctx, tx); err != nil {
-		return nil, err
+	known := make(map[string]bool, len(names))
+	for _, n := range names {
+		if err := regions.ValidateID("region", n); err != nil {
+			skip(TableRegion, n, err)
+			continue
+		}
+		d.Regions = append(d.Regions, n)
+		known[n] = true
 	}
-	keys, err := loadKeys(ctx, tx)
+
+	all, err := loadRules(ctx, tx)
 	if err != nil {
 		return nil, err
+	}
+	d.Rules = all[:0]
+	for _, r := range all {
+		if err := r.Validate(); err != nil {
+			skip(TableRule, r.Tenant+"/"+r.Route, err)
+			continue
+		}
+		d.Rules = append(d.Rules, r)
+	}
+	var keys map[regions.KeyHash]string
+	if !o.WithoutKeys {
+		var bad []string
+		if keys, bad, err = loadKeys(ctx, tx); err != nil {
+			return nil, err
+		}
+		if len(bad) > 0 {
+			rows, _ := tx.Query(ctx, `SELECT id, tenant_id FROM api_key WHERE revoked_at IS NULL AND tenant_id = ANY($1) ORDER BY id`, bad)
+			var (
+				id     int64
+				tenant string
+			)
+			if _, err := pgx.ForEachRow(rows, []any{&id, &tenant}, func() error {
+				skip(TableKey, strconv.FormatInt(id, 10), regions.ValidateID("tenant", tenant))
+				return nil
+			}); err != nil {
+				return nil, fmt.Errorf("read invalid keys: %w", err)
+			}
+		}
 	}
 
 	rows, _ = tx.Query(ctx, `SELECT scope, region, share, source, expires_at, updated_at, reason FROM region_share
 		WHERE expires_at IS NULL OR expires_at > now()`)
-	if d.Shares, err = pgx.CollectRows(rows, scanShare); err != nil {
+	var (
+		sh            regions.Share
+		scope, source string
+		expires       *time.Time
+	)
+	if _, err := pgx.ForEachRow(rows, []any{&scope, &sh.Region, &sh.Share, &source, &expires, &sh.UpdatedAt, &sh.Reason}, func() error {
+		id := scope + " " + sh.Region + " " + source
+		sc, err := regions.ParseScope(scope)
+		switch {
+		case err != nil:
+		case !known[sh.Region]:
+			err = fmt.Errorf("%w: share for region %q, which is not loaded", regions.ErrInvalid, sh.Region)
+		case sh.Share != sh.Share || sh.Share < 0 || sh.Share > 1:
+			err = fmt.Errorf("%w: share %v", regions.ErrInvalid, sh.Share)
+		case source != string(regions.SourceOverride) && source != string(regions.SourceRebalancer):
+			err = fmt.Errorf("%w: share source %q", regions.ErrInvalid, source)
+		}
+		if err != nil {
+			skip(TableShare, id, err)
+			return nil
+		}
+		out := sh
+		out.Scope, out.Source = sc, regions.Source(source)
+		out.ExpiresAt = time.Time{}
+		if expires != nil {
+			out.ExpiresAt = *expires
+		}
+		d.Shares = append(d.Shares, out)
+		return nil
+	}); err != nil {
 		return nil, fmt.Errorf("read shares: %w", err)
 	}
 
@@ -136,20 +235,28 @@ func rawOK(fd []pgconn.FieldDescription) bool {
 }
 
 // loadKeys reads the valid keys into a map hash -> tenant (see loadRules on decoding).
-// Each distinct tenant id is validated, and held, once.
-func loadKeys(ctx context.Context, tx pgx.Tx) (map[regions.KeyHash]string, error) {
+// Each distinct tenant id is validated, and held, once; keys of an invalid tenant are
+// left out, and the invalid tenants returned.
+func loadKeys(ctx context.Context, tx pgx.Tx) (map[regions.KeyHash]string, []string, error) {
 	var n int
 	if err := tx.QueryRow(ctx, `SELECT count(*) FROM api_key WHERE revoked_at IS NULL`).Scan(&n); err != nil {
-		return nil, fmt.Errorf("count keys: %w", err)
+		return nil, nil, fmt.Errorf("count keys: %w", err)
 	}
 	keys := make(map[regions.KeyHash]string, n)
 	tenants := make(map[string]string)
+	invalid := make(map[string]bool)
+	var bad []string
 	tenant := func(b []byte) (string, error) {
 		if t, ok := tenants[string(b)]; ok { // the lookup does not allocate
 			return t, nil
 		}
+		if invalid[string(b)] {
+			return "", regions.ErrInvalid
+		}
 		t := string(b)
 		if err := regions.ValidateID("tenant", t); err != nil {
+			invalid[t] = true
+			bad = append(bad, t)
 			return "", err
 		}
 		tenants[t] = t
@@ -157,7 +264,7 @@ func loadKeys(ctx context.Context, tx pgx.Tx) (map[regions.KeyHash]string, error
 	}
 	rows, err := tx.Query(ctx, `SELECT key_hash, tenant_id FROM api_key WHERE revoked_at IS NULL`)
 	if err != nil {
-		return nil, fmt.Errorf("read keys: %w", err)
+		return nil, nil, fmt.Errorf("read keys: %w", err)
 	}
 	defer rows.Close()
 	raw := rawOK(rows.FieldDescriptions())
@@ -174,24 +281,24 @@ func loadKeys(ctx context.Context, tx pgx.Tx) (map[regions.KeyHash]string, error
 		)
 		if !raw {
 			if err := rows.Scan(&scannedHash, &scannedTenant); err != nil {
-				return nil, fmt.Errorf("read keys: %w", err)
+				return nil, nil, fmt.Errorf("read keys: %w", err)
 			}
 			hash, name = scannedHash, []byte(scannedTenant)
 		}
 		if len(hash) != len(h) {
-			return nil, fmt.Errorf("read keys: %w: hash of %d bytes", regions.ErrInvalid, len(hash))
+			return nil, nil, fmt.Errorf("read keys: %w: hash of %d bytes", regions.ErrInvalid, len(hash))
 		}
 		copy(h[:], hash)
 		t, err := tenant(name)
 		if err != nil {
-			return nil, fmt.Errorf("read keys: %w", err)
+			continue // listed in bad
 		}
 		keys[h] = t
 	}
 	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("read keys: %w", err)
+		return nil, nil, fmt.Errorf("read keys: %w", err)
 	}
-	return keys, nil
+	return keys, bad, nil
 }
 
 func scanShare(row pgx.CollectableRow) (regions.Share, error) {

@@ -6,11 +6,14 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 	"github.com/quotaplane/quotaplane/regions"
 )
 
@@ -34,6 +37,11 @@ type ReloaderOptions struct {
 	// OnError, if set, is called with every failed load (metrics); the previous snapshot
 	// stays current.
 	OnError func(error)
+	// Registerer receives the reloader's metrics (nil: not registered):
+	// ratelimit_snapshot_rows_skipped_total{table} counts the rows loads left out
+	// (Snapshot.Skipped), once per load that skipped them, so a bad row shows as a
+	// steady rate; ratelimit_snapshot_rows_skipped{table} is the current snapshot's count.
+	Registerer prometheus.Registerer
 }
 
 // Reload timing that is not configurable.
@@ -43,11 +51,15 @@ const (
 	listenMaxDelay = 5 * time.Second        // longest LISTEN reconnect delay
 	listenPing     = 15 * time.Second       // idle LISTEN connections are pinged this often
 	connectTimeout = 5 * time.Second        // one LISTEN connection attempt
+	// expiryMargin: the reload at an override's expiry comes this long after it, so
+	// the database's now() has passed it.
+	expiryMargin = 5 * time.Millisecond
 )
 
 // Reloader holds the current Snapshot and replaces it whole: on every notification on
-// NotifyChannel (coalesced by Debounce), every Interval, and soon after a failed load
-// (retrying with backoff up to Interval). A load is validated before the swap; a failed
+// NotifyChannel (coalesced by Debounce), every Interval, when an override in the
+// snapshot expires (Snapshot.NextExpiry, timed as a duration from the load on the
+// store's clock), and soon after a failed load (retrying with backoff up to Interval). A load is validated before the swap; a failed
 // load keeps the previous snapshot. While the LISTEN connection is down it reconnects with
 // backoff and the timer keeps reloading; after it reconnects it reloads, since changes
 // may have been missed.
@@ -58,7 +70,11 @@ type Reloader struct {
 	kick   chan struct{} // a notification arrived (buffered 1: bursts fold)
 	loadMu sync.Mutex    // one load at a time, so an older load never overwrites a newer one
 	failed bool          // guarded by loadMu: the last load failed (log state changes only)
-	active atomic.Bool   // Run is running
+	// skippedKey is the last load's skipped rows (guarded by loadMu), so they are logged
+	// when they change, not on every reload.
+	skippedKey string
+	m          reloaderMetrics
+	active     atomic.Bool // Run is running
 }
 
 // NewReloader fills defaults; it starts nothing and connects to nothing.
@@ -76,7 +92,79 @@ func NewReloader(o ReloaderOptions) *Reloader {
 	if log == nil {
 		log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
-	return &Reloader{opts: o, log: log, kick: make(chan struct{}, 1)}
+	return &Reloader{opts: o, log: log, kick: make(chan struct{}, 1), m: newReloaderMetrics(o.Registerer)}
+}
+
+type reloaderMetrics struct {
+	skippedTotal *prometheus.CounterVec
+	skipped      *prometheus.GaugeVec
+}
+
+// newReloaderMetrics registers on reg when it is not nil; a collector already registered
+// (a second Reloader on one registry) is reused.
+func newReloaderMetrics(reg prometheus.Registerer) reloaderMetrics {
+	m := reloaderMetrics{
+		skippedTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ratelimit_snapshot_rows_skipped_total",
+			Help: "Rows snapshot loads left out because they are invalid, by table, counted at every load.",
+		}, []string{"table"}),
+		skipped: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "ratelimit_snapshot_rows_skipped",
+			Help: "Rows the current snapshot left out because they are invalid, by table.",
+		}, []string{"table"}),
+	}
+	for _, t := range SkippedTables {
+		m.skippedTotal.WithLabelValues(t)
+		m.skipped.WithLabelValues(t)
+	}
+	if reg != nil {
+		m.skippedTotal = registerOrExisting(reg, m.skippedTotal)
+		m.skipped = registerOrExisting(reg, m.skipped)
+	}
+	return m
+}
+
+func registerOrExisting[C prometheus.Collector](reg prometheus.Registerer, c C) C {
+	if err := reg.Register(c); err != nil {
+		var are prometheus.AlreadyRegisteredError
+		if errors.As(err, &are) {
+			if old, ok := are.ExistingCollector.(C); ok {
+				return old
+			}
+		}
+	}
+	return c
+}
+
+// SkippedRows is ratelimit_snapshot_rows_skipped_total for table (tests, status pages).
+func (r *Reloader) SkippedRows(table string) float64 {
+	var m dto.Metric
+	if err := r.m.skippedTotal.WithLabelValues(table).Write(&m); err != nil {
+		return 0
+	}
+	return m.GetCounter().GetValue()
+}
+
+// noteSkipped counts and (when they changed) logs the rows s left out.
+func (r *Reloader) noteSkipped(s *regions.Snapshot) {
+	rows := s.Skipped()
+	per := make(map[string]int, len(SkippedTables))
+	var key strings.Builder
+	for _, row := range rows {
+		per[row.Table]++
+		key.WriteString(row.Table + "\x00" + row.ID + "\x00")
+	}
+	for _, t := range SkippedTables {
+		r.m.skippedTotal.WithLabelValues(t).Add(float64(per[t]))
+		r.m.skipped.WithLabelValues(t).Set(float64(per[t]))
+	}
+	if key.String() == r.skippedKey {
+		return
+	}
+	r.skippedKey = key.String()
+	for _, row := range rows {
+		r.log.Warn("config row skipped: invalid; delete or fix it", "table", row.Table, "id", row.ID, "err", row.Err)
+	}
 }
 
 // Current is the last good snapshot; nil until the first load (or SetStatic) succeeds.
@@ -118,6 +206,7 @@ func (r *Reloader) Reload(ctx context.Context) error {
 		}
 		return err
 	}
+	r.noteSkipped(s)
 	r.cur.Store(s)
 	if r.failed {
 		r.log.Info("config reload recovered", "rules", s.RuleCount())
@@ -163,9 +252,11 @@ func (r *Reloader) Run(ctx context.Context) error {
 	var (
 		debounce   <-chan time.Time // pending coalesced notification
 		retry      <-chan time.Time // pending retry after a failure
+		expiry     <-chan time.Time // the current snapshot's next override expiry
 		retryDelay = retryMin
 	)
 	reload := func() {
+		start := time.Now()
 		if err := r.Reload(ctx); err != nil {
 			if ctx.Err() == nil {
 				retry = time.After(retryDelay)
@@ -174,6 +265,13 @@ func (r *Reloader) Run(ctx context.Context) error {
 			return
 		}
 		retry, retryDelay = nil, retryMin
+		expiry = nil
+		if s := r.Current(); s != nil && !s.NextExpiry().IsZero() {
+			// A duration on the store's clock (NextExpiry - LoadedAt), counted from
+			// when the load started: this clock's time of day never enters.
+			wait := s.NextExpiry().Sub(s.LoadedAt()) - time.Since(start)
+			expiry = time.After(max(wait, 0) + expiryMargin)
+		}
 	}
 	reload()
 	for {
@@ -189,6 +287,9 @@ func (r *Reloader) Run(ctx context.Context) error {
 			reload()
 		case <-retry:
 			retry = nil
+			reload()
+		case <-expiry:
+			expiry = nil
 			reload()
 		case <-ticker.C:
 			reload()

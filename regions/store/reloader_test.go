@@ -246,7 +246,7 @@ func TestReloaderFollowsDatabaseChanges(t *testing.T) {
 			func(s *regions.Snapshot) bool { return s.Rule("shop-a", "create-order").Capacity == 2 }},
 		{"share change", `INSERT INTO region_share (scope, region, share, source) VALUES ('shop-a', 'us-east', 0.7, 'rebalancer')`,
 			func(s *regions.Snapshot) bool {
-				v, _ := s.EffectiveShare("us-east", "shop-a", "create-order", time.Now())
+				v, _ := s.Share("us-east", "shop-a", "create-order")
 				return v == 0.7
 			}},
 		{"key revoked", `UPDATE api_key SET revoked_at = now()`,

@@ -3,8 +3,12 @@ package store
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math"
+	"slices"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -52,12 +56,16 @@ func (s *Store) SetOverride(ctx context.Context, scope regions.Scope, shares map
 		expires = &us
 	}
 	err := s.write(ctx, audit{actor, reason}, func(tx pgx.Tx) error {
-		// FOR SHARE: no region is added or removed until we commit.
-		rows, _ := tx.Query(ctx, `SELECT name FROM region ORDER BY name FOR SHARE`)
+		// No region is added or removed until we commit.
+		if err := lockRegions(ctx, tx); err != nil {
+			return err
+		}
+		rows, _ := tx.Query(ctx, `SELECT name FROM region ORDER BY name`)
 		names, err := pgx.CollectRows(rows, pgx.RowTo[string])
 		if err != nil {
 			return err
 		}
+		s.at(hookOverrideRead)
 		if err := regions.ValidateShares(shares, names); err != nil {
 			return err
 		}
@@ -88,11 +96,69 @@ func (s *Store) ClearOverride(ctx context.Context, scope regions.Scope, actor, r
 		return fmt.Errorf("clear override: %w", err)
 	}
 	err := s.write(ctx, audit{actor, reason}, func(tx pgx.Tx) error {
+		if err := lockRegions(ctx, tx); err != nil {
+			return err
+		}
 		_, err := tx.Exec(ctx, `DELETE FROM region_share WHERE scope = $1 AND source = 'override'`, scope.String())
 		return err
 	})
 	if err != nil {
 		return fmt.Errorf("clear override %s: %w", scope, err)
+	}
+	return nil
+}
+
+// DeleteScopeShares deletes every share row (override and rebalancer) of the scope
+// written exactly as scope, which need not be a valid scope: an operator's way to remove a
+// row written with plain SQL that the loader skips (a reserved name, say). Each deletion
+// leaves a history row naming actor and reason. It returns the number of rows deleted.
+func (s *Store) DeleteScopeShares(ctx context.Context, scope, actor, reason string) (int64, error) {
+	if scope != regions.Wildcard {
+		t, r, _ := strings.Cut(scope, "/")
+		if err := RawID("tenant", t); err != nil {
+			return 0, fmt.Errorf("delete shares of scope: %w", err)
+		}
+		if r != "" {
+			if err := RawID("route", r); err != nil {
+				return 0, fmt.Errorf("delete shares of scope: %w", err)
+			}
+		}
+	}
+	if actor == "" || reason == "" {
+		return 0, fmt.Errorf("delete shares of scope %q: %w: an actor and a reason are required", scope, regions.ErrInvalid)
+	}
+	var n int64
+	err := s.write(ctx, audit{actor, reason}, func(tx pgx.Tx) error {
+		if err := lockRegions(ctx, tx); err != nil {
+			return err
+		}
+		tag, err := tx.Exec(ctx, `DELETE FROM region_share WHERE scope = $1`, scope)
+		n = tag.RowsAffected()
+		return err
+	})
+	if err != nil {
+		return 0, fmt.Errorf("delete shares of scope %q: %w", scope, err)
+	}
+	return n, nil
+}
+
+// lockRegions makes the transaction's view of the region set final: it takes the region
+// table in SHARE mode, which every share writer takes (so they run concurrently), and
+// which conflicts with the SHARE ROW EXCLUSIVE mode AddRegion and RemoveRegion take and
+// with any INSERT, UPDATE or DELETE of a region (ROW EXCLUSIVE), plain SQL included. So
+// a region is added or removed entirely before or entirely after each share write, and
+// the rows a share write reads and writes name every region of the set it commits with.
+func lockRegions(ctx context.Context, tx pgx.Tx) error {
+	if _, err := tx.Exec(ctx, `LOCK TABLE region IN SHARE MODE`); err != nil {
+		return fmt.Errorf("lock regions: %w", err)
+	}
+	return nil
+}
+
+// lockRegionsExclusive is AddRegion's and RemoveRegion's lock (see lockRegions).
+func lockRegionsExclusive(ctx context.Context, tx pgx.Tx) error {
+	if _, err := tx.Exec(ctx, `LOCK TABLE region IN SHARE ROW EXCLUSIVE MODE`); err != nil {
+		return fmt.Errorf("lock regions: %w", err)
 	}
 	return nil
 }
@@ -129,18 +195,65 @@ type ShareChange struct {
 	Delete bool
 }
 
-// WriteRebalancerShares upserts the rebalancer's shares, and deletes the rows of the
-// changes marked Delete, in one transaction, in the order given. Each change that alters
-// a stored row leaves a history row with actor, its reason and the inputs (marshalled
-// with encoding/json; nil stores none), so `ratectl shares history` can explain it; a
-// deletion's has no new share. Regions must exist. Shares of a scope are not required to
-// sum to 1 here: the rebalancer writes decreases before increases. Override rows are
-// never touched.
+// ErrFenced: a fenced rebalancer write was refused because its lease epoch is no longer
+// current: another rebalancer took the leadership over since the writer took it.
+var ErrFenced = errors.New("rebalancer lease lost: not the leader")
+
+// ErrConflict: a compare-and-set rebalancer write was refused because a row it was
+// computed from, or the region set, changed since it was read.
+var ErrConflict = errors.New("share rows changed since they were read")
+
+// ExpectedShare is a share row a rebalancer write was computed from: Share is the value
+// the row must still hold, nil that there must be no such row.
+type ExpectedShare struct {
+	Scope  regions.Scope
+	Region string
+	Source regions.Source
+	Share  *float64
+}
+
+// RebalancerWrite is one write of the rebalancer (WriteRebalancer).
+type RebalancerWrite struct {
+	Changes []ShareChange
+	// Inputs is recorded in each change's history row unless the change has its own.
+	Inputs any
+	Actor  string
+	// Epoch fences the write: it lands only while the rebalancer lease (table
+	// rebalancer_lease) has this epoch, else ErrFenced. 0: not fenced (tests, ratectl).
+	Epoch int64
+	// Regions, when not nil, is the region set the changes were computed for: the write
+	// is refused with ErrConflict unless the regions are exactly these.
+	Regions []string
+	// Expect lists the rows the changes were computed from (compare-and-set): each must
+	// still hold its value, else ErrConflict.
+	Expect []ExpectedShare
+}
+
+// WriteRebalancerShares is WriteRebalancer without fencing or compare-and-set.
 func (s *Store) WriteRebalancerShares(ctx context.Context, changes []ShareChange, inputs any, actor string) error {
-	if actor == "" {
+	return s.WriteRebalancer(ctx, RebalancerWrite{Changes: changes, Inputs: inputs, Actor: actor})
+}
+
+// idleInTxTimeout bounds how long a fenced write may sit idle inside its transaction
+// (its process stopped, say) while it holds the lease row FOR SHARE: then PostgreSQL ends
+// its session, so a takeover waits at most this long.
+const idleInTxTimeout = 5 * time.Second
+
+// WriteRebalancer upserts the rebalancer's shares, and deletes the rows of the changes
+// marked Delete, in one transaction, in the order given; it first proves the writer
+// still leads (Epoch) and that the rows it computed from are unchanged (Regions, Expect),
+// under the region lock every share writer takes (lockRegions). Each change that alters a
+// stored row leaves a history row with the actor, its reason and the inputs (marshalled
+// with encoding/json; nil stores none), so `ratectl shares history` can explain it; the
+// history's old value is the value actually replaced. Regions must exist. Shares of a
+// scope are not required to sum to 1 here: the rebalancer writes decreases before
+// increases. Override rows are never touched.
+func (s *Store) WriteRebalancer(ctx context.Context, w RebalancerWrite) error {
+	changes := w.Changes
+	if w.Actor == "" {
 		return fmt.Errorf("write rebalancer shares: %w: an actor is required", regions.ErrInvalid)
 	}
-	callInputs, err := marshalInputs(inputs)
+	callInputs, err := marshalInputs(w.Inputs)
 	if err != nil {
 		return fmt.Errorf("write rebalancer shares: %w", err)
 	}
@@ -168,7 +281,53 @@ func (s *Store) WriteRebalancerShares(ctx context.Context, changes []ShareChange
 		}
 		rows = append(rows, row{scope: c.Scope.String(), region: c.Region, reason: c.Reason, inputs: in, share: c.New, delete: c.Delete})
 	}
-	err = s.write(ctx, audit{actor: actor}, func(tx pgx.Tx) error {
+	err = s.write(ctx, audit{actor: w.Actor}, func(tx pgx.Tx) error {
+		if w.Epoch != 0 {
+			// A stopped writer holding the lease row must not hold a takeover back for
+			// long: PostgreSQL ends its session after this.
+			if _, err := tx.Exec(ctx, fmt.Sprintf(`SET LOCAL idle_in_transaction_session_timeout = %d`, idleInTxTimeout.Milliseconds())); err != nil {
+				return err
+			}
+			// FOR SHARE: a takeover (which increments epoch) waits until this commits.
+			var epoch int64
+			err := tx.QueryRow(ctx, `SELECT epoch FROM rebalancer_lease WHERE id = 1 FOR SHARE`).Scan(&epoch)
+			if err != nil {
+				return fmt.Errorf("check lease: %w", err)
+			}
+			if epoch != w.Epoch {
+				return fmt.Errorf("%w: lease epoch is %d, the writer's %d", ErrFenced, epoch, w.Epoch)
+			}
+		}
+		if err := lockRegions(ctx, tx); err != nil {
+			return err
+		}
+		if w.Regions != nil {
+			rows, _ := tx.Query(ctx, `SELECT name FROM region ORDER BY name`)
+			names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+			if err != nil {
+				return err
+			}
+			want := slices.Sorted(slices.Values(w.Regions))
+			if !slices.Equal(names, want) {
+				return fmt.Errorf("%w: regions are %v, the write was computed for %v", ErrConflict, names, want)
+			}
+		}
+		for _, e := range w.Expect {
+			src := e.Source
+			if src == "" {
+				src = regions.SourceRebalancer
+			}
+			var cur *float64
+			err := tx.QueryRow(ctx, `SELECT share FROM region_share WHERE scope = $1 AND region = $2 AND source = $3 FOR UPDATE`,
+				e.Scope.String(), e.Region, string(src)).Scan(&cur)
+			if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+				return fmt.Errorf("compare share %s %s: %w", e.Scope, e.Region, err)
+			}
+			if (cur == nil) != (e.Share == nil) || cur != nil && *cur != *e.Share {
+				return fmt.Errorf("%w: %s share of %s in %s is %s, the write was computed from %s", ErrConflict,
+					src, e.Scope, e.Region, fmtShare(cur), fmtShare(e.Share))
+			}
+		}
 		b := &pgx.Batch{}
 		for _, r := range rows {
 			b.Queue(`SELECT set_config($1, $2, true), set_config($3, $4, true)`,
@@ -190,6 +349,13 @@ func (s *Store) WriteRebalancerShares(ctx context.Context, changes []ShareChange
 		return fmt.Errorf("write %d rebalancer shares: %w", len(changes), err)
 	}
 	return nil
+}
+
+func fmtShare(v *float64) string {
+	if v == nil {
+		return "no row"
+	}
+	return strconv.FormatFloat(*v, 'g', -1, 64)
 }
 
 func marshalInputs(v any) (string, error) {

@@ -40,6 +40,18 @@ const NotifyChannel = migrations.NotifyChannel
 // concurrent use.
 type Store struct {
 	pool *pgxpool.Pool
+	// hook, in tests, is called at named points inside write transactions (hookOverrideRead),
+	// so a test can interleave another writer there. nil in production.
+	hook func(point string)
+}
+
+// Hook points.
+const hookOverrideRead = "override: regions read"
+
+func (s *Store) at(point string) {
+	if s.hook != nil {
+		s.hook(point)
+	}
 }
 
 // defaultConnectTimeout bounds each connection attempt when the URL sets none, so an
@@ -341,6 +353,16 @@ func redactErr(err error, secrets []string) error {
 
 func serverName(c *pgx.ConnConfig) string {
 	return fmt.Sprintf("%s:%d/%s (user %s)", c.Host, c.Port, c.Database, c.User)
+}
+
+// Now is the database's clock (now()): override expiry is judged by it everywhere, so
+// ratectl and the rebalancer use it rather than their own.
+func (s *Store) Now(ctx context.Context) (time.Time, error) {
+	var t time.Time
+	if err := s.pool.QueryRow(ctx, `SELECT now()`).Scan(&t); err != nil {
+		return time.Time{}, fmt.Errorf("read the database clock: %w", err)
+	}
+	return t, nil
 }
 
 // audit is who makes a write and why; the triggers record it.

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -419,14 +420,19 @@ func TestStoreOverrides(t *testing.T) {
 		t.Fatal(err)
 	}
 	now := snap.LoadedAt()
-	if v, src := snap.EffectiveShare("eu-west", "shop-a", "create-order", now); v != 0.3 || src != regions.SourceOverride {
+	if v, src := snap.Share("eu-west", "shop-a", "create-order"); v != 0.3 || src != regions.SourceOverride {
 		t.Fatalf("EffectiveShare(eu-west, shop-a) = %v %s", v, src)
 	}
-	if v, _ := snap.EffectiveShare("eu-west", "shop-b", "x", now); v != 0.5 {
+	if v, _ := snap.Share("eu-west", "shop-b", "x"); v != 0.5 {
 		t.Fatalf("EffectiveShare(eu-west, shop-b) = %v", v)
 	}
-	if v, _ := snap.EffectiveShare("eu-west", "shop-a", "x", now.Add(2*time.Hour)); v != 0.5 {
-		t.Fatalf("after expiry EffectiveShare(eu-west, shop-a) = %v, want the * override", v)
+	// Expiry is the database's: a reader whose clock is 2 h ahead still gets the
+	// override; the snapshot says when to reload instead.
+	if v, _ := snap.Share("eu-west", "shop-a", "x"); v != 0.3 {
+		t.Fatalf("EffectiveShare(eu-west, shop-a) by a clock 2 h ahead = %v, want the override's 0.3", v)
+	}
+	if d := snap.NextExpiry().Sub(now); d < 59*time.Minute || d > 61*time.Minute {
+		t.Fatalf("NextExpiry %v after the load, want the override's 1 h", d)
 	}
 
 	// Replace, then clear.
@@ -701,7 +707,7 @@ func fptr(f *float64) string {
 }
 
 // TestStoreRegionChangesKeepSharesSummingToOne: adding a region under existing shares gives
-// it 0 in each scope, removing one scales the rest back up to 1, so no scope ever enforces
+// it 0 under an override and the equal split of the rebalancer's rows, removing one scales the rest back up to 1, so no scope ever enforces
 // more (or less) than its global limit across the regions.
 func TestStoreRegionChangesKeepSharesSummingToOne(t *testing.T) {
 	t.Parallel()
@@ -759,8 +765,15 @@ func TestStoreRegionChangesKeepSharesSummingToOne(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got, src := snap.EffectiveShare("ap-south", "shop-a", "x", time.Now()); got != 0 || src != regions.SourceOverride {
+	if got, src := snap.Share("ap-south", "shop-a", "x"); got != 0 || src != regions.SourceOverride {
 		t.Errorf("ap-south share under shop-a's override = %v (%s), want 0 (override)", got, src)
+	}
+	// The rebalancer's rows: the new region gets the equal split, the others keep their
+	// proportions in what is left.
+	for r, want := range map[string]float64{"ap-south": 1.0 / 3, "us-east": 0.7 * 2 / 3, "eu-west": 0.3 * 2 / 3} {
+		if sh, ok := snap.ScopeRow(r, regions.GlobalScope); !ok || math.Abs(sh.Share-want) > 1e-12 {
+			t.Errorf("%s rebalancer share of * after adding ap-south = %v, want %v", r, sh.Share, want)
+		}
 	}
 
 	if err := s.RemoveRegion(ctx, "us-east", true); err != nil {
@@ -772,7 +785,7 @@ func TestStoreRegionChangesKeepSharesSummingToOne(t *testing.T) {
 		t.Fatal(err)
 	}
 	// eu-west had 0.4 of shop-a's override next to ap-south's 0: it now holds all of it.
-	if got, _ := snap.EffectiveShare("eu-west", "shop-a", "x", time.Now()); got < 1-1e-9 {
+	if got, _ := snap.Share("eu-west", "shop-a", "x"); got < 1-1e-9 {
 		t.Errorf("eu-west share of shop-a after us-east left = %v, want 1", got)
 	}
 	if n := count(t, s, `SELECT count(*) FROM region_share_history WHERE region = 'eu-west' AND actor = 'alice'`); n < 2 {
