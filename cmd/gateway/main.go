@@ -16,16 +16,18 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/quotaplane/quotaplane/gateway"
+	"github.com/quotaplane/quotaplane/internal/version"
 )
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := run(ctx, os.Args[1:], os.Getenv); err != nil {
-		if !errors.Is(err, flag.ErrHelp) {
-			fmt.Fprintln(os.Stderr, "gateway:", err)
-		}
 		stop()
+		if errors.Is(err, flag.ErrHelp) {
+			os.Exit(0) // --help: the usage is printed, and asking for it is no failure
+		}
+		fmt.Fprintln(os.Stderr, "gateway:", err)
 		os.Exit(1)
 	}
 }
@@ -38,8 +40,13 @@ func run(ctx context.Context, args []string, getenv func(string) string) error {
 	listen := fs.String("listen", "", "proxy address host:port (overrides listen)")
 	region := fs.String("region", "", "region name (overrides region)")
 	check := fs.Bool("check", false, "validate the configuration and exit")
+	showVersion := fs.Bool("version", false, "print the version and exit")
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	if *showVersion {
+		fmt.Fprintln(os.Stdout, "gateway", version.Get())
+		return nil
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments %q", fs.Args())

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+
+	"github.com/quotaplane/quotaplane/internal/version"
 )
 
 // Environment variables read when the matching flag is not given.
@@ -23,7 +25,7 @@ type app struct {
 	actor  func() (string, error)
 	stdin  io.Reader // nil: none
 	stderr io.Writer
-	build  func() buildInfo
+	build  func() version.Info
 
 	// global flags
 	databaseURL   string
@@ -61,6 +63,9 @@ Exit codes: 0 success, 1 operation failed, 2 usage or invalid input,
 		PersistentPreRunE: a.resolveGlobals,
 		CompletionOptions: cobra.CompletionOptions{DisableDefaultCmd: true},
 	}
+	// --version prints the one line every binary prints; `ratectl version` the details.
+	root.Version = a.build().String()
+	root.SetVersionTemplate("ratectl {{.Version}}\n")
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
 	pf := root.PersistentFlags()
 	pf.StringVar(&a.databaseURL, "database-url", "", "PostgreSQL URL of the control plane (env "+envDatabaseURL+")")

@@ -21,6 +21,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/quotaplane/quotaplane/internal/version"
 	"github.com/quotaplane/quotaplane/rebalancer/demand"
 	"github.com/quotaplane/quotaplane/rebalancer/job"
 	"github.com/quotaplane/quotaplane/rebalancer/status"
@@ -32,10 +33,11 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := run(ctx, os.Args[1:], os.Getenv, os.Stderr); err != nil {
-		if !errors.Is(err, flag.ErrHelp) {
-			fmt.Fprintln(os.Stderr, "rebalancer:", err)
-		}
 		stop()
+		if errors.Is(err, flag.ErrHelp) {
+			os.Exit(0) // --help: the usage is printed, and asking for it is no failure
+		}
+		fmt.Fprintln(os.Stderr, "rebalancer:", err)
 		os.Exit(1)
 	}
 }
@@ -59,6 +61,7 @@ type options struct {
 	instanceTTL   time.Duration
 	expireAfter   int // full runs; -1 never
 	once, dryRun  bool
+	version       bool
 	adminListen   string
 	logLevel      string
 }
@@ -80,11 +83,15 @@ func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (op
 	fs.BoolVar(&o.dryRun, "dry-run", false, "compute and log the shares, write nothing")
 	fs.StringVar(&o.adminListen, "admin-listen", "127.0.0.1:9102", "admin address for /metrics, /healthz and the status page (/ and /status.json); empty disables it")
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
+	fs.BoolVar(&o.version, "version", false, "print the version and exit")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
 	if fs.NArg() > 0 {
 		return o, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	if o.version {
+		return o, nil
 	}
 	if o.databaseURL == "" {
 		o.databaseURL = getenv(EnvDatabaseURL)
@@ -118,6 +125,10 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	o, err := parseFlags(args, getenv, stderr)
 	if err != nil {
 		return err
+	}
+	if o.version {
+		fmt.Fprintln(os.Stdout, "rebalancer", version.Get())
+		return nil
 	}
 	var level slog.Level
 	_ = level.UnmarshalText([]byte(o.logLevel))
