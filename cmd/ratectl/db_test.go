@@ -363,7 +363,7 @@ func TestDatabaseErrors(t *testing.T) {
 		code     int
 		contains string
 	}{
-		{"no url", nil, []string{"regions", "list"}, exitUsage, "no database: set --database-url or RATECTL_DATABASE_URL"},
+		{"no url", nil, []string{"regions", "list"}, exitUsage, "no database: set --database-url or RATELIMIT_DATABASE_URL"},
 		{"unreachable flag", nil, []string{"regions", "list", "--database-url", closed}, exitUnreachable, "database at 127.0.0.1:" + port + " unreachable: connection refused"},
 		{"unreachable env", map[string]string{envDatabaseURL: closed}, []string{"shares", "get"}, exitUnreachable, "database at 127.0.0.1:" + port + " unreachable"},
 		{"unreachable write", map[string]string{envDatabaseURL: closed}, []string{"shares", "set", "a=1", "--reason", "x", "--apply"}, exitUnreachable, "database at 127.0.0.1:" + port + " unreachable"},
