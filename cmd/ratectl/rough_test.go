@@ -61,7 +61,7 @@ func TestDatabaseURLEnv(t *testing.T) {
 func TestUnmigratedDatabase(t *testing.T) {
 	t.Parallel()
 	c := newCLI(t, map[string]string{envDatabaseURL: testenv.PostgresDB(t)})
-	for _, args := range [][]string{{"regions", "list"}, {"rules", "list"}, {"shares", "get"}} {
+	for _, args := range [][]string{{"regions", "list"}, {"rules", "list"}, {"shares", "get"}, {"audit"}, {"export"}} {
 		r := c.run(args...)
 		checkError(t, r, exitFailure, "run `ratectl migrate up`", "")
 		if strings.Contains(r.stderr, "list regions: list regions") {
@@ -124,4 +124,22 @@ func TestURLSecretNeverEchoed(t *testing.T) {
 			}
 		})
 	}
+}
+
+func TestMigrateDown(t *testing.T) {
+	t.Parallel()
+	c, url := newDB(t)
+	r := c.ok("migrate", "down")
+	if !strings.Contains(r.stdout, "would roll back migration 3 (00003_triggers.sql)") {
+		t.Errorf("plan: %q", r.stdout)
+	}
+	if n := sqlInt(t, url, `SELECT count(*) FROM pg_trigger WHERE tgname = 'region_audit'`); n != 1 {
+		t.Fatal("a plan rolled back")
+	}
+	c.ok("migrate", "down", "--apply")
+	if n := sqlInt(t, url, `SELECT count(*) FROM pg_trigger WHERE tgname = 'region_audit'`); n != 0 {
+		t.Errorf("migration 3's trigger still there after migrate down --apply")
+	}
+	c.ok("migrate", "up")
+	c.ok("regions", "add", "r1")
 }
