@@ -6,9 +6,13 @@ TIMEOUT  ?= 20m
 FUZZTIME ?= 20s
 # Everything but the fault-injection suite runs under -race; the fault suite measures
 # latency and admission across real processes, which -race would only slow down.
-RACE_PKGS = $(shell $(GO) list ./... | grep -v /e2e/faults)
+RACE_PKGS = $(shell $(GO) list ./... | grep -v -e /e2e/faults -e /e2e/image)
+# make image: the registry, tag and build-stage image (see deploy/image/build.sh).
+REGISTRY ?= ghcr.io/quotaplane
+TAG      ?= 0.1.0
+GO_IMAGE ?=
 
-.PHONY: test demo bench lint deps unit faults reliability-figures soak fuzz fuzz-run
+.PHONY: test demo bench lint deps unit faults reliability-figures soak fuzz fuzz-run image image-test
 
 deps:
 	@./deploy/install-deps.sh
@@ -20,6 +24,17 @@ test: deps lint
 	cd deploy/render && $(GO) test -count=1 ./...
 	$(GO) test -count=1 -timeout 15m ./e2e/faults/
 	$(MAKE) --no-print-directory fuzz-run FUZZTIME=3s
+	$(MAKE) --no-print-directory image-test
+
+## image: the gateway, rebalancer and ratectl images ($(REGISTRY)/NAME:$(TAG)) with docker,
+## podman or buildah, whichever is present; GO_IMAGE=local builds without registry access.
+image:
+	REGISTRY=$(REGISTRY) TAG=$(TAG) GO_IMAGE=$(GO_IMAGE) ./deploy/image/build.sh
+
+## image-test: build the gateway image with buildah (from the local Go toolchain, so no
+## registry is needed) and run it against a test Redis and PostgreSQL (about 4 min cold).
+image-test: deps
+	$(GO) test -count=1 -timeout 20m ./e2e/image/
 
 ## unit: the pure packages only (no servers): allocation and simulator.
 unit:

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs the real servers that the tests and the demo start: redis-server, PostgreSQL
 # and Prometheus (with promtool), and the headless Chromium that drives the status page's
-# browser test, from Debian's packages. Installs only what is missing.
+# browser test, and buildah for the image test, from Debian's packages. Installs only what is missing.
 set -euo pipefail
 
 need=()
@@ -13,6 +13,10 @@ fi
 command -v prometheus >/dev/null 2>&1 || need+=(prometheus)
 command -v promtool >/dev/null 2>&1 || need+=(prometheus)
 command -v chromium >/dev/null 2>&1 || need+=(chromium)
+# make image-test: buildah builds the images; busybox-static is the shell of the build stage
+# made from the local Go toolchain (deploy/image/builder.sh).
+command -v buildah >/dev/null 2>&1 || need+=(buildah)
+dpkg-query -W -f='${Status}' busybox-static 2>/dev/null | grep -q 'ok installed' || need+=(busybox-static)
 
 if [ ${#need[@]} -eq 0 ]; then
   exit 0
