@@ -183,3 +183,14 @@ func TestActor(t *testing.T) {
 	checkError(t, c.run("regions", "add", "r3", "--actor", "a\u202eb"), exitUsage, "control or formatting character", "")
 	checkError(t, c.run("regions", "add", "r3", "--actor", " "), exitUsage, "must not be blank", "")
 }
+
+// TestComposeLimitsFile: the limits compose.yaml's setup service applies are valid and
+// apply cleanly to a new database.
+func TestComposeLimitsFile(t *testing.T) {
+	t.Parallel()
+	c, _ := newDB(t)
+	c.ok("apply", "-f", "../../deploy/compose/limits.yaml", "--apply", "--gateway-config", "../../deploy/compose/gateway-us-east.yaml")
+	if r := c.ok("apply", "-f", "../../deploy/compose/limits.yaml"); !strings.Contains(r.stdout, "No changes") {
+		t.Errorf("second plan:\n%s", r.stdout)
+	}
+}
