@@ -12,7 +12,16 @@ REGISTRY ?= ghcr.io/quotaplane
 TAG      ?= 0.1.0
 GO_IMAGE ?=
 
-.PHONY: test demo bench lint deps unit faults reliability-figures soak fuzz fuzz-run image image-test
+.PHONY: test demo bench lint deps unit faults reliability-figures soak fuzz fuzz-run image image-test build
+
+# Version stamp of `make build` (the images stamp the same in the Dockerfile).
+VERSION_PKG = github.com/quotaplane/quotaplane/internal/version
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+LDFLAGS  = -X $(VERSION_PKG).version=$(VERSION) -X $(VERSION_PKG).commit=$(shell git rev-parse HEAD 2>/dev/null) -X $(VERSION_PKG).date=$(shell date -u +%Y-%m-%dT%H:%M:%SZ)
+
+## build: the gateway, rebalancer and ratectl binaries in bin/, static and version-stamped.
+build:
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o bin/ ./cmd/gateway ./cmd/rebalancer ./cmd/ratectl
 
 deps:
 	@./deploy/install-deps.sh
