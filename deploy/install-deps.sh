@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Installs the real servers that the tests and the demo start: redis-server, PostgreSQL,
-# Prometheus (with promtool), nginx (in front of the check endpoint), and the headless Chromium that drives the status page's
-# browser test, from Debian's packages. Installs only what is missing.
+# Installs the real servers that the tests and the demo start: redis-server (and
+# redis-sentinel), PostgreSQL, Prometheus (with promtool), nginx (in front of the check
+# endpoint), the headless Chromium that drives the status page's browser test, and
+# buildah for the image test, from Debian's packages. Installs only what is missing.
 set -euo pipefail
 
 need=()
@@ -15,6 +16,10 @@ command -v prometheus >/dev/null 2>&1 || need+=(prometheus)
 command -v promtool >/dev/null 2>&1 || need+=(prometheus)
 command -v chromium >/dev/null 2>&1 || need+=(chromium)
 command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || need+=(nginx-light)
+# make image-test: buildah builds the images; busybox-static is the shell of the build stage
+# made from the local Go toolchain (deploy/image/builder.sh).
+command -v buildah >/dev/null 2>&1 || need+=(buildah)
+dpkg-query -W -f='${Status}' busybox-static 2>/dev/null | grep -q 'ok installed' || need+=(busybox-static)
 
 if [ ${#need[@]} -eq 0 ]; then
   exit 0

@@ -16,6 +16,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/quotaplane/quotaplane/gateway"
+	"github.com/quotaplane/quotaplane/internal/version"
 )
 
 func main() {
@@ -26,6 +27,10 @@ func main() {
 			fmt.Fprintln(os.Stderr, "gateway:", err)
 		}
 		stop()
+		if errors.Is(err, flag.ErrHelp) {
+			os.Exit(0) // --help: the usage is printed, and asking for it is no failure
+		}
+		fmt.Fprintln(os.Stderr, "gateway:", err)
 		os.Exit(1)
 	}
 }
@@ -40,8 +45,13 @@ func run(ctx context.Context, args []string, lookupEnv func(string) (string, boo
 	listen := fs.String("listen", "", "proxy address host:port (overrides listen)")
 	region := fs.String("region", "", "region name (overrides region)")
 	check := fs.Bool("check", false, "validate the configuration and exit")
+	showVersion := fs.Bool("version", false, "print the version and exit")
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	if *showVersion {
+		fmt.Fprintln(os.Stdout, "gateway", version.Get())
+		return nil
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments %q", fs.Args())

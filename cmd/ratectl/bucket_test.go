@@ -36,8 +36,8 @@ func TestBucketInspect(t *testing.T) {
 	c.ok("regions", "add", "eu-west")
 	// Regional limit in us-east: capacity 100 x 0.75 = 75, refill 0.00004 x 0.75 = 0.00003/s:
 	// slow enough that the figures do not move while the test runs.
-	c.ok("rules", "set", "--tenant", "shop-a", "--route", "create-order", "--capacity", "100", "--refill", "0.00004")
-	c.ok("rules", "set", "--tenant", "shop-a", "--route", "hot", "--capacity", "90", "--refill", "0.00004", "--shards", "3")
+	c.ok("rules", "set", "--apply", "--tenant", "shop-a", "--route", "create-order", "--capacity", "100", "--refill", "0.00004")
+	c.ok("rules", "set", "--apply", "--tenant", "shop-a", "--route", "hot", "--capacity", "90", "--refill", "0.00004", "--shards", "3")
 	c.ok("shares", "set", "--tenant", "shop-a", "us-east=0.75", "eu-west=0.25", "--reason", "test", "--apply")
 
 	ctx := context.Background()

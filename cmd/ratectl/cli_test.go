@@ -9,6 +9,9 @@ func TestVersion(t *testing.T) {
 	c := newCLI(t, nil)
 	golden(t, "version.table", c.ok("version").stdout)
 	golden(t, "version.json", c.ok("version", "-o", "json").stdout)
+	if got, want := c.ok("--version").stdout, "ratectl v0.0.0-test (commit 0123456789ab, built 2026-11-30T21:00:00Z, go1.26 linux/amd64)\n"; got != want {
+		t.Errorf("ratectl --version = %q, want %q", got, want)
+	}
 }
 
 func TestCompletion(t *testing.T) {

@@ -47,6 +47,13 @@ func (a *app) dbError(err error) error {
 	}
 	addr := urlHostPort(a.databaseURL, "5432")
 	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && isSchemaMissing(pgErr) {
+		return fmt.Errorf("the database at %s lacks the quotaplane schema (%s): run `ratectl migrate up`", addr, pgErr.Message)
+	}
+	if tlsErr := tlsFailure(err); tlsErr != nil {
+		// Not "unreachable": the server answered, and retrying will not help (exit 1).
+		return fmt.Errorf("database at %s: TLS failed: %v (check sslmode, sslrootcert and the server certificate)", addr, tlsErr)
+	}
 	var ce *pgconn.ConnectError
 	if errors.As(err, &ce) && errors.As(err, &pgErr) {
 		return fmt.Errorf("database at %s refused the connection: %s (SQLSTATE %s)", addr, pgErr.Message, pgErr.Code)

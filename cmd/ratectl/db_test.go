@@ -145,7 +145,7 @@ var secretRE = regexp.MustCompile(store.KeyPrefix + `[A-Za-z0-9_-]{20,}`)
 func TestKeys(t *testing.T) {
 	t.Parallel()
 	c, url := newDB(t)
-	c.ok("rules", "set", "--tenant", "shop-a", "--route", "*", "--capacity", "100", "--refill", "50")
+	c.ok("rules", "set", "--apply", "--tenant", "shop-a", "--route", "*", "--capacity", "100", "--refill", "50")
 
 	// Known tenant: no warning; the secret is printed once and only its hash is stored.
 	r := c.ok("keys", "create", "--tenant", "shop-a", "--label", "ci")
@@ -204,11 +204,11 @@ func TestKeys(t *testing.T) {
 func TestRules(t *testing.T) {
 	t.Parallel()
 	c, url := newDB(t)
-	c.ok("rules", "set", "--tenant", "shop-a", "--route", "create-order", "--capacity", "100", "--refill", "50", "--shadow", "--reason", "launch")
-	c.ok("rules", "set", "--tenant", "shop-a", "--route", "*", "--capacity", "300", "--refill", "0.5", "--shards", "4")
-	c.ok("rules", "set", "--tenant", "*", "--route", "search", "--capacity", "10", "--refill", "5")
+	c.ok("rules", "set", "--apply", "--tenant", "shop-a", "--route", "create-order", "--capacity", "100", "--refill", "50", "--shadow", "--reason", "launch")
+	c.ok("rules", "set", "--apply", "--tenant", "shop-a", "--route", "*", "--capacity", "300", "--refill", "0.5", "--shards", "4")
+	c.ok("rules", "set", "--apply", "--tenant", "*", "--route", "search", "--capacity", "10", "--refill", "5")
 	// Changing the capacity keeps shadow and shards.
-	r := c.ok("rules", "set", "--tenant", "shop-a", "--route", "create-order", "--capacity", "120")
+	r := c.ok("rules", "set", "--apply", "--tenant", "shop-a", "--route", "create-order", "--capacity", "120")
 	golden(t, "rules_set.table", normTimes(r.stdout))
 	goldenBoth(t, c, "rules_list", "rules", "list")
 	goldenBoth(t, c, "rules_list_tenant", "rules", "list", "--tenant", "shop-a")
@@ -228,17 +228,17 @@ func TestRules(t *testing.T) {
 		code     int
 		contains string
 	}{
-		{"zero capacity", []string{"rules", "set", "--tenant", "t", "--route", "r", "--capacity", "0", "--refill", "1"}, exitUsage, "--capacity 0: must be > 0"},
-		{"negative capacity", []string{"rules", "set", "--tenant", "t", "--route", "r", "--capacity", "-5", "--refill", "1"}, exitUsage, "--capacity -5: must be > 0"},
-		{"fractional capacity", []string{"rules", "set", "--tenant", "t", "--route", "r", "--capacity", "1.5", "--refill", "1"}, exitUsage, `invalid argument "1.5" for "--capacity"`},
-		{"zero refill", []string{"rules", "set", "--tenant", "t", "--route", "r", "--capacity", "5", "--refill", "0"}, exitUsage, "--refill 0: must be a number > 0"},
-		{"negative refill", []string{"rules", "set", "--tenant", "t", "--route", "r", "--capacity", "5", "--refill=-1"}, exitUsage, "--refill -1: must be a number > 0"},
-		{"nan refill", []string{"rules", "set", "--tenant", "t", "--route", "r", "--capacity", "5", "--refill", "NaN"}, exitUsage, "--refill NaN: must be a number > 0"},
-		{"bad shards", []string{"rules", "set", "--tenant", "t", "--route", "r", "--capacity", "5", "--refill", "1", "--shards", "0"}, exitUsage, "--shards 0: must be between 1 and 1024"},
-		{"bad tenant", []string{"rules", "set", "--tenant", "shop a", "--route", "r", "--capacity", "5", "--refill", "1"}, exitUsage, `invalid tenant id "shop a"`},
-		{"long route", []string{"rules", "set", "--tenant", "t", "--route", strings.Repeat("r", 65), "--capacity", "5", "--refill", "1"}, exitUsage, "longer than 64 characters"},
-		{"new rule without numbers", []string{"rules", "set", "--tenant", "t", "--route", "r", "--capacity", "5"}, exitUsage, "rule t/r does not exist yet: a new rule needs --capacity and --refill"},
-		{"missing route", []string{"rules", "set", "--tenant", "t"}, exitUsage, `required flag(s) "route" not set`},
+		{"zero capacity", []string{"rules", "set", "--apply", "--tenant", "t", "--route", "r", "--capacity", "0", "--refill", "1"}, exitUsage, "--capacity 0: must be > 0"},
+		{"negative capacity", []string{"rules", "set", "--apply", "--tenant", "t", "--route", "r", "--capacity", "-5", "--refill", "1"}, exitUsage, "--capacity -5: must be > 0"},
+		{"fractional capacity", []string{"rules", "set", "--apply", "--tenant", "t", "--route", "r", "--capacity", "1.5", "--refill", "1"}, exitUsage, `invalid argument "1.5" for "--capacity"`},
+		{"zero refill", []string{"rules", "set", "--apply", "--tenant", "t", "--route", "r", "--capacity", "5", "--refill", "0"}, exitUsage, "--refill 0: must be a number > 0"},
+		{"negative refill", []string{"rules", "set", "--apply", "--tenant", "t", "--route", "r", "--capacity", "5", "--refill=-1"}, exitUsage, "--refill -1: must be a number > 0"},
+		{"nan refill", []string{"rules", "set", "--apply", "--tenant", "t", "--route", "r", "--capacity", "5", "--refill", "NaN"}, exitUsage, "--refill NaN: must be a number > 0"},
+		{"bad shards", []string{"rules", "set", "--apply", "--tenant", "t", "--route", "r", "--capacity", "5", "--refill", "1", "--shards", "0"}, exitUsage, "--shards 0: must be between 1 and 1024"},
+		{"bad tenant", []string{"rules", "set", "--apply", "--tenant", "shop a", "--route", "r", "--capacity", "5", "--refill", "1"}, exitUsage, `invalid tenant id "shop a"`},
+		{"long route", []string{"rules", "set", "--apply", "--tenant", "t", "--route", strings.Repeat("r", 65), "--capacity", "5", "--refill", "1"}, exitUsage, "longer than 64 characters"},
+		{"new rule without numbers", []string{"rules", "set", "--apply", "--tenant", "t", "--route", "r", "--capacity", "5"}, exitUsage, "rule t/r does not exist yet: a new rule needs --capacity and --refill"},
+		{"missing route", []string{"rules", "set", "--apply", "--tenant", "t"}, exitUsage, `required flag(s) "route" not set`},
 		{"delete unknown", []string{"rules", "delete", "--tenant", "t", "--route", "r"}, exitFailure, "rule t/r does not exist"},
 		{"delete default", []string{"rules", "delete", "--tenant", "*", "--route", "*"}, exitUsage, "the default rule */* cannot be deleted"},
 		{"list bad route", []string{"rules", "list", "--route", "a/b"}, exitUsage, `invalid route id "a/b"`},
@@ -255,9 +255,9 @@ func TestShares(t *testing.T) {
 	c, url := newDB(t)
 	c.ok("regions", "add", "us-east")
 	c.ok("regions", "add", "eu-west")
-	c.ok("rules", "set", "--tenant", "shop-a", "--route", "create-order", "--capacity", "100", "--refill", "50")
-	c.ok("rules", "set", "--tenant", "shop-a", "--route", "*", "--capacity", "301", "--refill", "7")
-	c.ok("rules", "set", "--tenant", "*", "--route", "search", "--capacity", "10", "--refill", "5")
+	c.ok("rules", "set", "--apply", "--tenant", "shop-a", "--route", "create-order", "--capacity", "100", "--refill", "50")
+	c.ok("rules", "set", "--apply", "--tenant", "shop-a", "--route", "*", "--capacity", "301", "--refill", "7")
+	c.ok("rules", "set", "--apply", "--tenant", "*", "--route", "search", "--capacity", "10", "--refill", "5")
 
 	goldenBoth(t, c, "shares_get_default", "shares", "get")
 	goldenBoth(t, c, "shares_get_tenant_before", "shares", "get", "--tenant", "shop-a")
@@ -383,7 +383,7 @@ func TestDatabaseErrors(t *testing.T) {
 		code     int
 		contains string
 	}{
-		{"no url", nil, []string{"regions", "list"}, exitUsage, "no database: set --database-url or RATECTL_DATABASE_URL"},
+		{"no url", nil, []string{"regions", "list"}, exitUsage, "no database: set --database-url or RATELIMIT_DATABASE_URL"},
 		{"unreachable flag", nil, []string{"regions", "list", "--database-url", closed}, exitUnreachable, "database at 127.0.0.1:" + port + " unreachable: connection refused"},
 		{"unreachable env", map[string]string{envDatabaseURL: closed}, []string{"shares", "get"}, exitUnreachable, "database at 127.0.0.1:" + port + " unreachable"},
 		{"unreachable write", map[string]string{envDatabaseURL: closed}, []string{"shares", "set", "a=1", "--reason", "x", "--apply"}, exitUnreachable, "database at 127.0.0.1:" + port + " unreachable"},

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/quotaplane/quotaplane/regions"
+	"github.com/quotaplane/quotaplane/regions/store"
 )
 
 // Exit codes; see doc.go.
@@ -106,6 +107,9 @@ func secretsOf(raw string) []string {
 		return nil
 	}
 	var out []string
+	if store.RedactURL(raw) != raw {
+		out = append(out, raw) // store.RedactURL sees a secret in it: never print it whole
+	}
 	if u, err := url.Parse(raw); err == nil && u.User != nil {
 		if p, ok := u.User.Password(); ok && p != "" {
 			out = append(out, raw, p, url.QueryEscape(p), url.PathEscape(p))

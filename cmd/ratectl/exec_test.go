@@ -21,7 +21,7 @@ func TestBinaryExitCodes(t *testing.T) {
 	t.Parallel()
 	bin := filepath.Join(t.TempDir(), "ratectl")
 	gobin := filepath.Join(runtime.GOROOT(), "bin", "go")
-	build := exec.Command(gobin, "build", "-ldflags", "-X main.version=v9.9.9-test", "-o", bin, ".")
+	build := exec.Command(gobin, "build", "-ldflags", "-X github.com/quotaplane/quotaplane/internal/version.version=v9.9.9-test", "-o", bin, ".")
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}
@@ -45,6 +45,7 @@ func TestBinaryExitCodes(t *testing.T) {
 		stderr string // a substring of stderr; "" means stderr must be empty
 	}{
 		{"version", nil, []string{"version"}, 0, "ratectl v9.9.9-test", ""},
+		{"--version", nil, []string{"--version"}, 0, "ratectl v9.9.9-test (commit ", ""},
 		{"help", nil, nil, 0, "Usage:", ""},
 		{"migrate", []string{envDatabaseURL + "=" + dbURL}, []string{"migrate", "up"}, 0, "applied 6 migration(s)", ""},
 		{"read", []string{envDatabaseURL + "=" + dbURL}, []string{"rules", "list", "-o", "json"}, 0, `"tenant": "*"`, ""},

@@ -14,7 +14,7 @@ func TestHostileIDs(t *testing.T) {
 	t.Parallel()
 	c, url := newDB(t)
 	c.ok("regions", "add", "us-east")
-	c.ok("rules", "set", "--tenant", "shop-a", "--route", "create-order", "--capacity", "10", "--refill", "1")
+	c.ok("rules", "set", "--apply", "--tenant", "shop-a", "--route", "create-order", "--capacity", "10", "--refill", "1")
 	count := func() string {
 		return strings.Join([]string{
 			strconv.Itoa(sqlInt(t, url, `SELECT count(*) FROM region`)),
@@ -47,8 +47,8 @@ func TestHostileIDs(t *testing.T) {
 	}
 	for _, h := range hostile {
 		for _, args := range [][]string{
-			{"rules", "set", "--tenant", h.id, "--route", "create-order", "--capacity", "5", "--refill", "1"},
-			{"rules", "set", "--tenant", "shop-a", "--route", h.id, "--capacity", "5", "--refill", "1"},
+			{"rules", "set", "--apply", "--tenant", h.id, "--route", "create-order", "--capacity", "5", "--refill", "1"},
+			{"rules", "set", "--apply", "--tenant", "shop-a", "--route", h.id, "--capacity", "5", "--refill", "1"},
 			{"rules", "list", "--tenant", h.id},
 			{"keys", "create", "--tenant", h.id},
 			{"keys", "list", "--tenant", h.id},

@@ -138,5 +138,5 @@ func newKeysCmd(a *app) *cobra.Command {
 	}
 	revoke.Flags().StringVar(&revokeReason, "reason", "", "why, for the audit log (default: the command)")
 
-	return groupCmd("keys", "Create, list and revoke API keys", create, list, revoke)
+	return groupCmd("keys", "Create, import, list and revoke API keys", create, newKeysImportCmd(a), list, revoke)
 }

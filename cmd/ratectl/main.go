@@ -9,6 +9,8 @@ import (
 	"os/user"
 	"syscall"
 	"time"
+
+	"github.com/quotaplane/quotaplane/internal/version"
 )
 
 func main() {
@@ -27,7 +29,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		actor:  osActor(getenv),
 		stdin:  os.Stdin,
 		stderr: stderr,
-		build:  readBuildInfo,
+		build:  version.Get,
 	}
 	return a.execute(ctx, args, stdout, stderr)
 }

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/quotaplane/quotaplane/internal/testenv"
+	"github.com/quotaplane/quotaplane/internal/version"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files in testdata/ from the current output")
@@ -48,8 +49,8 @@ func (c *cli) run(args ...string) result {
 		now:    now,
 		actor:  func() (string, error) { return "alice", nil },
 		stdin:  strings.NewReader(c.stdin),
-		build: func() buildInfo {
-			return buildInfo{Version: "v0.0.0-test", Commit: "0123456789abcdef", GoVersion: "go1.26", Platform: "linux/amd64"}
+		build: func() version.Info {
+			return version.Info{Version: "v0.0.0-test", Commit: "0123456789abcdef", Date: "2026-11-30T21:00:00Z", GoVersion: "go1.26", Platform: "linux/amd64"}
 		},
 	}
 	var out, errb bytes.Buffer

@@ -74,7 +74,7 @@ func newMigrateCmd(a *app) *cobra.Command {
 			})
 		}),
 	}
-	return groupCmd("migrate", "Apply or show the database migrations", up, status)
+	return groupCmd("migrate", "Apply, roll back or show the database migrations", up, newMigrateDownCmd(a), status)
 }
 
 func migrationStatus(ctx context.Context, st *store.Store) ([]migrations.MigrationStatus, error) {

@@ -5,15 +5,27 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/spf13/cobra"
+
+	"github.com/quotaplane/quotaplane/internal/version"
 )
 
 // Environment variables read when the matching flag is not given.
 const (
-	envDatabaseURL   = "RATECTL_DATABASE_URL"
-	envPrometheusURL = "RATECTL_PROMETHEUS_URL"
+	// envDatabaseURL is the one name the gateway, the rebalancer and ratectl all read.
+	envDatabaseURL = "RATELIMIT_DATABASE_URL"
+	// envDatabaseURLOld is ratectl's former name, still read (with a deprecation line on
+	// stderr) when envDatabaseURL is unset.
+	envDatabaseURLOld = "RATECTL_DATABASE_URL"
+	envPrometheusURL  = "RATECTL_PROMETHEUS_URL"
+	// envActor names the operator in the audit log when --actor is not given (CI jobs set
+	// it to the pipeline and the person who triggered it).
+	envActor = "RATECTL_ACTOR"
 )
 
 // app is what every command shares: injected dependencies and the global flags.
@@ -23,11 +35,12 @@ type app struct {
 	actor  func() (string, error)
 	stdin  io.Reader // nil: none
 	stderr io.Writer
-	build  func() buildInfo
+	build  func() version.Info
 
 	// global flags
 	databaseURL   string
 	prometheusURL string
+	actorName     string
 	output        string
 	timeout       time.Duration
 
@@ -61,10 +74,14 @@ Exit codes: 0 success, 1 operation failed, 2 usage or invalid input,
 		PersistentPreRunE: a.resolveGlobals,
 		CompletionOptions: cobra.CompletionOptions{DisableDefaultCmd: true},
 	}
+	// --version prints the one line every binary prints; `ratectl version` the details.
+	root.Version = a.build().String()
+	root.SetVersionTemplate("ratectl {{.Version}}\n")
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
 	pf := root.PersistentFlags()
 	pf.StringVar(&a.databaseURL, "database-url", "", "PostgreSQL URL of the control plane (env "+envDatabaseURL+")")
 	pf.StringVar(&a.prometheusURL, "prometheus-url", "", "Prometheus base URL for status (env "+envPrometheusURL+")")
+	pf.StringVar(&a.actorName, "actor", "", "who makes the change, for the audit log (env "+envActor+"; default the OS user)")
 	pf.StringVarP(&a.output, "output", "o", outputTable, "output format: table or json")
 	pf.DurationVar(&a.timeout, "timeout", 15*time.Second, "give up on the database, Prometheus or Redis after this long")
 	_ = root.RegisterFlagCompletionFunc("output", cobra.FixedCompletions([]string{outputTable, outputJSON}, cobra.ShellCompDirectiveNoFileComp))
@@ -78,6 +95,10 @@ Exit codes: 0 success, 1 operation failed, 2 usage or invalid input,
 		newStatusCmd(a),
 		newBucketCmd(a),
 		newSimCmd(a),
+		newApplyCmd(a),
+		newDiffCmd(a),
+		newExportCmd(a),
+		newAuditCmd(a),
 		newVersionCmd(a),
 		newCompletionCmd(root),
 	)
@@ -88,6 +109,20 @@ Exit codes: 0 success, 1 operation failed, 2 usage or invalid input,
 func (a *app) resolveGlobals(cmd *cobra.Command, _ []string) error {
 	if !cmd.Flags().Changed("database-url") {
 		a.databaseURL = a.getenv(envDatabaseURL)
+		if old := a.getenv(envDatabaseURLOld); a.databaseURL == "" && old != "" {
+			a.databaseURL = old
+			a.warnf("%s is deprecated: set %s (the name the gateway and rebalancer read)", envDatabaseURLOld, envDatabaseURL)
+		}
+	}
+	if !cmd.Flags().Changed("actor") {
+		a.actorName = a.getenv(envActor)
+	}
+	if a.actorName != "" {
+		if err := checkActor(a.actorName); err != nil {
+			return err
+		}
+		name := a.actorName
+		a.actor = func() (string, error) { return name, nil }
 	}
 	if !cmd.Flags().Changed("prometheus-url") {
 		a.prometheusURL = a.getenv(envPrometheusURL)
@@ -110,7 +145,7 @@ func (a *app) secrets() []string {
 		s = append(s, secretsOf(u)...)
 	}
 	if a.getenv != nil {
-		for _, e := range []string{envDatabaseURL, envPrometheusURL} {
+		for _, e := range []string{envDatabaseURL, envDatabaseURLOld, envPrometheusURL} {
 			s = append(s, secretsOf(a.getenv(e))...)
 		}
 	}
@@ -193,4 +228,24 @@ func (a *app) requireDatabase() (string, error) {
 // warnf prints a warning line on stderr.
 func (a *app) warnf(format string, args ...any) {
 	fmt.Fprintf(a.stderr, "ratectl: warning: "+format+"\n", args...)
+}
+
+// maxActor is the longest --actor accepted (the audit log's reason has the same bound).
+const maxActor = 200
+
+// checkActor refuses an actor the audit log could not show faithfully: empty after
+// trimming, too long, or holding control or invisible formatting characters.
+func checkActor(s string) error {
+	if strings.TrimSpace(s) == "" {
+		return usagef("--actor: must not be blank")
+	}
+	if utf8.RuneCountInString(s) > maxActor {
+		return usagef("--actor: longer than %d characters", maxActor)
+	}
+	for _, r := range s {
+		if unicode.IsControl(r) || unicode.Is(unicode.Cf, r) || r == utf8.RuneError {
+			return usagef("--actor %q: holds a control or formatting character", s)
+		}
+	}
+	return nil
 }

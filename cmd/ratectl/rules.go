@@ -71,8 +71,10 @@ func newRulesCmd(a *app) *cobra.Command {
 	list.Flags().StringVar(&lr, "route", "", "only rules of this route (* for tenant-wide rules)")
 
 	var (
-		r      regions.Rule
-		reason string
+		r        regions.Rule
+		reason   string
+		write    bool
+		gwConfig []string
 	)
 	set := &cobra.Command{
 		Use:   "set --tenant T --route R --capacity N --refill X [--shadow] [--shards K]",
@@ -81,7 +83,11 @@ func newRulesCmd(a *app) *cobra.Command {
 default rule. --capacity is the burst (a whole number > 0), --refill the sustained rate in
 requests per second (> 0, may be fractional). Changing an existing rule, the flags you do
 not give keep their current values (so --shadow is never switched off by accident); a
-new rule needs --capacity and --refill.`,
+new rule needs --capacity and --refill.
+
+Without --apply it prints the change and writes nothing; a tenant or route * (which reach
+every tenant or route at once) and, with --gateway-config, a route id no gateway config
+defines get a WARNING line on stderr.`,
 		Args: noArgs,
 		RunE: runE(func(cmd *cobra.Command, _ []string) error {
 			f := cmd.Flags()
@@ -103,6 +109,10 @@ new rule needs --capacity and --refill.`,
 			}
 			if f.Changed("shards") && (r.Shards < 1 || r.Shards > 1024) {
 				return usagef("--shards %d: must be between 1 and 1024", r.Shards)
+			}
+			routes, err := gatewayRoutes(gwConfig)
+			if err != nil {
+				return err
 			}
 			return a.withStore(cmd, func(ctx context.Context, st *store.Store) error {
 				existing, err := st.Rules(ctx, r.Tenant, r.Route)
@@ -126,6 +136,12 @@ new rule needs --capacity and --refill.`,
 					}
 				} else if !f.Changed("capacity") || !f.Changed("refill") {
 					return usagef("rule %s/%s does not exist yet: a new rule needs --capacity and --refill", r.Tenant, r.Route)
+				}
+				if !write {
+					return a.planRule(ctx, cmd, st, nr, routes)
+				}
+				for _, w := range ruleWarnings([]store.Change{{Action: store.ActionChange, Object: "rule", ID: nr.Tenant + "/" + nr.Route}}, routes) {
+					a.loudWarn(w)
 				}
 				ctx, _, err = a.auditCtx(ctx, reasonOr(reason, cmd))
 				if err != nil {
@@ -154,6 +170,8 @@ new rule needs --capacity and --refill.`,
 	sf.BoolVar(&r.Shadow, "shadow", false, "never reject; only count what would be rejected")
 	sf.IntVar(&r.Shards, "shards", 1, "split the bucket over this many Redis keys (hot keys), 1..1024")
 	sf.StringVar(&reason, "reason", "", "why, for the audit log (default: the command)")
+	sf.BoolVar(&write, "apply", false, "write the rule (without it: print the change only)")
+	sf.StringSliceVar(&gwConfig, "gateway-config", nil, "gateway config files whose route ids --route must be one of (warn otherwise)")
 	_ = set.MarkFlagRequired("tenant")
 	_ = set.MarkFlagRequired("route")
 

@@ -467,7 +467,8 @@ func newSharesHistoryCmd(a *app) *cobra.Command {
 	}
 	f := cmd.Flags()
 	f.StringVar(&tenant, "tenant", "", "only the tenant's scopes (TENANT and TENANT/ROUTE); * for the default scope")
-	f.DurationVar(&since, "since", 24*time.Hour, "only changes this recent (0: all)")
+	since = 24 * time.Hour
+	f.Var((*durationValue)(&since), "since", "only changes this recent: 7d, 2w, 36h (0: all)")
 	f.IntVar(&limit, "limit", 100, "at most this many changes, newest first")
 	return cmd
 }

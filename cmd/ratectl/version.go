@@ -3,46 +3,14 @@ package main
 import (
 	"fmt"
 	"io"
-	"runtime"
-	"runtime/debug"
 
 	"github.com/spf13/cobra"
 )
 
-// version is set at build time: go build -ldflags "-X main.version=v1.2.3".
-var version = "dev"
-
-// buildInfo is what `ratectl version` prints.
-type buildInfo struct {
-	Version   string `json:"version"`
-	Commit    string `json:"commit"`
-	Modified  bool   `json:"modified"`
-	GoVersion string `json:"go_version"`
-	Platform  string `json:"platform"`
-}
-
-func readBuildInfo() buildInfo {
-	b := buildInfo{Version: version, Commit: "unknown", GoVersion: runtime.Version(), Platform: runtime.GOOS + "/" + runtime.GOARCH}
-	if bi, ok := debug.ReadBuildInfo(); ok {
-		if b.Version == "dev" && bi.Main.Version != "" && bi.Main.Version != "(devel)" {
-			b.Version = bi.Main.Version
-		}
-		for _, s := range bi.Settings {
-			switch s.Key {
-			case "vcs.revision":
-				b.Commit = s.Value
-			case "vcs.modified":
-				b.Modified = s.Value == "true"
-			}
-		}
-	}
-	return b
-}
-
 func newVersionCmd(a *app) *cobra.Command {
 	return &cobra.Command{
 		Use:   "version",
-		Short: "Print the version of ratectl",
+		Short: "Print the version of ratectl (also: ratectl --version)",
 		Args:  noArgs,
 		RunE: runE(func(cmd *cobra.Command, _ []string) error {
 			b := a.build()
@@ -51,7 +19,7 @@ func newVersionCmd(a *app) *cobra.Command {
 				if b.Modified {
 					mod = " (modified)"
 				}
-				fmt.Fprintf(w, "ratectl %s\ncommit %s%s\n%s %s\n", b.Version, b.Commit, mod, b.GoVersion, b.Platform)
+				fmt.Fprintf(w, "ratectl %s\ncommit %s%s\nbuilt %s\n%s %s\n", b.Version, b.Commit, mod, b.Date, b.GoVersion, b.Platform)
 			})
 		}),
 	}

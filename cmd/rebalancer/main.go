@@ -21,6 +21,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/quotaplane/quotaplane/internal/version"
 	"github.com/quotaplane/quotaplane/rebalancer/demand"
 	"github.com/quotaplane/quotaplane/rebalancer/job"
 	"github.com/quotaplane/quotaplane/rebalancer/status"
@@ -36,6 +37,10 @@ func main() {
 			fmt.Fprintln(os.Stderr, "rebalancer:", err)
 		}
 		stop()
+		if errors.Is(err, flag.ErrHelp) {
+			os.Exit(0) // --help: the usage is printed, and asking for it is no failure
+		}
+		fmt.Fprintln(os.Stderr, "rebalancer:", err)
 		os.Exit(1)
 	}
 }
@@ -60,6 +65,7 @@ type options struct {
 	expireAfter   int // full runs; -1 never
 	leaderTimeout time.Duration
 	once, dryRun  bool
+	version       bool
 	adminListen   string
 	logLevel      string
 }
@@ -95,11 +101,15 @@ func parseFlags(args []string, lookupEnv func(string) (string, bool), stderr io.
 	fs.BoolVar(&o.dryRun, "dry-run", false, "compute and log the shares, write nothing")
 	fs.StringVar(&o.adminListen, "admin-listen", "127.0.0.1:9102", "admin address for /metrics, /healthz, /readyz and the status page (/ and /status.json); empty disables it")
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
+	fs.BoolVar(&o.version, "version", false, "print the version and exit")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
 	if fs.NArg() > 0 {
 		return o, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	if o.version {
+		return o, nil
 	}
 	if o.databaseURL == "" {
 		v, set := lookupEnv(EnvDatabaseURL)
@@ -140,6 +150,10 @@ func run(ctx context.Context, args []string, lookupEnv func(string) (string, boo
 	o, err := parseFlags(args, lookupEnv, stderr)
 	if err != nil {
 		return err
+	}
+	if o.version {
+		fmt.Fprintln(os.Stdout, "rebalancer", version.Get())
+		return nil
 	}
 	var level slog.Level
 	_ = level.UnmarshalText([]byte(o.logLevel))

@@ -1,8 +1,12 @@
 // Package render builds the kustomize overlays of deploy/regions exactly as
 // `kustomize build` does (sigs.k8s.io/kustomize/api, in process), and its test checks what
 // they render: region names, secret references instead of inlined URLs, probes, the
-// PodDisruptionBudget, the ServiceMonitors, the rebalancer in the home region only, and
-// that each region's prometheus.yml finds the Services the overlay renders.
+// PodDisruptionBudget, the ServiceMonitors, the rebalancer in the home region only, that
+// each region's prometheus.yml finds the Services the overlay renders, and the components
+// of deploy/components: the NetworkPolicies (admin ports from the monitoring namespace
+// only), the HPA (never below expected_instances), the migration Job (home region only),
+// the PrometheusRule (equal to deploy/prometheus/rules.yml's groups), the images, and that
+// the base alone needs no CRD. Every rendered kind must have a check.
 //
 // It is its own Go module (deploy/render/go.mod) so that kustomize and its dependencies
 // stay out of the module graph of the binaries; the main module's `go list ./...` does not

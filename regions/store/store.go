@@ -148,7 +148,12 @@ type span struct{ from, to int }
 //   - key=value: the value of every key ending in "password" (to the end of s if its quote
 //     is unterminated), and the words after it that no '=' follows, which an unquoted
 //     password with a space leaves behind (password=abc def host=h).
+//   - neither: a string with no "://" and no '=' is no connection string at all, most
+//     likely a password pasted in the wrong place (--database-url s3cretPW), so all of it.
 func secretSpans(s string) []span {
+	if t := strings.TrimSpace(s); t != "" && !strings.Contains(t, "://") && !strings.Contains(t, "=") {
+		return []span{{0, len(s)}}
+	}
 	spans := append(urlSpans(s), kvSpans(s)...)
 	slices.SortFunc(spans, func(a, b span) int { return cmp.Compare(a.from, b.from) })
 	var out []span

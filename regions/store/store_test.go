@@ -104,6 +104,7 @@ func TestRedactURL(t *testing.T) {
 		{"key=value, spaces around =", "host=h password = s3cret dbname=db", []string{"s3cret"}, "host=h password = xxxxx dbname=db"},
 		{"key=value, unquoted space", "host=h password=s3cr et99 dbname=db", []string{"s3cr et99"}, "host=h password=xxxxx dbname=db"},
 		{"key=value, unquoted space at the end", "host=h password=s3cr et99", []string{"s3cr et99"}, "host=h password=xxxxx"},
+		{"neither URL nor key=value (a password in the wrong place)", "s3cretPW", []string{"s3cretPW"}, "xxxxx"},
 		{"key=value, unterminated quote", "host=h password='s3cr et99 dbname=db", []string{"s3cr et99 dbname=db"}, "host=h password=xxxxx"},
 	}
 	for _, tt := range tests {

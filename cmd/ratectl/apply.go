@@ -1,0 +1,400 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/goccy/go-yaml"
+	"github.com/spf13/cobra"
+
+	"github.com/quotaplane/quotaplane/regions"
+	"github.com/quotaplane/quotaplane/regions/store"
+)
+
+// limitsFile is the YAML of `ratectl apply -f` and `ratectl export`. A section left out is
+// not managed; a section present, even empty, is the whole truth for its objects.
+type limitsFile struct {
+	Regions   *[]string       `yaml:"regions,omitempty"`
+	Rules     *[]ruleYAML     `yaml:"rules,omitempty"`
+	Overrides *[]overrideYAML `yaml:"overrides,omitempty"`
+	Keys      *[]keyYAML      `yaml:"keys,omitempty"`
+}
+
+type ruleYAML struct {
+	Tenant          string  `yaml:"tenant"`
+	Route           string  `yaml:"route"`
+	Capacity        int64   `yaml:"capacity"`
+	RefillPerSecond float64 `yaml:"refill_per_second"`
+	Shadow          bool    `yaml:"shadow,omitempty"`
+	Shards          int     `yaml:"shards,omitempty"`
+}
+
+type overrideYAML struct {
+	Scope     string             `yaml:"scope"`
+	Shares    map[string]float64 `yaml:"shares"`
+	ExpiresAt string             `yaml:"expires_at,omitempty"` // RFC 3339
+	Reason    string             `yaml:"reason"`
+}
+
+type keyYAML struct {
+	SHA256 string `yaml:"sha256"` // hex SHA-256 of the secret (ratectl keys import --sha256)
+	Tenant string `yaml:"tenant"`
+	Label  string `yaml:"label,omitempty"`
+}
+
+// maxLimitsFile bounds what apply reads: a control plane's configuration, not a data set.
+const maxLimitsFile = 16 << 20
+
+// readLimits reads and decodes FILE ("-": stdin) strictly: unknown keys are errors.
+func (a *app) readLimits(cmd *cobra.Command, path string) (cfg store.Config, err error) {
+	var data []byte
+	if path == "-" {
+		data, err = io.ReadAll(io.LimitReader(cmd.InOrStdin(), maxLimitsFile+1))
+	} else {
+		data, err = os.ReadFile(path)
+	}
+	if err != nil {
+		return store.Config{}, usagef("read %s: %v", path, errors.Unwrap(err))
+	}
+	if len(data) > maxLimitsFile {
+		return store.Config{}, usagef("%s: larger than %d bytes", path, maxLimitsFile)
+	}
+	// goccy/go-yaml may panic on malformed input (see gateway.ParseConfig).
+	defer func() {
+		if p := recover(); p != nil {
+			cfg, err = store.Config{}, usagef("%s: not valid YAML", path)
+		}
+	}()
+	var f limitsFile
+	dec := yaml.NewDecoder(bytes.NewReader(data), yaml.DisallowUnknownField())
+	if err := dec.Decode(&f); err != nil {
+		if errors.Is(err, io.EOF) {
+			return store.Config{}, usagef("%s: the file is empty", path)
+		}
+		return store.Config{}, usagef("%s: %s", path, strings.Join(strings.Fields(yaml.FormatError(err, false, false)), " "))
+	}
+	cfg, err = f.config()
+	if err != nil {
+		return store.Config{}, usagef("%s: %v", path, err)
+	}
+	if err := cfg.Normalize(); err != nil {
+		return store.Config{}, usagef("%s: %v", path, strings.ReplaceAll(err.Error(), "\n", "; "))
+	}
+	return cfg, nil
+}
+
+func (f limitsFile) config() (store.Config, error) {
+	var c store.Config
+	if f.Regions != nil {
+		rs := append([]string{}, *f.Regions...)
+		c.Regions = &rs
+	}
+	if f.Rules != nil {
+		rs := []regions.Rule{}
+		for _, r := range *f.Rules {
+			rs = append(rs, regions.Rule{Tenant: r.Tenant, Route: r.Route, Capacity: r.Capacity, RefillPerSecond: r.RefillPerSecond, Shadow: r.Shadow, Shards: r.Shards})
+		}
+		c.Rules = &rs
+	}
+	if f.Overrides != nil {
+		os := []store.Override{}
+		for _, o := range *f.Overrides {
+			sc, err := regions.ParseScope(o.Scope)
+			if err != nil {
+				return c, fmt.Errorf("overrides: %w", err)
+			}
+			ov := store.Override{Scope: sc, Shares: o.Shares, Reason: o.Reason}
+			if o.ExpiresAt != "" {
+				t, err := time.Parse(time.RFC3339Nano, o.ExpiresAt)
+				if err != nil {
+					return c, fmt.Errorf("overrides %s: expires_at %q: want an RFC 3339 time like 2026-12-01T00:00:00Z", o.Scope, o.ExpiresAt)
+				}
+				ov.ExpiresAt = t
+			}
+			if ov.Shares == nil {
+				ov.Shares = map[string]float64{}
+			}
+			os = append(os, ov)
+		}
+		c.Overrides = &os
+	}
+	if f.Keys != nil {
+		ks := []store.KeySpec{}
+		for _, k := range *f.Keys {
+			h, err := parseSHA256(k.SHA256)
+			if err != nil {
+				return c, fmt.Errorf("keys (tenant %s): %w", k.Tenant, err)
+			}
+			ks = append(ks, store.KeySpec{Hash: h, Tenant: k.Tenant, Label: k.Label})
+		}
+		c.Keys = &ks
+	}
+	return c, nil
+}
+
+// parseSHA256 reads 64 hex digits (an optional "sha256:" prefix allowed).
+func parseSHA256(s string) (regions.KeyHash, error) {
+	var h regions.KeyHash
+	s = strings.TrimPrefix(strings.TrimSpace(s), "sha256:")
+	b, err := hex.DecodeString(s)
+	if err != nil || len(b) != len(h) {
+		return h, fmt.Errorf("sha256 %q: want 64 hex digits (sha256sum of the key)", truncate(s, 80))
+	}
+	copy(h[:], b)
+	return h, nil
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "..."
+}
+
+// toLimitsFile is the YAML form of cfg (the inverse of config).
+func toLimitsFile(cfg store.Config) limitsFile {
+	var f limitsFile
+	if cfg.Regions != nil {
+		rs := append([]string{}, *cfg.Regions...)
+		f.Regions = &rs
+	}
+	if cfg.Rules != nil {
+		rs := []ruleYAML{}
+		for _, r := range *cfg.Rules {
+			y := ruleYAML{Tenant: r.Tenant, Route: r.Route, Capacity: r.Capacity, RefillPerSecond: r.RefillPerSecond, Shadow: r.Shadow}
+			if r.Shards != 1 {
+				y.Shards = r.Shards
+			}
+			rs = append(rs, y)
+		}
+		f.Rules = &rs
+	}
+	if cfg.Overrides != nil {
+		os := []overrideYAML{}
+		for _, o := range *cfg.Overrides {
+			y := overrideYAML{Scope: o.Scope.String(), Shares: o.Shares, Reason: o.Reason}
+			if !o.ExpiresAt.IsZero() {
+				y.ExpiresAt = o.ExpiresAt.UTC().Format(time.RFC3339Nano)
+			}
+			os = append(os, y)
+		}
+		f.Overrides = &os
+	}
+	if cfg.Keys != nil {
+		ks := []keyYAML{}
+		for _, k := range *cfg.Keys {
+			ks = append(ks, keyYAML{SHA256: hex.EncodeToString(k.Hash[:]), Tenant: k.Tenant, Label: k.Label})
+		}
+		f.Keys = &ks
+	}
+	return f
+}
+
+// changePlanJSON is the output of apply, diff and the rules commands with -o json.
+type changePlanJSON struct {
+	Changes  []store.Change `json:"changes"`
+	Warnings []string       `json:"warnings"`
+	Applied  bool           `json:"applied"`
+}
+
+// renderPlan prints the changes, the warnings and whether anything was written.
+func (a *app) renderPlan(cmd *cobra.Command, p changePlanJSON) error {
+	if p.Changes == nil {
+		p.Changes = []store.Change{}
+	}
+	if p.Warnings == nil {
+		p.Warnings = []string{}
+	}
+	for _, w := range p.Warnings {
+		a.loudWarn(w)
+	}
+	return a.render(cmd, p, func(w io.Writer) {
+		adds, changes, dels := 0, 0, 0
+		for _, c := range p.Changes {
+			switch c.Action {
+			case store.ActionAdd:
+				adds++
+				fmt.Fprintf(w, "+ %s %s%s\n", c.Object, c.ID, colonDesc(c.New))
+			case store.ActionChange:
+				changes++
+				fmt.Fprintf(w, "~ %s %s: %s -> %s\n", c.Object, c.ID, c.Old, c.New)
+			case store.ActionDelete:
+				dels++
+				if c.New != "" {
+					fmt.Fprintf(w, "- %s %s: %s -> %s\n", c.Object, c.ID, c.Old, c.New)
+				} else {
+					fmt.Fprintf(w, "- %s %s%s\n", c.Object, c.ID, colonDesc(c.Old))
+				}
+			}
+		}
+		switch {
+		case len(p.Changes) == 0:
+			fmt.Fprintln(w, "No changes: the database matches.")
+		case p.Applied:
+			fmt.Fprintf(w, "Applied %d change(s): %d added, %d changed, %d deleted.\n", len(p.Changes), adds, changes, dels)
+		default:
+			fmt.Fprintf(w, "Plan: %d to add, %d to change, %d to delete.\nNothing written: run again with --apply to write these changes.\n", adds, changes, dels)
+		}
+	})
+}
+
+// loudWarn prints a warning that must not be missed.
+func (a *app) loudWarn(msg string) {
+	fmt.Fprintf(a.stderr, "ratectl: WARNING: %s\n", msg)
+}
+
+// ruleWarnings are the warnings for rules the plan adds or changes: wildcard scopes, which
+// reach every tenant or route at once, and route ids no given gateway config defines.
+func ruleWarnings(changes []store.Change, routes map[string]bool) []string {
+	var out []string
+	for _, c := range changes {
+		if c.Object != "rule" || c.Action == store.ActionDelete {
+			continue
+		}
+		tenant, route, _ := strings.Cut(c.ID, "/")
+		switch {
+		case tenant == regions.Wildcard && route == regions.Wildcard:
+			out = append(out, fmt.Sprintf("rule %s is the default of EVERY tenant and route without a rule of its own", c.ID))
+		case tenant == regions.Wildcard:
+			out = append(out, fmt.Sprintf("rule %s applies to EVERY tenant on route %s", c.ID, route))
+		case route == regions.Wildcard:
+			out = append(out, fmt.Sprintf("rule %s applies to EVERY route of tenant %s", c.ID, tenant))
+		}
+		if routes != nil && route != regions.Wildcard && !routes[route] {
+			out = append(out, fmt.Sprintf("rule %s: no gateway config given defines route %q (a typo? known: %s)", c.ID, route, strings.Join(sortedKeys(routes), ", ")))
+		}
+	}
+	return out
+}
+
+func newApplyCmd(a *app) *cobra.Command {
+	var (
+		file     string
+		write    bool
+		reason   string
+		gwConfig []string
+	)
+	cmd := &cobra.Command{
+		Use:   "apply -f FILE [--apply]",
+		Short: "Make the database match a limits file (regions, rules, overrides, key hashes): a plan by default",
+		Long: `Make the database match a limits file, such as one kept in git. Without --apply it only
+prints the plan; with --apply it writes every change in one transaction (the plan is
+recomputed inside it), one audit entry per change, actor from --actor and reason from
+--reason.
+
+A section left out of the file (regions, rules, overrides, keys) is not touched; a section
+present, even empty, is the whole truth: what it does not list is deleted (keys are
+revoked). ratectl export prints a file this command takes back. See docs/ratectl.md.`,
+		Args: noArgs,
+		RunE: runE(func(cmd *cobra.Command, _ []string) error {
+			if file == "" {
+				return usagef("--file (-f) is required (- for stdin)")
+			}
+			cfg, err := a.readLimits(cmd, file)
+			if err != nil {
+				return err
+			}
+			routes, err := gatewayRoutes(gwConfig)
+			if err != nil {
+				return err
+			}
+			return a.withStore(cmd, func(ctx context.Context, st *store.Store) error {
+				if !write {
+					changes, err := st.Plan(ctx, cfg)
+					if err != nil {
+						return err
+					}
+					return a.renderPlan(cmd, changePlanJSON{Changes: changes, Warnings: ruleWarnings(changes, routes)})
+				}
+				actor, err := a.actor()
+				if err != nil {
+					return err
+				}
+				changes, err := st.Apply(ctx, cfg, actor, reasonOr(reason, cmd))
+				if err != nil {
+					return err
+				}
+				return a.renderPlan(cmd, changePlanJSON{Changes: changes, Warnings: ruleWarnings(changes, routes), Applied: true})
+			})
+		}),
+	}
+	f := cmd.Flags()
+	f.StringVarP(&file, "file", "f", "", "the limits file (YAML; - for stdin)")
+	f.BoolVar(&write, "apply", false, "write the changes (without it: print the plan only)")
+	f.StringVar(&reason, "reason", "", "why, for the audit log (default: the command)")
+	f.StringSliceVar(&gwConfig, "gateway-config", nil, "gateway config files whose route ids rules must use (warn otherwise); repeat or comma-separate")
+	return cmd
+}
+
+func newDiffCmd(a *app) *cobra.Command {
+	var (
+		file     string
+		gwConfig []string
+	)
+	cmd := &cobra.Command{
+		Use:   "diff -f FILE",
+		Short: "Show what apply -f FILE would change (writes nothing)",
+		Args:  noArgs,
+		RunE: runE(func(cmd *cobra.Command, _ []string) error {
+			if file == "" {
+				return usagef("--file (-f) is required (- for stdin)")
+			}
+			cfg, err := a.readLimits(cmd, file)
+			if err != nil {
+				return err
+			}
+			routes, err := gatewayRoutes(gwConfig)
+			if err != nil {
+				return err
+			}
+			return a.withStore(cmd, func(ctx context.Context, st *store.Store) error {
+				changes, err := st.Plan(ctx, cfg)
+				if err != nil {
+					return err
+				}
+				return a.renderPlan(cmd, changePlanJSON{Changes: changes, Warnings: ruleWarnings(changes, routes)})
+			})
+		}),
+	}
+	cmd.Flags().StringVarP(&file, "file", "f", "", "the limits file (YAML; - for stdin)")
+	cmd.Flags().StringSliceVar(&gwConfig, "gateway-config", nil, "gateway config files whose route ids rules must use (warn otherwise)")
+	return cmd
+}
+
+func newExportCmd(a *app) *cobra.Command {
+	return &cobra.Command{
+		Use:   "export",
+		Short: "Print the regions, rules, overrides and key hashes as a limits file for apply -f",
+		Args:  noArgs,
+		RunE: runE(func(cmd *cobra.Command, _ []string) error {
+			return a.withStore(cmd, func(ctx context.Context, st *store.Store) error {
+				cfg, err := st.Export(ctx)
+				if err != nil {
+					return err
+				}
+				out, err := yaml.MarshalWithOptions(toLimitsFile(cfg), yaml.IndentSequence(true))
+				if err != nil {
+					return fmt.Errorf("export: %w", err)
+				}
+				w := cmd.OutOrStdout()
+				fmt.Fprintf(w, "# quotaplane limits, exported %s; ratectl apply -f takes it back.\n", a.now().UTC().Format(time.RFC3339))
+				_, err = w.Write(out)
+				return err
+			})
+		}),
+	}
+}
+
+func colonDesc(s string) string {
+	if s == "" {
+		return ""
+	}
+	return ": " + s
+}

@@ -1,0 +1,196 @@
+package main
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestApplyPlanThenWrite: apply -f prints a plan and writes nothing; --apply writes exactly
+// that plan, one audit row per change, naming the actor; a second apply has nothing to do.
+func TestApplyPlanThenWrite(t *testing.T) {
+	t.Parallel()
+	c, url := newDB(t)
+	const file = "testdata/apply/limits.yaml"
+	auditBefore := sqlInt(t, url, `SELECT count(*) FROM audit_log`)
+
+	r := c.ok("apply", "-f", file)
+	golden(t, "apply_plan.table", r.stdout)
+	if !strings.Contains(r.stderr, "WARNING: rule */* is the default of EVERY tenant") ||
+		!strings.Contains(r.stderr, "WARNING: rule shop-a/* applies to EVERY route of tenant shop-a") {
+		t.Errorf("no loud warning for the wildcard rules: %q", r.stderr)
+	}
+	golden(t, "apply_plan.json", c.ok("apply", "-f", file, "-o", "json").stdout)
+	if n := sqlInt(t, url, `SELECT count(*) FROM region`); n != 0 {
+		t.Fatalf("a plan wrote %d regions", n)
+	}
+	diff := c.ok("diff", "-f", file)
+	if diff.stdout != r.stdout {
+		t.Errorf("diff differs from apply's plan:\n%s\n%s", diff.stdout, r.stdout)
+	}
+
+	r = c.ok("apply", "-f", file, "--apply", "--actor", "ci-pipeline", "--reason", "PR 42")
+	golden(t, "apply_applied.table", r.stdout)
+	// 2 regions, 3 rules (*/* changed, two added), 1 key: 6 audit rows, all by ci-pipeline.
+	if got := sqlInt(t, url, `SELECT count(*) FROM audit_log WHERE actor = 'ci-pipeline' AND reason = 'PR 42'`); got != 6 {
+		t.Errorf("%d audit rows by ci-pipeline, want 6", got)
+	}
+	if got := sqlInt(t, url, `SELECT count(*) FROM audit_log`) - auditBefore; got != 6 {
+		t.Errorf("%d audit rows, want 6", got)
+	}
+	if got := sqlInt(t, url, `SELECT count(*) FROM region_share_history WHERE actor = 'ci-pipeline'`); got != 2 {
+		t.Errorf("%d share history rows for the override, want 2", got)
+	}
+	if r := c.ok("apply", "-f", file); !strings.Contains(r.stdout, "No changes") {
+		t.Errorf("second plan: %q, want no changes", r.stdout)
+	}
+	// The audit shows the writes, newest first, with the actor.
+	r = c.ok("audit", "--since", "7d", "-o", "json")
+	var entries []auditJSON
+	if err := json.Unmarshal([]byte(r.stdout), &entries); err != nil {
+		t.Fatal(err)
+	}
+	byCI := 0
+	for _, e := range entries {
+		if e.Actor == "ci-pipeline" {
+			byCI++
+		}
+	}
+	if byCI != 6 {
+		t.Errorf("audit -o json lists %d entries by ci-pipeline, want 6", byCI)
+	}
+	r = c.ok("audit", "--by", "ci-pipeline")
+	if !strings.Contains(r.stdout, "shop-a/search") || !strings.Contains(r.stdout, "PR 42") {
+		t.Errorf("audit table lacks the rule or the reason:\n%s", r.stdout)
+	}
+}
+
+// TestExportRoundTrip: what export prints, apply takes back with no change; and after a
+// change made with the imperative commands, the export shows it.
+func TestExportRoundTrip(t *testing.T) {
+	t.Parallel()
+	c, _ := newDB(t)
+	c.clock = func() time.Time { return time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC) }
+	c.ok("apply", "-f", "testdata/apply/limits.yaml", "--apply")
+	c.ok("rules", "set", "--tenant", "shop-b", "--route", "create-order", "--capacity", "7", "--refill", "0.5", "--apply")
+	out := c.ok("export").stdout
+	golden(t, "export.yaml", out)
+	path := filepath.Join(t.TempDir(), "exported.yaml")
+	if err := os.WriteFile(path, []byte(out), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if r := c.ok("apply", "-f", path); !strings.Contains(r.stdout, "No changes") {
+		t.Errorf("apply of the export plans changes:\n%s", r.stdout)
+	}
+	// Removing the rule from the exported file deletes it (the rules section is complete).
+	edited := strings.Replace(out, "  - tenant: shop-b\n    route: create-order\n    capacity: 7\n    refill_per_second: 0.5\n", "", 1)
+	if edited == out {
+		t.Fatalf("export does not list shop-b's rule as expected:\n%s", out)
+	}
+	if err := os.WriteFile(path, []byte(edited), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if r := c.ok("apply", "-f", path); !strings.Contains(r.stdout, "- rule shop-b/create-order") || !strings.Contains(r.stdout, "1 to delete") {
+		t.Errorf("plan of the edited export:\n%s", r.stdout)
+	}
+}
+
+func TestApplyBadFiles(t *testing.T) {
+	t.Parallel()
+	c, url := newDB(t)
+	dir := t.TempDir()
+	for _, tc := range []struct{ name, yaml, contains string }{
+		{"unknown key", "rulez: []\n", `unknown field "rulez"`},
+		{"empty", "", "the file is empty"},
+		{"no default rule", "rules:\n  - {tenant: a, route: '*', capacity: 1, refill_per_second: 1}\n", "the default rule (tenant *, route *) must be listed"},
+		{"shares not summing to 1", "regions: [a, b]\noverrides:\n  - {scope: '*', shares: {a: 0.5, b: 0.6}, reason: x}\n", "sum to 1.1"},
+		{"bad hash", "keys:\n  - {sha256: abc, tenant: a}\n", "want 64 hex digits"},
+		{"bad expiry", "regions: [a]\noverrides:\n  - {scope: '*', shares: {a: 1}, reason: x, expires_at: tomorrow}\n", "want an RFC 3339 time"},
+		{"hostile id", "regions: [\"a'; DROP TABLE region; --\"]\n", "invalid"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			path := filepath.Join(dir, strings.ReplaceAll(tc.name, " ", "_")+".yaml")
+			if err := os.WriteFile(path, []byte(tc.yaml), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			checkError(t, c.run("apply", "-f", path, "--apply"), exitUsage, tc.contains, "")
+		})
+	}
+	checkError(t, c.run("apply"), exitUsage, "--file (-f) is required", "")
+	if n := sqlInt(t, url, `SELECT count(*) FROM audit_log WHERE actor = 'alice'`); n != 0 {
+		t.Errorf("refused files wrote %d audit rows", n)
+	}
+}
+
+// TestRulesSetPlansByDefault: rules set without --apply writes nothing; a wildcard tenant
+// and an unknown route id get a WARNING; --apply writes.
+func TestRulesSetPlansByDefault(t *testing.T) {
+	t.Parallel()
+	c, url := newDB(t)
+	gw := "../../deploy/regions/us-east/gateway.yaml"
+	r := c.ok("rules", "set", "--tenant", "*", "--route", "*", "--capacity", "1", "--refill", "0.001")
+	if !strings.Contains(r.stdout, "~ rule */*: capacity 20, refill 10/s -> capacity 1, refill 0.001/s") || !strings.Contains(r.stdout, "Nothing written") {
+		t.Errorf("plan:\n%s", r.stdout)
+	}
+	if !strings.Contains(r.stderr, "WARNING: rule */* is the default of EVERY tenant") {
+		t.Errorf("no loud warning: %q", r.stderr)
+	}
+	if got := sqlInt(t, url, `SELECT capacity FROM rate_limit_rule WHERE tenant_id = '*' AND route_id = '*'`); got != 20 {
+		t.Fatalf("a plan wrote: capacity %d", got)
+	}
+	r = c.ok("rules", "set", "--tenant", "shop-a", "--route", "serach", "--capacity", "5", "--refill", "1", "--gateway-config", gw)
+	if !strings.Contains(r.stderr, `WARNING: rule shop-a/serach: no gateway config given defines route "serach"`) {
+		t.Errorf("no warning for a misspelt route: %q", r.stderr)
+	}
+	r = c.ok("rules", "set", "--tenant", "shop-a", "--route", "search", "--capacity", "5", "--refill", "1", "--gateway-config", gw)
+	if strings.Contains(r.stderr, "WARNING") {
+		t.Errorf("warning for a known route: %q", r.stderr)
+	}
+	c.ok("rules", "set", "--tenant", "shop-a", "--route", "search", "--capacity", "5", "--refill", "1", "--apply")
+	if got := sqlInt(t, url, `SELECT count(*) FROM rate_limit_rule WHERE tenant_id = 'shop-a'`); got != 1 {
+		t.Errorf("--apply wrote %d rules, want 1", got)
+	}
+	checkError(t, c.run("rules", "set", "--tenant", "a", "--route", "b", "--capacity", "1", "--refill", "1", "--gateway-config", "no/such.yaml"), exitUsage, "--gateway-config no/such.yaml", "")
+}
+
+func TestKeysImport(t *testing.T) {
+	t.Parallel()
+	c, url := newDB(t)
+	const sum = "2cf24dba5fb0a30e26e83b2ac5b9e29e1b161e5c1fa7425e73043362938b9824" // sha256("hello")
+	c.ok("keys", "import", "--sha256", sum, "--tenant", "shop-a", "--label", "vault")
+	if got := sqlInt(t, url, `SELECT count(*) FROM api_key WHERE key_hash = sha256('hello') AND tenant_id = 'shop-a'`); got != 1 {
+		t.Errorf("imported key not stored by its hash")
+	}
+	checkError(t, c.run("keys", "import", "--sha256", sum, "--tenant", "shop-a"), exitFailure, "stored already", "")
+	checkError(t, c.run("keys", "import", "--sha256", "xyz", "--tenant", "shop-a"), exitUsage, "want 64 hex digits", "")
+}
+
+func TestActor(t *testing.T) {
+	t.Parallel()
+	c, url := newDB(t)
+	c.env[envActor] = "deploy-bot"
+	c.ok("regions", "add", "r1")
+	c.ok("regions", "add", "r2", "--actor", "bob")
+	if got := sqlInt(t, url, `SELECT count(*) FROM audit_log WHERE actor = 'deploy-bot'`); got != 1 {
+		t.Errorf("%s: %d rows by deploy-bot, want 1", envActor, got)
+	}
+	if got := sqlInt(t, url, `SELECT count(*) FROM audit_log WHERE actor = 'bob'`); got != 1 {
+		t.Errorf("--actor: %d rows by bob, want 1", got)
+	}
+	checkError(t, c.run("regions", "add", "r3", "--actor", "a\u202eb"), exitUsage, "control or formatting character", "")
+	checkError(t, c.run("regions", "add", "r3", "--actor", " "), exitUsage, "must not be blank", "")
+}
+
+// TestComposeLimitsFile: the limits compose.yaml's setup service applies are valid and
+// apply cleanly to a new database.
+func TestComposeLimitsFile(t *testing.T) {
+	t.Parallel()
+	c, _ := newDB(t)
+	c.ok("apply", "-f", "../../deploy/compose/limits.yaml", "--apply", "--gateway-config", "../../deploy/compose/gateway-us-east.yaml")
+	if r := c.ok("apply", "-f", "../../deploy/compose/limits.yaml"); !strings.Contains(r.stdout, "No changes") {
+		t.Errorf("second plan:\n%s", r.stdout)
+	}
+}

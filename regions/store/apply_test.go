@@ -1,0 +1,128 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/quotaplane/quotaplane/regions"
+)
+
+func ptr[T any](v T) *T { return &v }
+
+// TestApply: a plan is exactly what Apply writes, in one transaction with one audit row per
+// audited change; applying the same configuration again changes nothing; a change that
+// fails midway leaves the database as it was.
+func TestApply(t *testing.T) {
+	t.Parallel()
+	s, _ := newStore(t)
+	ctx := context.Background()
+	expires := time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)
+	keyA := regions.HashKey("qp_secret-a")
+	want := Config{
+		Regions: ptr([]string{"us-east", "eu-west"}),
+		Rules: ptr([]regions.Rule{
+			{Tenant: "*", Route: "*", Capacity: 50, RefillPerSecond: 5},
+			{Tenant: "shop-a", Route: "search", Capacity: 10, RefillPerSecond: 0.01, Shadow: true, Shards: 4},
+		}),
+		Overrides: ptr([]Override{{Scope: regions.Scope{Tenant: "shop-a"}, Shares: map[string]float64{"us-east": 0.75, "eu-west": 0.25}, ExpiresAt: expires, Reason: "sale"}}),
+		Keys:      ptr([]KeySpec{{Hash: keyA, Tenant: "shop-a", Label: "ci"}}),
+	}
+	auditBefore := count(t, s, `SELECT count(*) FROM audit_log`)
+	plan, err := s.Plan(ctx, want)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// 2 regions added, */* changed, 1 rule added, 1 override, 1 key.
+	if len(plan) != 6 {
+		t.Fatalf("plan has %d changes, want 6: %+v", len(plan), plan)
+	}
+	if count(t, s, `SELECT count(*) FROM region`) != 0 {
+		t.Fatal("Plan wrote")
+	}
+	applied, err := s.Apply(ctx, want, "alice", "limits.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(applied) != len(plan) {
+		t.Errorf("applied %d changes, planned %d", len(applied), len(plan))
+	}
+	// Audited objects: 2 regions, 2 rules, 1 key.
+	if got := count(t, s, `SELECT count(*) FROM audit_log`) - auditBefore; got != 5 {
+		t.Errorf("%d audit rows, want 5 (one per region, rule and key change)", got)
+	}
+	if got := count(t, s, `SELECT count(*) FROM audit_log WHERE actor = 'alice' AND reason = 'limits.yaml'`); got != 5 {
+		t.Errorf("%d audit rows name alice and the reason, want 5", got)
+	}
+	if got := count(t, s, `SELECT count(*) FROM region_share_history WHERE actor = 'alice' AND scope = 'shop-a'`); got != 2 {
+		t.Errorf("%d share history rows for the override, want 2 (one per region)", got)
+	}
+	again, err := s.Plan(ctx, want)
+	if err != nil || len(again) != 0 {
+		t.Fatalf("plan after apply: %+v, %v; want no change", again, err)
+	}
+	exp, err := s.Export(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p, err := s.Plan(ctx, exp); err != nil || len(p) != 0 {
+		t.Fatalf("plan of the export: %+v, %v; want no change", p, err)
+	}
+
+	// A file that removes a region the rebalancer still has shares in fails as a whole: the
+	// rule change before it is not written either.
+	exec(t, s, `INSERT INTO region_share (scope, region, share, source) VALUES ('*', 'us-east', 0.5, 'rebalancer'), ('*', 'eu-west', 0.5, 'rebalancer')`)
+	bad := Config{
+		Regions:   ptr([]string{"eu-west"}),
+		Rules:     ptr([]regions.Rule{{Tenant: "*", Route: "*", Capacity: 1, RefillPerSecond: 1}}),
+		Overrides: ptr([]Override{}),
+	}
+	auditBefore = count(t, s, `SELECT count(*) FROM audit_log`)
+	if _, err := s.Apply(ctx, bad, "alice", "bad"); !errors.Is(err, ErrRegionInUse) {
+		t.Fatalf("apply removing a region in use: %v, want ErrRegionInUse", err)
+	}
+	if got := count(t, s, `SELECT count(*) FROM audit_log`); got != auditBefore {
+		t.Errorf("a failed apply left %d audit rows", got-auditBefore)
+	}
+	if got := count(t, s, `SELECT capacity FROM rate_limit_rule WHERE tenant_id = '*'`); got != 50 {
+		t.Errorf("a failed apply changed the default rule: capacity %d", got)
+	}
+
+	// Sections not in the file are left alone; keys are revoked, never deleted.
+	revoke := Config{Keys: ptr([]KeySpec{})}
+	if _, err := s.Apply(ctx, revoke, "alice", "rotate"); err != nil {
+		t.Fatal(err)
+	}
+	if got := count(t, s, `SELECT count(*) FROM api_key WHERE revoked_at IS NOT NULL`); got != 1 {
+		t.Errorf("%d revoked keys, want 1", got)
+	}
+	if got := count(t, s, `SELECT count(*) FROM rate_limit_rule`); got != 2 {
+		t.Errorf("a keys-only file changed the rules: %d rules", got)
+	}
+	// A revoked key cannot come back.
+	if _, err := s.Apply(ctx, want, "alice", "again"); !errors.Is(err, regions.ErrInvalid) {
+		t.Errorf("re-importing a revoked key: %v, want ErrInvalid", err)
+	}
+}
+
+func TestConfigNormalize(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		c    Config
+	}{
+		{"no default rule", Config{Rules: ptr([]regions.Rule{{Tenant: "a", Route: "*", Capacity: 1, RefillPerSecond: 1}})}},
+		{"rule twice", Config{Rules: ptr([]regions.Rule{{Tenant: "*", Route: "*", Capacity: 1, RefillPerSecond: 1}, {Tenant: "*", Route: "*", Capacity: 2, RefillPerSecond: 1}})}},
+		{"region twice", Config{Regions: ptr([]string{"a", "a"})}},
+		{"bad region", Config{Regions: ptr([]string{"a b"})}},
+		{"shares not summing to 1", Config{Regions: ptr([]string{"a", "b"}), Overrides: ptr([]Override{{Scope: regions.GlobalScope, Shares: map[string]float64{"a": 0.5, "b": 0.6}, Reason: "x"}})}},
+		{"override without reason", Config{Regions: ptr([]string{"a"}), Overrides: ptr([]Override{{Scope: regions.GlobalScope, Shares: map[string]float64{"a": 1}}})}},
+		{"zero refill", Config{Rules: ptr([]regions.Rule{{Tenant: "*", Route: "*", Capacity: 1}})}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if err := tc.c.Normalize(); !errors.Is(err, regions.ErrInvalid) {
+				t.Errorf("Normalize = %v, want ErrInvalid", err)
+			}
+		})
+	}
+}
