@@ -25,6 +25,7 @@ import (
 
 	"github.com/quotaplane/quotaplane/gateway/limiter"
 	"github.com/quotaplane/quotaplane/regions"
+	"github.com/quotaplane/quotaplane/regions/store"
 )
 
 // Environment variables that override the configuration file.
@@ -1000,7 +1001,7 @@ func redactedReason(err error, raw string) string {
 	}
 	msg = quoted.ReplaceAllString(msg, `"…"`)
 	msg = strings.ReplaceAll(msg, raw, "")
-	for _, p := range urlPasswords(raw) {
+	for _, p := range store.URLSecrets(raw) {
 		msg = strings.ReplaceAll(msg, p, "xxxxx")
 	}
 	msg = strings.Join(strings.Fields(msg), " ")
@@ -1009,27 +1010,6 @@ func redactedReason(err error, raw string) string {
 	}
 	return msg
 }
-
-// urlPasswords are the password-like pieces of raw found without a full parse: what sits
-// between "user:" and the last '@', and password= values.
-func urlPasswords(raw string) []string {
-	var out []string
-	if _, rest, ok := strings.Cut(raw, "://"); ok {
-		if at := strings.LastIndex(rest, "@"); at >= 0 {
-			if _, p, ok := strings.Cut(rest[:at], ":"); ok && p != "" {
-				out = append(out, p)
-			}
-		}
-	}
-	for _, m := range passwordParam.FindAllStringSubmatch(raw, -1) {
-		if v := strings.Trim(m[1], "'"); v != "" {
-			out = append(out, m[1], v)
-		}
-	}
-	return out
-}
-
-var passwordParam = regexp.MustCompile(`password\s*=\s*('(?:[^'\\]|\\.)*'|[^\s&]*)`)
 
 func parseLogLevel(s string) (slog.Level, error) {
 	var l slog.Level

@@ -100,25 +100,18 @@ func urlHostPort(raw string, defaultPort string) string {
 	return "(unparsable address)"
 }
 
-// secretsOf lists the parts of a URL that must never be printed: its password, and the
-// whole URL when it has one.
+// secretsOf lists what must never be printed of a URL: the whole URL when it holds a
+// secret (store.RedactURL sees one), then every password-like piece of it
+// (store.URLSecrets, the one redactor).
 func secretsOf(raw string) []string {
 	if raw == "" {
 		return nil
 	}
-	var out []string
-	if store.RedactURL(raw) != raw {
-		out = append(out, raw) // store.RedactURL sees a secret in it: never print it whole
+	secrets := store.URLSecrets(raw)
+	if len(secrets) > 0 || store.RedactURL(raw) != raw {
+		secrets = append([]string{raw}, secrets...)
 	}
-	if u, err := url.Parse(raw); err == nil && u.User != nil {
-		if p, ok := u.User.Password(); ok && p != "" {
-			out = append(out, raw, p, url.QueryEscape(p), url.PathEscape(p))
-		}
-	}
-	if cfg, err := pgconn.ParseConfig(raw); err == nil && cfg.Password != "" {
-		out = append(out, raw, cfg.Password)
-	}
-	return out
+	return secrets
 }
 
 // oneLine formats err as the single line ratectl prints: newlines folded, and every

@@ -355,7 +355,7 @@ func (r *Reloader) listenOnce(ctx context.Context, onUp func()) error {
 	conn, err := pgx.Connect(cctx, r.opts.ListenURL)
 	cancel()
 	if err != nil {
-		return redactErr(fmt.Errorf("listen connect: %w", err), urlSecrets(r.opts.ListenURL))
+		return redactErr(fmt.Errorf("listen connect: %w", err), URLSecrets(r.opts.ListenURL))
 	}
 	defer func() {
 		cctx, cancel := context.WithTimeout(context.Background(), time.Second)

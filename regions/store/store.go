@@ -65,7 +65,7 @@ const defaultConnectTimeout = 5 * time.Second
 // '?' or '@' in it), pgx may have taken part of the password for the host, port or database
 // it names in its errors: the errors then show only RedactURL and hide pgx's text.
 func Open(ctx context.Context, url string) (*Store, error) {
-	secrets := urlSecrets(url)
+	secrets := URLSecrets(url)
 	ambiguous := ambiguousUserinfo(url)
 	const hidden = "details hidden: the url may hold an unencoded '/', '?' or '@' in its password; percent-encode them"
 	cfg, err := pgxpool.ParseConfig(url)
@@ -283,9 +283,9 @@ func ambiguousUserinfo(s string) bool {
 	return strings.IndexAny(rest, "@/") != at
 }
 
-// urlSecrets is every password-like value in url that we can find without a full parse:
+// URLSecrets is every password-like value in url that we can find without a full parse:
 // the text of each secretSpans stretch, raw and decoded.
-func urlSecrets(s string) []string {
+func URLSecrets(s string) []string {
 	var out []string
 	add := func(v string) {
 		if v != "" && !slices.Contains(out, v) {
