@@ -38,13 +38,13 @@ const (
 const (
 	DefaultListen            = "127.0.0.1:8080"
 	DefaultAdminListen       = "127.0.0.1:9100"
-	DefaultRedisTimeout      = 5 * time.Millisecond
+	DefaultRedisTimeout      = limiter.DefaultTimeout
 	DefaultKeyPrefix         = limiter.DefaultKeyPrefix
-	DefaultBreakerFailures   = 5
-	DefaultBreakerOpenFor    = time.Second
+	DefaultBreakerFailures   = limiter.DefaultBreakerFailures
+	DefaultBreakerOpenFor    = limiter.DefaultBreakerOpenFor
 	DefaultReloadInterval    = 30 * time.Second
-	DefaultHeartbeatInterval = 5 * time.Second
-	DefaultExpectedInstances = 1
+	DefaultHeartbeatInterval = store.DefaultHeartbeatInterval
+	DefaultExpectedInstances = limiter.DefaultExpectedInstances
 	DefaultDrainTimeout      = 15 * time.Second
 	DefaultMaxTenants        = 1000
 	DefaultTenantInterval    = time.Minute

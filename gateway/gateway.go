@@ -620,8 +620,8 @@ func serve(srv *http.Server, ln net.Listener) error {
 	return nil
 }
 
-// instanceTTL: an instance unseen for three heartbeat periods is dead.
-func (g *Gateway) instanceTTL() time.Duration { return 3 * g.cfg.HeartbeatInterval }
+// instanceTTL: an instance unseen for store.MissedHeartbeats heartbeat periods is dead.
+func (g *Gateway) instanceTTL() time.Duration { return store.InstanceTTL(g.cfg.HeartbeatInterval) }
 
 func (g *Gateway) onReload(s *regions.Snapshot) {
 	if !g.acceptSnapshot(s) {

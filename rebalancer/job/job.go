@@ -28,8 +28,8 @@ const (
 	DefaultInterval      = 5 * time.Minute
 	DefaultCheckInterval = time.Minute
 	DefaultReloadWait    = 2 * time.Second
-	// DefaultInstanceTTL matches the gateway: heartbeats every 5 s, dead after 3 missed.
-	DefaultInstanceTTL    = 15 * time.Second
+	// DefaultInstanceTTL matches the gateway's default heartbeat (store.DefaultInstanceTTL).
+	DefaultInstanceTTL    = store.DefaultInstanceTTL
 	DefaultMaxScopes      = 1000
 	DefaultMaxShareSeries = 100
 	DefaultActor          = "rebalancer"

@@ -346,6 +346,21 @@ const InstanceHorizon = time.Hour
 // InstanceHorizon, so the DELETE does not run on every heartbeat of every gateway.
 const pruneEvery = 20
 
+// DefaultHeartbeatInterval is how often a gateway records itself alive by default.
+const DefaultHeartbeatInterval = 5 * time.Second
+
+// MissedHeartbeats is how many heartbeat intervals an instance may miss before it no
+// longer counts as live.
+const MissedHeartbeats = 3
+
+// InstanceTTL is how long after its last heartbeat an instance that beats every interval
+// counts as live: MissedHeartbeats intervals.
+func InstanceTTL(interval time.Duration) time.Duration { return MissedHeartbeats * interval }
+
+// DefaultInstanceTTL is InstanceTTL of DefaultHeartbeatInterval, what the rebalancer and
+// the status page assume of the gateways by default.
+const DefaultInstanceTTL = MissedHeartbeats * DefaultHeartbeatInterval
+
 // Heartbeat records that gateway instance id of region is alive (last_seen = the
 // database's now()). About one call in 20 also deletes, in the same statement, the rows of
 // region unseen for InstanceHorizon (PruneInstances). It does not notify gateways; they
