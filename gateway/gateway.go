@@ -93,8 +93,7 @@ type Gateway struct {
 	rlsLn net.Listener       // rls_listen, opened by Run
 	drain context.CancelFunc // ends drainCtx's context when draining starts
 
-	storeMu sync.Mutex
-	store   *store.Store
+	store *store.Store // database mode: opened by Run (it dials on first use)
 }
 
 // route is one configured route as the hot path sees it.
@@ -106,9 +105,12 @@ type route struct {
 	limitBy  limitBy
 }
 
-// New validates cfg, fills its defaults and builds the gateway. It dials nothing and
-// starts no goroutine: a standalone gateway's handler works at once; a database one
-// answers 503 until Run has loaded a snapshot.
+// New validates cfg, fills its defaults and builds the gateway. It starts no goroutine of
+// its own and opens nothing to the database (Run opens the store). It does build the
+// Redis client, and go-redis's pool opens its warm connections (MinIdleConns) in the
+// background at once; a Redis that is down costs nothing here, the limiter falls back.
+// A standalone gateway's handler works at once; a database one answers 503 until Run has
+// loaded a snapshot.
 func New(cfg Config, opts Options) (_ *Gateway, err error) {
 	if err := cfg.normalize(); err != nil {
 		return nil, err
@@ -412,31 +414,6 @@ func defaultInstanceID() string {
 	return host + suffix
 }
 
-// openStore returns the store, opening it on first use. A database that is down at start
-// is retried by the caller (the reloader's backoff), so the gateway starts regardless.
-func (g *Gateway) openStore(ctx context.Context) (*store.Store, error) {
-	g.storeMu.Lock()
-	defer g.storeMu.Unlock()
-	if g.store != nil {
-		return g.store, nil
-	}
-	s, err := store.Open(ctx, g.cfg.DatabaseURL)
-	if err != nil {
-		return nil, err
-	}
-	g.store = s
-	return s, nil
-}
-
-func (g *Gateway) closeStore() {
-	g.storeMu.Lock()
-	defer g.storeMu.Unlock()
-	if g.store != nil {
-		g.store.Close()
-		g.store = nil
-	}
-}
-
 // Run serves the proxy on listen and the admin endpoints on admin_listen, reloads the
 // snapshot (database mode) and heartbeats, until ctx ends; then it stops accepting,
 // lets in-flight requests finish (up to drain_timeout), removes its heartbeat and
@@ -444,6 +421,13 @@ func (g *Gateway) closeStore() {
 // is not an error: the gateway reports not ready (no snapshot yet) or falls back.
 func (g *Gateway) Run(ctx context.Context) error {
 	defer g.closeClients()
+	if !g.cfg.Standalone() {
+		st, err := store.Open(ctx, g.cfg.DatabaseURL) // parses the URL; connects on first use
+		if err != nil {
+			return fmt.Errorf("gateway %s: %w", g.cfg.Region, err)
+		}
+		g.store = st
+	}
 	ln, err := net.Listen("tcp", g.cfg.Listen)
 	if err != nil {
 		return fmt.Errorf("gateway %s: listen: %w", g.cfg.Region, err)
@@ -480,11 +464,7 @@ func (g *Gateway) run(ctx context.Context, ln, aln net.Listener) error {
 	if !g.cfg.Standalone() {
 		rl := store.NewReloader(store.ReloaderOptions{
 			Load: func(ctx context.Context) (*regions.Snapshot, error) {
-				st, err := g.openStore(ctx)
-				if err != nil {
-					return nil, err
-				}
-				return st.LoadSnapshot(ctx, g.instanceTTL())
+				return g.store.LoadSnapshot(ctx, g.instanceTTL())
 			},
 			ListenURL:  g.cfg.DatabaseURL,
 			Interval:   g.cfg.ReloadInterval,
@@ -602,7 +582,9 @@ func (g *Gateway) warmRedis(ctx context.Context) {
 // closeClients closes the database pool, the upstream connections, the limiter's
 // background script reload if one is running, and the Redis client.
 func (g *Gateway) closeClients() {
-	g.closeStore()
+	if g.store != nil {
+		g.store.Close()
+	}
 	g.transport.CloseIdleConnections()
 	if g.lim != nil {
 		g.lim.Close()
@@ -672,19 +654,13 @@ func (g *Gateway) heartbeat(ctx context.Context) {
 func (g *Gateway) beat(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, max(g.cfg.HeartbeatInterval, time.Second))
 	defer cancel()
-	st, err := g.openStore(ctx)
-	if err != nil {
-		return err
-	}
-	return st.Heartbeat(ctx, g.instanceID, g.cfg.Region)
+	return g.store.Heartbeat(ctx, g.instanceID, g.cfg.Region)
 }
 
 // removeInstance deletes the heartbeat on shutdown so the others' fallback shares grow
 // at once rather than after the TTL.
 func (g *Gateway) removeInstance(ctx context.Context) {
-	g.storeMu.Lock()
 	st := g.store
-	g.storeMu.Unlock()
 	if st == nil {
 		return
 	}

@@ -23,9 +23,6 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := run(ctx, os.Args[1:], os.LookupEnv); err != nil {
-		if !errors.Is(err, flag.ErrHelp) {
-			fmt.Fprintln(os.Stderr, "gateway:", err)
-		}
 		stop()
 		if errors.Is(err, flag.ErrHelp) {
 			os.Exit(0) // --help: the usage is printed, and asking for it is no failure

@@ -31,6 +31,9 @@ func (a *app) withStore(cmd *cobra.Command, f func(ctx context.Context, st *stor
 		return a.dbError(err)
 	}
 	defer st.Close()
+	if err := st.Ping(ctx); err != nil {
+		return a.dbError(err)
+	}
 	return a.dbError(f(ctx, st))
 }
 

@@ -25,7 +25,6 @@ import (
 	"github.com/quotaplane/quotaplane/rebalancer/demand"
 	"github.com/quotaplane/quotaplane/rebalancer/job"
 	"github.com/quotaplane/quotaplane/rebalancer/status"
-	"github.com/quotaplane/quotaplane/regions"
 	"github.com/quotaplane/quotaplane/regions/store"
 )
 
@@ -33,9 +32,6 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := run(ctx, os.Args[1:], os.LookupEnv, os.Stderr); err != nil {
-		if !errors.Is(err, flag.ErrHelp) {
-			fmt.Fprintln(os.Stderr, "rebalancer:", err)
-		}
 		stop()
 		if errors.Is(err, flag.ErrHelp) {
 			os.Exit(0) // --help: the usage is printed, and asking for it is no failure
@@ -167,13 +163,14 @@ func run(ctx context.Context, args []string, lookupEnv func(string) (string, boo
 	if err != nil {
 		return err
 	}
-	st := newLazyStore(o.databaseURL, log)
-	defer st.Close()
-	// One attempt now: a malformed URL is a configuration error; an unreachable server is
-	// not (logged by the store, retried by every tick).
-	if _, err := st.get(ctx); errors.Is(err, regions.ErrInvalid) {
+	// Open parses the URL (a malformed one is a configuration error) and dials nothing:
+	// a database that is down fails each tick as skipped_database until it is back, and
+	// the pool reconnects by itself.
+	st, err := store.Open(ctx, o.databaseURL)
+	if err != nil {
 		return err
 	}
+	defer st.Close()
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))

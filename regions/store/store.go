@@ -40,6 +40,8 @@ const NotifyChannel = migrations.NotifyChannel
 // concurrent use.
 type Store struct {
 	pool *pgxpool.Pool
+	// fail wraps a connection error with the server's name and no secret of the URL.
+	fail func(op string, err error) error
 	// hook, in tests, is called at named points inside write transactions (hookOverrideRead),
 	// so a test can interleave another writer there. nil in production.
 	hook func(point string)
@@ -58,8 +60,10 @@ func (s *Store) at(point string) {
 // unreachable host fails instead of hanging.
 const defaultConnectTimeout = 5 * time.Second
 
-// Open parses url (a postgres:// URL or key=value string), connects and pings. Errors name
-// the server (RedactURL) and never contain the password; a malformed url wraps ErrInvalid.
+// Open parses url (a postgres:// URL or key=value string) and returns a store whose pool
+// connects on first use: it does not dial, so a database that is down at start is an
+// error of the first operation, not of Open (call Ping to know at once). Errors name the
+// server (RedactURL) and never contain the password; a malformed url wraps ErrInvalid.
 //
 // Of a URL whose userinfo pgx may split elsewhere than the password ends (an unencoded '/',
 // '?' or '@' in it), pgx may have taken part of the password for the host, port or database
@@ -93,11 +97,17 @@ func Open(ctx context.Context, url string) (*Store, error) {
 	if err != nil {
 		return nil, fail("open database", err)
 	}
-	if err := pool.Ping(ctx); err != nil {
-		pool.Close()
-		return nil, fail("connect to database", err)
+	return &Store{pool: pool, fail: fail}, nil
+}
+
+// Ping connects to the database (or checks a pooled connection) within ctx: for callers
+// that must know the database is reachable before they go on (ratectl, a readiness
+// probe). Its error names the server, never a secret of the URL.
+func (s *Store) Ping(ctx context.Context) error {
+	if err := s.pool.Ping(ctx); err != nil {
+		return s.fail("connect to database", err)
 	}
-	return &Store{pool: pool}, nil
+	return nil
 }
 
 // Close closes every connection; call it once when done.
