@@ -1,4 +1,4 @@
--- The control-plane data model (docs: ../../shared/DESIGN.md "Data model").
+-- The control-plane data model (docs/architecture.md; the tables are described in regions/store).
 -- Ids are [A-Za-z0-9._-]{1,64}; "*" is allowed only where it means "every tenant/route".
 -- double precision columns reject NaN and infinity: in PostgreSQL NaN compares greater than
 -- every number, so "x > 0" alone would accept it.

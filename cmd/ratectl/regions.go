@@ -117,7 +117,11 @@ func newRegionsCmd(a *app) *cobra.Command {
 				if err != nil {
 					return err
 				}
-				err = st.RemoveRegion(ctx, name, force)
+				how := store.RefuseInUse
+				if force {
+					how = store.DropShares
+				}
+				err = st.RemoveRegion(ctx, name, how)
 				switch {
 				case errors.Is(err, store.ErrNotFound):
 					return fmt.Errorf("region %s does not exist", name)

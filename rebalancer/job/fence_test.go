@@ -202,7 +202,7 @@ func TestStaleIncreaseIsAbandoned(t *testing.T) {
 		rep, _ = j.RunOnce(t.Context())
 	}()
 	<-reached
-	if err := w.store.RemoveRegion(t.Context(), "ap-south", true); err != nil {
+	if err := w.store.RemoveRegion(t.Context(), "ap-south", store.DropShares); err != nil {
 		t.Fatal(err)
 	}
 	close(resume)

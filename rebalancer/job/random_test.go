@@ -200,7 +200,7 @@ func runSchedule(t *testing.T, seed uint64, steps int) {
 			return
 		}
 		r := cur[rng.IntN(len(cur))]
-		if err := w.store.RemoveRegion(ctx, r, true); err != nil {
+		if err := w.store.RemoveRegion(ctx, r, store.DropShares); err != nil {
 			fail("remove region %s: %v", r, err)
 		}
 		if _, err := w.store.Pool().Exec(ctx, `DELETE FROM gateway_instance WHERE region = $1`, r); err != nil {

@@ -81,12 +81,22 @@ func (s *Store) AddRegion(ctx context.Context, name string) error {
 	return nil
 }
 
+// RegionRemoval says what RemoveRegion does with a region that shares still name.
+type RegionRemoval int
+
+const (
+	// RefuseInUse refuses (ErrRegionInUse) while any share names the region.
+	RefuseInUse RegionRemoval = iota
+	// DropShares deletes those shares and renormalises the rest of each scope.
+	DropShares
+)
+
 // RemoveRegion removes a region. While any share (of any scope or source) names it, it
-// refuses with ErrRegionInUse, unless force: then those shares are deleted first and the
+// refuses with ErrRegionInUse, unless how is DropShares: then those shares are deleted first and the
 // remaining regions' shares of each such scope are scaled up to sum to 1 again (equally,
 // if they summed to 0), all in the same transaction, each change leaving a history row.
 // ErrNotFound if there is no such region.
-func (s *Store) RemoveRegion(ctx context.Context, name string, force bool) error {
+func (s *Store) RemoveRegion(ctx context.Context, name string, how RegionRemoval) error {
 	if err := regions.ValidateID("region", name); err != nil {
 		return fmt.Errorf("remove region: %w", err)
 	}
@@ -105,7 +115,7 @@ func (s *Store) RemoveRegion(ctx context.Context, name string, force bool) error
 		if err := tx.QueryRow(ctx, `SELECT count(*) FROM region_share WHERE region = $1`, name).Scan(&shares); err != nil {
 			return err
 		}
-		if shares > 0 && !force {
+		if shares > 0 && how != DropShares {
 			return fmt.Errorf("%w: %d share rows name it (clear them, or force)", ErrRegionInUse, shares)
 		}
 		// The (scope, source) sets that named the region, to renormalise after the delete.

@@ -172,19 +172,19 @@ func TestStoreRegions(t *testing.T) {
 		t.Fatalf("%d audit rows for two added regions", n)
 	}
 
-	if err := s.RemoveRegion(ctx, "ap-south", false); !errors.Is(err, ErrNotFound) {
+	if err := s.RemoveRegion(ctx, "ap-south", RefuseInUse); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("removing an unknown region: %v, want ErrNotFound", err)
 	}
 	if err := s.SetOverride(ctx, regions.GlobalScope, map[string]float64{"us-east": 0.6, "eu-west": 0.4}, "alice", "test", 0); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.RemoveRegion(ctx, "eu-west", false); !errors.Is(err, ErrRegionInUse) {
+	if err := s.RemoveRegion(ctx, "eu-west", RefuseInUse); !errors.Is(err, ErrRegionInUse) {
 		t.Fatalf("removing a region with shares: %v, want ErrRegionInUse", err)
 	}
 	if got, _ := s.Regions(ctx); len(got) != 2 {
 		t.Fatalf("refused removal removed something: %v", got)
 	}
-	if err := s.RemoveRegion(ctx, "eu-west", true); err != nil {
+	if err := s.RemoveRegion(ctx, "eu-west", DropShares); err != nil {
 		t.Fatalf("forced removal: %v", err)
 	}
 	if got, _ := s.Regions(ctx); strings.Join(got, ",") != "us-east" {
@@ -782,7 +782,7 @@ func TestStoreRegionChangesKeepSharesSummingToOne(t *testing.T) {
 		}
 	}
 
-	if err := s.RemoveRegion(ctx, "us-east", true); err != nil {
+	if err := s.RemoveRegion(ctx, "us-east", DropShares); err != nil {
 		t.Fatal(err)
 	}
 	check("after removing us-east", 4)
