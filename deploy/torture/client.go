@@ -118,7 +118,7 @@ type Summary struct {
 	// Requests, Status5xx and Unexpected (a status other than 200 and 429) over all
 	// tenants; ClientErrors are requests without an answer (transport error, timeout).
 	Requests, Status5xx, Unexpected, ClientErrors, Skipped int
-	Errors                                              []string
+	Errors                                                 []string
 }
 
 // Summary totals the counts.
