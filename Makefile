@@ -6,19 +6,23 @@ TIMEOUT  ?= 20m
 FUZZTIME ?= 20s
 # Everything but the fault-injection suite runs under -race; the fault suite measures
 # latency and admission across real processes, which -race would only slow down.
-RACE_PKGS = $(shell $(GO) list ./... | grep -v /deploy/faults)
+RACE_PKGS = $(shell $(GO) list ./... | grep -v -e /deploy/faults -e /deploy/torture)
+# Seeds `make torture` runs (each about 2.5 min).
+SEEDS ?= 20
 
-.PHONY: test demo bench lint deps unit faults reliability-figures soak fuzz fuzz-run
+.PHONY: test demo bench lint deps unit faults reliability-figures torture soak fuzz fuzz-run
 
 deps:
 	@./deploy/install-deps.sh
 
 ## test: lint, every test against real servers (-race), the render test, the fault
-## suite, and every fuzz target for a few seconds.
+## suite, the torture checker (its fixed scenarios and two seeds, about 5 min), and every
+## fuzz target for a few seconds.
 test: deps lint
 	$(GO) test -race -count=1 -timeout $(TIMEOUT) $(RACE_PKGS)
 	cd deploy/render && $(GO) test -count=1 ./...
 	$(GO) test -count=1 -timeout 15m ./deploy/faults/
+	$(GO) test -count=1 -timeout 10m ./deploy/torture/ -seeds 2
 	$(MAKE) --no-print-directory fuzz-run FUZZTIME=3s
 
 ## unit: the pure packages only (no servers): allocation and simulator.
@@ -39,6 +43,12 @@ faults: deps
 ## reliability-figures: rerun the faults and rewrite the table in docs/reliability.md.
 reliability-figures: deps
 	$(GO) test -count=1 -timeout 15m -run TestFaults ./deploy/faults/ -update
+
+## torture: the randomized fault-and-change checker over SEEDS seeds (default 20, about
+## 2.5 min each) and its fixed scenarios; rewrites its table in docs/reliability.md.
+## One seed: go test -count=1 -run 'TestTorture/seed=N$$' ./deploy/torture/ -seed N
+torture: deps
+	$(GO) test -count=1 -timeout $$(( $(SEEDS) * 3 + 10 ))m -run TestTorture ./deploy/torture/ -seeds $(SEEDS) -update
 
 ## soak: 10 minutes at a fixed rate with periodic faults (not in CI).
 soak: deps

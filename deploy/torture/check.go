@@ -55,6 +55,9 @@ type Window struct {
 // Ratio is admitted over the bound.
 func (w Window) Ratio() float64 {
 	if w.Bound <= 0 {
+		if w.Admitted == 0 {
+			return 0
+		}
 		return math.Inf(1)
 	}
 	return float64(w.Admitted) / w.Bound
