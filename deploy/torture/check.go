@@ -38,6 +38,9 @@ type Input struct {
 	Admitted map[string]map[string][]Admission
 	// RedisRestarts are, per region, the spans in which its Redis came back empty.
 	RedisRestarts map[string][]Span
+	// Outages are the spans in which PostgreSQL was down: a gateway cannot reload then,
+	// so a state replaced shortly before one may be enforced until one lag after it.
+	Outages []Span
 }
 
 // Window is one checked window and its bound.
@@ -71,8 +74,8 @@ func (w Window) String() string {
 	if region == "" {
 		region = "all regions"
 	}
-	return fmt.Sprintf("%s in %s over %.3fs: admitted %d, bound %.2f (capacity %.2f + refill %.2f + restarts %.2f) = %.3fx",
-		w.Tenant, region, w.To.Sub(w.From).Seconds(), w.Admitted, w.Bound, w.CapTerm, w.RefillTerm, w.RestartTerm, w.Ratio())
+	return fmt.Sprintf("%s in %s from %s over %.3fs: admitted %d, bound %.2f (capacity %.2f + refill %.2f + restarts %.2f) = %.3fx",
+		w.Tenant, region, w.From.Format("15:04:05.000"), w.To.Sub(w.From).Seconds(), w.Admitted, w.Bound, w.CapTerm, w.RefillTerm, w.RestartTerm, w.Ratio())
 }
 
 // Result is the worst window per tenant and region ("" for all regions), and the worst
@@ -102,12 +105,13 @@ type series struct {
 	rate     []float64   // refill on [bps[k], bps[k+1])
 	integral []float64   // ∫ refill from bps[0] to bps[k]
 	restarts []Span
+	outages  []Span
 	// restartCap is, per restart, the largest capacity possibly enforced during it.
 	restartCap []float64
 }
 
-func newSeries(states []State, lag time.Duration, restarts []Span) *series {
-	s := &series{states: states, lag: lag, restarts: restarts}
+func newSeries(states []State, lag time.Duration, restarts, outages []Span) *series {
+	s := &series{states: states, lag: lag, restarts: restarts, outages: outages}
 	if len(states) == 0 {
 		return s
 	}
@@ -139,12 +143,27 @@ func newSeries(states []State, lag time.Duration, restarts []Span) *series {
 	return s
 }
 
-// end is when state i stops being possibly enforced (zero: never).
+// end is when state i stops being possibly enforced (zero: never): one lag after the
+// next state may have been written, or one lag after a PostgreSQL outage that began
+// before that.
 func (s *series) end(i int) time.Time {
 	if i+1 >= len(s.states) {
 		return time.Time{}
 	}
-	return s.states[i+1].From.Add(s.lag)
+	next := s.states[i+1].From
+	e := next.Add(s.lag)
+	for range len(s.outages) + 1 { // an extension may reach a later outage
+		grown := false
+		for _, o := range s.outages {
+			if o.From.Before(e) && o.To.After(next) && o.To.Add(s.lag).After(e) {
+				e, grown = o.To.Add(s.lag), true
+			}
+		}
+		if !grown {
+			break
+		}
+	}
+	return e
 }
 
 // maxAt is the largest f over the states possibly enforced at t (the first state
@@ -222,7 +241,7 @@ func Check(in Input) Result {
 		var all []Admission
 		var allSeries []*series
 		for _, region := range sortedKeys(regionsOf) {
-			s := newSeries(in.States[tenant][region], in.Lag, in.RedisRestarts[region])
+			s := newSeries(in.States[tenant][region], in.Lag, in.RedisRestarts[region], in.Outages)
 			adm := in.Admitted[tenant][region]
 			all = append(all, adm...)
 			allSeries = append(allSeries, s)

@@ -118,3 +118,17 @@ func TestCheckAcrossRegions(t *testing.T) {
 		t.Fatalf("breaches in %q, want region b and the regions together", regions)
 	}
 }
+
+// TestCheckOutage: a state replaced just before a PostgreSQL outage may be enforced
+// until one lag after the outage (no gateway could reload meanwhile).
+func TestCheckOutage(t *testing.T) {
+	states := []State{{From: at(0), Capacity: 100, Refill: 0.01}, {From: at(10), Capacity: 10, Refill: 0.01}}
+	in := one(states, admissions(100, 19, 20))
+	if b := Check(in).Breaches(); len(b) != 1 {
+		t.Fatalf("100 admitted 9 s after a rule of 10 without an outage: breaches %v, want 1", b)
+	}
+	in.Outages = []Span{{From: at(11), To: at(15)}}
+	if b := Check(in).Breaches(); len(b) != 0 {
+		t.Fatalf("the old rule within a lag after the outage breached: %v", b)
+	}
+}

@@ -206,8 +206,7 @@ func StartLoad(ctx context.Context, rec *Recorder, targets []Target, flows []Flo
 	return l, nil
 }
 
-// flow sends f to t at its rate until ctx ends; the first tick is spread by the
-// flow's position so that flows do not all fire together.
+// flow sends f to t at its rate until ctx ends.
 func (l *Load) flow(ctx context.Context, t Target, f Flow) {
 	tick := time.NewTicker(time.Duration(float64(time.Second) / f.Rate))
 	defer tick.Stop()

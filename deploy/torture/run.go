@@ -21,6 +21,7 @@ type Executor struct {
 	mu       sync.Mutex
 	log      []string
 	restarts map[string][]Span
+	outages  []Span
 	errs     []error
 }
 
@@ -89,6 +90,13 @@ func (x *Executor) RedisRestarts() map[string][]Span {
 	return out
 }
 
+// Outages are the spans in which PostgreSQL was down.
+func (x *Executor) Outages() []Span {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	return append([]Span(nil), x.outages...)
+}
+
 func waitFor(ctx context.Context, t time.Time) bool {
 	select {
 	case <-ctx.Done():
@@ -151,10 +159,15 @@ func (x *Executor) do(ctx context.Context, e Event) error {
 		if err := env.Postgres.Kill(); err != nil {
 			return err
 		}
+		from := time.Now()
 		hold(ctx, e.Hold)
 		hctx, cancel := healCtx()
 		defer cancel()
-		return env.Postgres.Restart(hctx)
+		err := env.Postgres.Restart(hctx)
+		x.mu.Lock()
+		x.outages = append(x.outages, Span{From: from, To: time.Now()})
+		x.mu.Unlock()
+		return err
 	case GatewayRestart:
 		var g *stack.Gateway
 		for _, x := range env.Gateways {

@@ -218,7 +218,7 @@ func runSeed(t *testing.T, ctx context.Context, env *Env, seed uint64) row {
 	waitFor(ctx, start.Add(*lengthFlag+3*time.Second)) // a tail after the last event
 	load.Stop()
 	states := obs.Stop(ctx)
-	res := Check(Input{Lag: Lag, States: states, Admitted: rec.Admitted(), RedisRestarts: x.RedisRestarts()})
+	res := Check(Input{Lag: Lag, States: states, Admitted: rec.Admitted(), RedisRestarts: x.RedisRestarts(), Outages: x.Outages()})
 	sum := rec.Summary()
 	r := report(t, fmt.Sprintf("seed %d", seed), sched.String(), x, sum, res, states, rec)
 	if t.Failed() {
