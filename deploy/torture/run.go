@@ -156,10 +156,10 @@ func (x *Executor) do(ctx context.Context, e Event) error {
 		p.SetDelay(0)
 		return nil
 	case PostgresKill:
+		from := time.Now()
 		if err := env.Postgres.Kill(); err != nil {
 			return err
 		}
-		from := time.Now()
 		hold(ctx, e.Hold)
 		hctx, cancel := healCtx()
 		defer cancel()
