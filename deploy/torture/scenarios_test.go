@@ -28,10 +28,7 @@ func scenarioRun(t *testing.T, ctx context.Context, env *Env, name string, plan 
 	su := addTenants(t, ctx, env, []tenantPlan{plan}, gateways)
 	id := su.ids[0]
 	rec := NewRecorder()
-	obs, err := env.Observe(ctx, su.ids)
-	if err != nil {
-		t.Fatal(err)
-	}
+	obs := su.obs
 	load, err := StartLoad(ctx, rec, env.Targets(), su.flows, 2*time.Minute)
 	if err != nil {
 		t.Fatal(err)

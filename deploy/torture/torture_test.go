@@ -113,8 +113,10 @@ var seedTenants = []tenantPlan{
 	{prefix: "normal", capacity: 100, refill: 20, rate: 8},
 }
 
-// setup is a run's tenants, once every gateway knows their keys.
+// setup is a run's tenants, once every gateway knows their keys, and the observer of
+// their limits.
 type setup struct {
+	obs   *Observer
 	ids   []string
 	flows []Flow
 	rules map[string]regions.Rule
@@ -139,6 +141,16 @@ func addTenants(t *testing.T, ctx context.Context, env *Env, plans []tenantPlan,
 			}
 		}
 	}
+	// The limits in force are observed from now on. What a gateway enforced before the
+	// first read (the rebalancer may already have moved a new tenant's shares) may be
+	// enforced until one lag after it, so the load starts no sooner than that.
+	obs, err := env.Observe(ctx, s.ids)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.obs = obs
+	t.Cleanup(func() { obs.cancel(); <-obs.done })
+	observed := time.Now()
 	// Every gateway knows every key before the load starts: a 401 would count as a
 	// failure. These probes are not recorded; what they admit only makes the recorded
 	// count smaller, never larger.
@@ -156,6 +168,7 @@ func addTenants(t *testing.T, ctx context.Context, env *Env, plans []tenantPlan,
 			})
 		}
 	}
+	waitFor(ctx, observed.Add(Lag))
 	return s
 }
 
@@ -204,10 +217,7 @@ func runSeed(t *testing.T, ctx context.Context, env *Env, seed uint64) row {
 	replay := fmt.Sprintf("go test -count=1 -run 'TestTorture/seed=%d$' ./deploy/torture/ -seed %d -length %v", seed, seed, *lengthFlag)
 
 	rec := NewRecorder()
-	obs, err := env.Observe(ctx, su.ids)
-	if err != nil {
-		t.Fatal(err)
-	}
+	obs := su.obs
 	load, err := StartLoad(ctx, rec, env.Targets(), su.flows, *lengthFlag+2*time.Minute)
 	if err != nil {
 		t.Fatal(err)
