@@ -16,6 +16,7 @@ type scenario struct {
 }
 
 var scenarios = []scenario{
+	{"steady", steadyScenario},
 	{"stall-3s", stallScenario},
 	{"reshard-1-4-8", reshardScenario},
 	{"raise-after-ttl", raiseScenario},

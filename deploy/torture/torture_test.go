@@ -213,28 +213,42 @@ func waitHeader(t *testing.T, ctx context.Context, g *stack.Gateway, key string,
 func runSeed(t *testing.T, ctx context.Context, env *Env, seed uint64) row {
 	su := addTenants(t, ctx, env, seedTenants, nil)
 	sched := Generate(seed, ScheduleConfig{Length: *lengthFlag, Regions: env.Regions, Gateways: env.GatewaySpecs(), Tenants: su.specs})
-	t.Logf("%s", sched)
 	replay := fmt.Sprintf("go test -count=1 -run 'TestTorture/seed=%d$' ./deploy/torture/ -seed %d -length %v", seed, seed, *lengthFlag)
+	return runSchedule(t, ctx, env, fmt.Sprintf("seed %d", seed), su, sched, replay)
+}
 
+// steadyScenario is the seeds' load for 30 s with no fault and no change: what the
+// machine alone (CPU stalls against the 5 ms Redis timeout) does to the invariant.
+func steadyScenario(t *testing.T, ctx context.Context, env *Env) row {
+	su := addTenants(t, ctx, env, seedTenants, nil)
+	return runSchedule(t, ctx, env, "scenario steady", su, Schedule{Length: 30 * time.Second}, "go test -count=1 -run 'TestTorture/scenario/steady$' ./deploy/torture/")
+}
+
+// runSchedule sends the tenants' load, runs the schedule, and checks.
+func runSchedule(t *testing.T, ctx context.Context, env *Env, name string, su setup, sched Schedule, replay string) row {
+	t.Logf("%s", sched)
 	rec := NewRecorder()
 	obs := su.obs
-	load, err := StartLoad(ctx, rec, env.Targets(), su.flows, *lengthFlag+2*time.Minute)
+	load, err := StartLoad(ctx, rec, env.Targets(), su.flows, sched.Length+2*time.Minute)
 	if err != nil {
 		t.Fatal(err)
 	}
 	start := time.Now()
 	x := NewExecutor(env, load, su.rules)
 	x.Run(ctx, start, sched.Events)
-	waitFor(ctx, start.Add(*lengthFlag+3*time.Second)) // a tail after the last event
+	waitFor(ctx, start.Add(sched.Length+3*time.Second)) // a tail after the last event
 	load.Stop()
 	states := obs.Stop(ctx)
 	res := Check(Input{Lag: Lag, States: states, Admitted: rec.Admitted(), RedisRestarts: x.RedisRestarts(), Outages: x.Outages()})
 	sum := rec.Summary()
-	r := report(t, fmt.Sprintf("seed %d", seed), sched.String(), x, sum, res, states, rec)
+	r := report(t, name, sched.String(), x, sum, res, states, rec)
 	if t.Failed() {
-		t.Logf("FAILED seed %d; replay with:\n  %s\n%s\nwhat ran:\n  %s", seed, replay, sched, strings.Join(x.Log(), "\n  "))
+		t.Logf("FAILED %s; replay with:\n  %s\n%s\nwhat ran:\n  %s", name, replay, sched, strings.Join(x.Log(), "\n  "))
 	}
 	r.events = eventCounts(sched.Events)
+	if r.events == "" {
+		r.events = "none"
+	}
 	return r
 }
 
