@@ -30,6 +30,7 @@ func scenarioRun(t *testing.T, ctx context.Context, env *Env, name string, plan 
 	id := su.ids[0]
 	rec := NewRecorder()
 	obs := su.obs
+	before := fleetScrape(ctx, env)
 	load, err := StartLoad(ctx, rec, env.Targets(), su.flows, 2*time.Minute)
 	if err != nil {
 		t.Fatal(err)
@@ -41,6 +42,7 @@ func scenarioRun(t *testing.T, ctx context.Context, env *Env, name string, plan 
 	states := obs.Stop(ctx)
 	res := Check(Input{Lag: Lag, States: states, Admitted: rec.Admitted()})
 	r := report(t, "scenario "+name, "", nil, rec.Summary(), res, states, rec)
+	r.fallback, r.redisErrs = fleetCounters(t, ctx, env, before)
 	r.events = name
 	return r, rec, id, start, end
 }

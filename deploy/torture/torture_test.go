@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/quotaplane/quotaplane/deploy/faults"
 	"github.com/quotaplane/quotaplane/deploy/local"
 	"github.com/quotaplane/quotaplane/deploy/stack"
 	"github.com/quotaplane/quotaplane/regions"
@@ -34,6 +35,36 @@ type row struct {
 	worst    Window
 	global   Window
 	ok       bool
+	// fallback are the requests the gateways admitted from their fallback, and
+	// redisErrs their Redis call errors, during the run (from /metrics).
+	fallback, redisErrs float64
+}
+
+// fleetScrape is every running gateway's /metrics (a gateway that does not answer is
+// left out).
+func fleetScrape(ctx context.Context, env *Env) map[string]faults.Scrape {
+	out := map[string]faults.Scrape{}
+	for _, g := range env.Gateways {
+		if sc, err := faults.ScrapeURL(ctx, g.Admin); err == nil {
+			out[g.ID] = sc
+		}
+	}
+	return out
+}
+
+// fleetDelta is the increase of a counter summed over the gateways (from 0 for one that
+// restarted in between).
+func fleetDelta(before, after map[string]faults.Scrape, name string, match ...string) float64 {
+	sum := 0.0
+	for id, a := range after {
+		x, b := a.Sum(name, match...), before[id].Sum(name, match...)
+		if x < b {
+			sum += x
+		} else {
+			sum += x - b
+		}
+	}
+	return sum
 }
 
 // TestTorture runs the fixed issue-14 scenarios and the seeded schedules on one stack
@@ -229,6 +260,7 @@ func runSchedule(t *testing.T, ctx context.Context, env *Env, name string, su se
 	t.Logf("%s", sched)
 	rec := NewRecorder()
 	obs := su.obs
+	before := fleetScrape(ctx, env)
 	load, err := StartLoad(ctx, rec, env.Targets(), su.flows, sched.Length+2*time.Minute)
 	if err != nil {
 		t.Fatal(err)
@@ -245,6 +277,7 @@ func runSchedule(t *testing.T, ctx context.Context, env *Env, name string, su se
 	if t.Failed() {
 		t.Logf("FAILED %s; replay with:\n  %s\n%s\nwhat ran:\n  %s", name, replay, sched, strings.Join(x.Log(), "\n  "))
 	}
+	r.fallback, r.redisErrs = fleetCounters(t, ctx, env, before)
 	r.events = eventCounts(sched.Events)
 	if r.events == "" {
 		r.events = "none"
@@ -294,6 +327,16 @@ func report(t *testing.T, name, sched string, x *Executor, sum Summary, res Resu
 	return r
 }
 
+// fleetCounters reads and logs the fallback's admissions and the Redis errors since
+// before.
+func fleetCounters(t *testing.T, ctx context.Context, env *Env, before map[string]faults.Scrape) (fallback, redisErrs float64) {
+	after := fleetScrape(ctx, env)
+	fallback = fleetDelta(before, after, "ratelimit_requests_total", "source", "fallback", "decision", "allowed")
+	redisErrs = fleetDelta(before, after, "ratelimit_redis_errors_total")
+	t.Logf("gateways: %.0f requests admitted by the fallback, %.0f Redis errors", fallback, redisErrs)
+	return fallback, redisErrs
+}
+
 func describeStates(m map[string][]State) string {
 	var b strings.Builder
 	for _, r := range sortedKeys(m) {
@@ -320,14 +363,14 @@ func eventCounts(events []Event) string {
 
 func figuresTable(rows []row) string {
 	var b strings.Builder
-	b.WriteString("| run | events | requests | admitted | 5xx | unanswered | max admitted / bound, one region | worst window | max admitted / bound, regions together | pass |\n")
-	b.WriteString("|---|---|---|---|---|---|---|---|---|---|\n")
+	b.WriteString("| run | events | requests | admitted | by the fallback | Redis errors | 5xx | unanswered | max admitted / bound, one region | worst window | max admitted / bound, regions together | pass |\n")
+	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, r := range rows {
 		worst := "-"
 		if r.worst.Admitted > 0 {
 			worst = fmt.Sprintf("%s %s, %.1f s: %d of %.1f", r.worst.Tenant[:max(0, strings.LastIndex(r.worst.Tenant, "-"))], r.worst.Region, r.worst.To.Sub(r.worst.From).Seconds(), r.worst.Admitted, r.worst.Bound)
 		}
-		fmt.Fprintf(&b, "| %s | %s | %d | %d | %d | %d | %.3f | %s | %.3f | %s |\n", r.name, r.events, r.sum.Requests, r.admitted, r.sum.Status5xx, r.sum.ClientErrors,
+		fmt.Fprintf(&b, "| %s | %s | %d | %d | %.0f | %.0f | %d | %d | %.3f | %s | %.3f | %s |\n", r.name, r.events, r.sum.Requests, r.admitted, r.fallback, r.redisErrs, r.sum.Status5xx, r.sum.ClientErrors,
 			r.worst.Ratio(), worst, r.global.Ratio(), map[bool]string{true: "yes", false: "**no**"}[r.ok])
 	}
 	fmt.Fprintf(&b, "\nLoad average at the end: %s.\n", loadAverage())
