@@ -41,7 +41,7 @@ func scenarioRun(t *testing.T, ctx context.Context, env *Env, name string, plan 
 	end := time.Now()
 	states := obs.Stop(ctx)
 	res := Check(Input{Lag: Lag, States: states, Admitted: rec.Admitted()})
-	r := report(t, "scenario "+name, "", nil, rec.Summary(), res, states, rec)
+	r := report(t, "scenario "+name, nil, rec.Summary(), res, states, rec)
 	r.fallback, r.redisErrs = fleetCounters(t, ctx, env, before)
 	r.events = name
 	return r, rec, id, start, end

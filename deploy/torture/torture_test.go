@@ -273,7 +273,7 @@ func runSchedule(t *testing.T, ctx context.Context, env *Env, name string, su se
 	states := obs.Stop(ctx)
 	res := Check(Input{Lag: Lag, States: states, Admitted: rec.Admitted(), RedisRestarts: x.RedisRestarts(), Outages: x.Outages()})
 	sum := rec.Summary()
-	r := report(t, name, sched.String(), x, sum, res, states, rec)
+	r := report(t, name, x, sum, res, states, rec)
 	if t.Failed() {
 		t.Logf("FAILED %s; replay with:\n  %s\n%s\nwhat ran:\n  %s", name, replay, sched, strings.Join(x.Log(), "\n  "))
 	}
@@ -288,7 +288,7 @@ func runSchedule(t *testing.T, ctx context.Context, env *Env, name string, su se
 // report checks what every run must hold (no 5xx, no unexpected status, every request
 // answered, every event carried out, the invariant in every window) and logs the worst
 // windows.
-func report(t *testing.T, name, sched string, x *Executor, sum Summary, res Result, states map[string]map[string][]State, rec *Recorder) row {
+func report(t *testing.T, name string, x *Executor, sum Summary, res Result, states map[string]map[string][]State, rec *Recorder) row {
 	t.Helper()
 	t.Logf("%s: %s", name, sum)
 	for _, w := range res.Worst {
