@@ -6,13 +6,15 @@ TIMEOUT  ?= 20m
 FUZZTIME ?= 20s
 # Everything but the fault-injection suite runs under -race; the fault suite measures
 # latency and admission across real processes, which -race would only slow down.
-RACE_PKGS = $(shell $(GO) list ./... | grep -v -e /e2e/faults -e /e2e/image)
+RACE_PKGS = $(shell $(GO) list ./... | grep -v -e /e2e/faults -e /e2e/image -e /e2e/torture)
+# Seeds `make torture` runs (each about 2.5 min).
+SEEDS ?= 20
 # make image: the registry, tag and build-stage image (see deploy/image/build.sh).
 REGISTRY ?= ghcr.io/quotaplane
 TAG      ?= 0.1.0
 GO_IMAGE ?=
 
-.PHONY: test demo bench bench-rls lint deps unit faults reliability-figures soak fuzz fuzz-run image image-test build
+.PHONY: test demo bench bench-rls lint deps unit faults reliability-figures torture soak fuzz fuzz-run image image-test build
 
 # Version stamp of `make build` (the images stamp the same in the Dockerfile).
 VERSION_PKG = github.com/quotaplane/quotaplane/internal/version
@@ -27,11 +29,13 @@ deps:
 	@./deploy/install-deps.sh
 
 ## test: lint, every test against real servers (-race), the render test, the fault
-## suite, and every fuzz target for a few seconds.
+## suite, the torture checker (its fixed scenarios and two seeds, about 5 min), and every
+## fuzz target for a few seconds.
 test: deps lint
 	$(GO) test -race -count=1 -timeout $(TIMEOUT) $(RACE_PKGS)
 	cd deploy/render && $(GO) test -count=1 ./...
 	$(GO) test -count=1 -timeout 15m ./e2e/faults/
+	$(GO) test -count=1 -timeout 10m ./e2e/torture/ -seeds 2
 	$(MAKE) --no-print-directory fuzz-run FUZZTIME=3s
 	$(MAKE) --no-print-directory image-test
 
@@ -63,6 +67,12 @@ faults: deps
 ## reliability-figures: rerun the faults and rewrite the table in docs/reliability.md.
 reliability-figures: deps
 	$(GO) test -count=1 -timeout 15m -run TestFaults ./e2e/faults/ -update
+
+## torture: the randomized fault-and-change checker over SEEDS seeds (default 20, about
+## 2.5 min each) and its fixed scenarios; rewrites its table in docs/reliability.md.
+## One seed: go test -count=1 -run 'TestTorture/seed=N$$' ./e2e/torture/ -seed N
+torture: deps
+	$(GO) test -count=1 -timeout $$(( $(SEEDS) * 3 + 10 ))m -run TestTorture ./e2e/torture/ -seeds $(SEEDS) -update
 
 ## soak: 10 minutes at a fixed rate with periodic faults (not in CI).
 soak: deps

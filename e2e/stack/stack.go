@@ -44,6 +44,11 @@ type Options struct {
 	// returns the address the region's gateways dial instead (for example a
 	// testenv.SlowProxy in front of it, for fault tests). Nil: the gateways dial Redis.
 	RedisFront func(region, redisAddr string) (string, error)
+	// GatewayRedisFront, if set, is called for each gateway before it starts with its
+	// region's Redis address (RedisFront's when that is set) and returns the address
+	// this one gateway dials instead: a proxy between one gateway and its Redis (a black
+	// hole, added latency). Nil: the gateway dials the region's address.
+	GatewayRedisFront func(gatewayID, region, redisAddr string) (string, error)
 	// RedisTimeout is the gateways' redis.timeout (default 5ms).
 	RedisTimeout time.Duration
 }
@@ -274,7 +279,15 @@ func (s *Stack) startGateway(ctx context.Context, bin, region string, i int) err
 	if err != nil {
 		return err
 	}
-	cfg := fmt.Sprintf(gatewayConfig, region, id, port, admin, s.DatabaseURL, s.RedisURL[region], s.opts.RedisTimeout, s.opts.GatewaysPerRegion, Route, s.Upstream)
+	redisURL := s.RedisURL[region]
+	if s.opts.GatewayRedisFront != nil {
+		addr, err := s.opts.GatewayRedisFront(id, region, strings.TrimSuffix(strings.TrimPrefix(redisURL, "redis://"), "/0"))
+		if err != nil {
+			return fmt.Errorf("gateway %s: redis front: %w", id, err)
+		}
+		redisURL = "redis://" + addr + "/0"
+	}
+	cfg := fmt.Sprintf(gatewayConfig, region, id, port, admin, s.DatabaseURL, redisURL, s.opts.RedisTimeout, s.opts.GatewaysPerRegion, Route, s.Upstream)
 	path := filepath.Join(dir, "gateway.yaml")
 	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
 		return fmt.Errorf("gateway %s: %w", id, err)

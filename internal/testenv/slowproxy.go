@@ -13,10 +13,17 @@ import (
 // every chunk the server sends for the current delay before passing it on, so a server
 // behind it answers late (a slow Redis) without being paused. Requests go through at
 // once; chunks keep their order. SetDelay(0) makes it a plain proxy.
+//
+// SetBlackHole(true) makes it a black hole, as a sidecar or TCP load balancer in front
+// of a dead server is: new connections are accepted and never answered, and what the
+// client sends on any connection is read and dropped. A connection that dropped a byte
+// stays a black hole until it closes (its client and server would disagree on what was
+// sent); connections opened after SetBlackHole(false) are forwarded again.
 type SlowProxy struct {
-	ln     net.Listener
-	target string
-	delay  atomic.Int64 // ns
+	ln        net.Listener
+	target    string
+	delay     atomic.Int64 // ns
+	blackHole atomic.Bool
 
 	mu     sync.Mutex
 	conns  map[net.Conn]struct{}
@@ -53,6 +60,12 @@ func (p *SlowProxy) SetDelay(d time.Duration) { p.delay.Store(int64(max(d, 0))) 
 
 // Delay is the current delay.
 func (p *SlowProxy) Delay() time.Duration { return time.Duration(p.delay.Load()) }
+
+// SetBlackHole turns the black hole on or off (see SlowProxy).
+func (p *SlowProxy) SetBlackHole(on bool) { p.blackHole.Store(on) }
+
+// BlackHole reports whether the proxy is a black hole now.
+func (p *SlowProxy) BlackHole() bool { return p.blackHole.Load() }
 
 // Close stops accepting, closes every connection and waits for the proxy's goroutines
 // (at most the current delay, for a chunk already being held).
@@ -113,6 +126,10 @@ type chunk struct {
 func (p *SlowProxy) serve(client net.Conn) {
 	defer p.wg.Done()
 	defer p.untrack(client)
+	if p.blackHole.Load() {
+		_, _ = io.Copy(io.Discard, client) // accepted, never answered, until it closes
+		return
+	}
 	server, err := net.DialTimeout("tcp", p.target, 5*time.Second)
 	if err != nil {
 		return
@@ -123,10 +140,27 @@ func (p *SlowProxy) serve(client net.Conn) {
 	defer p.untrack(server)
 
 	var wg sync.WaitGroup
+	var dropped atomic.Bool // this connection is a black hole for good
 	queue := make(chan chunk, 1024)
-	wg.Go(func() { // client -> server
-		_, _ = io.Copy(server, client)
-		_ = server.Close()
+	wg.Go(func() { // client -> server, or nowhere while a black hole
+		defer server.Close()
+		buf := make([]byte, 32<<10)
+		for {
+			n, err := client.Read(buf)
+			if n > 0 {
+				if p.blackHole.Load() {
+					dropped.Store(true)
+				}
+				if !dropped.Load() {
+					if _, werr := server.Write(buf[:n]); werr != nil {
+						return
+					}
+				}
+			}
+			if err != nil {
+				return
+			}
+		}
 	})
 	wg.Go(func() { // server -> queue
 		defer close(queue)
@@ -145,6 +179,9 @@ func (p *SlowProxy) serve(client net.Conn) {
 	for c := range queue {
 		if wait := time.Until(c.due); wait > 0 {
 			time.Sleep(wait)
+		}
+		if dropped.Load() || p.blackHole.Load() {
+			continue // a black hole answers nothing
 		}
 		if _, err := client.Write(c.b); err != nil {
 			break

@@ -2,6 +2,8 @@ package testenv
 
 import (
 	"context"
+	"errors"
+	"net"
 	"testing"
 	"time"
 
@@ -55,5 +57,58 @@ func TestSlowProxy(t *testing.T) {
 	defer cancel()
 	if err := rdb.Ping(cctx).Err(); err == nil {
 		t.Error("ping succeeded through a closed proxy")
+	}
+}
+
+// TestSlowProxyBlackHole: with the black hole on, a connection is accepted but a command
+// on it is never answered (a client sees its own timeout, not a refusal or a reset), and
+// an open connection goes silent too; once it is off, a new connection answers.
+func TestSlowProxyBlackHole(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	rp := Redis(t)
+	px, err := StartSlowProxy(rp.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = px.Close() })
+	rdb := redis.NewClient(&redis.Options{Addr: px.Addr(), MaxRetries: -1, PoolSize: 1, ReadTimeout: 200 * time.Millisecond, WriteTimeout: 200 * time.Millisecond, DialTimeout: time.Second})
+	defer rdb.Close()
+	if err := rdb.Ping(ctx).Err(); err != nil {
+		t.Fatalf("ping before the black hole: %v", err)
+	}
+	px.SetBlackHole(true)
+	if !px.BlackHole() {
+		t.Fatal("BlackHole() false after SetBlackHole(true)")
+	}
+	for i := range 3 { // the open connection first, then fresh ones
+		start := time.Now()
+		err := rdb.Ping(ctx).Err()
+		if err == nil {
+			t.Fatalf("ping %d answered through a black hole", i)
+		}
+		var ne net.Error
+		if !errors.As(err, &ne) || !ne.Timeout() {
+			t.Errorf("ping %d: %v, want a timeout (the connection is accepted, never answered)", i, err)
+		}
+		if d := time.Since(start); d < 150*time.Millisecond {
+			t.Errorf("ping %d failed after %v, before the read timeout", i, d)
+		}
+	}
+	// A raw connection is accepted, not refused.
+	c, err := net.DialTimeout("tcp", px.Addr(), time.Second)
+	if err != nil {
+		t.Fatalf("dial a black hole: %v", err)
+	}
+	_ = c.Close()
+	px.SetBlackHole(false)
+	var last error
+	for range 20 { // bounded: the pool drops timed-out connections and dials anew
+		if last = rdb.Ping(ctx).Err(); last == nil {
+			break
+		}
+	}
+	if last != nil {
+		t.Errorf("ping after the black hole was turned off: %v", last)
 	}
 }

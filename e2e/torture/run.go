@@ -1,0 +1,238 @@
+package torture
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/quotaplane/quotaplane/e2e/stack"
+	"github.com/quotaplane/quotaplane/regions"
+	"github.com/quotaplane/quotaplane/regions/store"
+)
+
+// Executor runs a schedule's events against the environment and the load, and records
+// when each ran and when a Redis came back empty.
+type Executor struct {
+	env   *Env
+	load  *Load
+	rules map[string]regions.Rule // tenant -> its rule as last written
+
+	mu       sync.Mutex
+	log      []string
+	restarts map[string][]Span
+	outages  []Span
+	errs     []error
+}
+
+// NewExecutor prepares to run events; rules are the tenants' rules as written.
+func NewExecutor(env *Env, load *Load, rules map[string]regions.Rule) *Executor {
+	return &Executor{env: env, load: load, rules: rules, restarts: map[string][]Span{}}
+}
+
+// Run runs the events at their times after start: faults in order on one track, changes
+// in order on another; it returns when both tracks are done or ctx ends. Every fault is
+// healed before Run returns.
+func (x *Executor) Run(ctx context.Context, start time.Time, events []Event) {
+	var faults, changes []Event
+	for _, e := range events {
+		if e.Kind.Fault() {
+			faults = append(faults, e)
+		} else {
+			changes = append(changes, e)
+		}
+	}
+	var wg sync.WaitGroup
+	for _, track := range [][]Event{faults, changes} {
+		wg.Go(func() {
+			for _, e := range track {
+				if !waitFor(ctx, start.Add(e.At)) {
+					return
+				}
+				began := time.Now()
+				err := x.do(ctx, e)
+				x.mu.Lock()
+				line := fmt.Sprintf("%8.3fs %s (took %v)", began.Sub(start).Seconds(), e, time.Since(began).Round(time.Millisecond))
+				if err != nil {
+					line += " ERROR " + err.Error()
+					x.errs = append(x.errs, fmt.Errorf("%s: %w", e, err))
+				}
+				x.log = append(x.log, line)
+				x.mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+}
+
+// Log is what ran, when, and how long it took.
+func (x *Executor) Log() []string {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	return append([]string(nil), x.log...)
+}
+
+// Errors are the events that could not be carried out.
+func (x *Executor) Errors() []error {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	return append([]error(nil), x.errs...)
+}
+
+// RedisRestarts are the spans in which a region's Redis came back empty.
+func (x *Executor) RedisRestarts() map[string][]Span {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	out := map[string][]Span{}
+	for r, s := range x.restarts {
+		out[r] = append([]Span(nil), s...)
+	}
+	return out
+}
+
+// Outages are the spans in which PostgreSQL was down.
+func (x *Executor) Outages() []Span {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	return append([]Span(nil), x.outages...)
+}
+
+func waitFor(ctx context.Context, t time.Time) bool {
+	select {
+	case <-ctx.Done():
+		return false
+	case <-time.After(time.Until(t)):
+		return true
+	}
+}
+
+// hold waits d; a fault is healed even when ctx ends meanwhile.
+func hold(ctx context.Context, d time.Duration) {
+	select {
+	case <-ctx.Done():
+	case <-time.After(d):
+	}
+}
+
+// healCtx is for healing: it outlives a cancelled run by a bounded time.
+func healCtx() (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.Background(), 90*time.Second)
+}
+
+func (x *Executor) do(ctx context.Context, e Event) error {
+	env := x.env
+	switch e.Kind {
+	case RedisStall:
+		rd := env.Redis[e.Region]
+		if err := rd.Pause(); err != nil {
+			return err
+		}
+		hold(ctx, e.Hold)
+		return rd.Resume()
+	case RedisKill:
+		rd := env.Redis[e.Region]
+		if err := rd.Kill(); err != nil {
+			return err
+		}
+		hold(ctx, e.Hold)
+		hctx, cancel := healCtx()
+		defer cancel()
+		from := time.Now()
+		err := rd.Restart(hctx)
+		x.mu.Lock()
+		x.restarts[e.Region] = append(x.restarts[e.Region], Span{From: from, To: time.Now()})
+		x.mu.Unlock()
+		return err
+	case BlackHole:
+		p := env.Proxies[e.Gateway]
+		p.SetBlackHole(true)
+		hold(ctx, e.Hold)
+		p.SetBlackHole(false)
+		return nil
+	case Latency:
+		p := env.Proxies[e.Gateway]
+		p.SetDelay(e.Delay)
+		hold(ctx, e.Hold)
+		p.SetDelay(0)
+		return nil
+	case PostgresKill:
+		from := time.Now()
+		if err := env.Postgres.Kill(); err != nil {
+			return err
+		}
+		hold(ctx, e.Hold)
+		hctx, cancel := healCtx()
+		defer cancel()
+		err := env.Postgres.Restart(hctx)
+		x.mu.Lock()
+		x.outages = append(x.outages, Span{From: from, To: time.Now()})
+		x.mu.Unlock()
+		return err
+	case GatewayRestart:
+		var g *stack.Gateway
+		for _, x := range env.Gateways {
+			if x.ID == e.Gateway {
+				g = x
+			}
+		}
+		if g == nil {
+			return fmt.Errorf("no gateway %s", e.Gateway)
+		}
+		derr := x.load.Drain(g.ID, 15*time.Second)
+		hctx, cancel := healCtx()
+		defer cancel()
+		err := g.Process.Restart(hctx)
+		x.load.Route(g.ID)
+		if derr != nil {
+			return derr
+		}
+		return err
+	}
+	return x.change(ctx, e)
+}
+
+// change writes a change to the database, retrying for a few seconds (a PostgreSQL
+// just restarted may refuse the first connection).
+func (x *Executor) change(ctx context.Context, e Event) error {
+	actx := store.WithAudit(ctx, "torture", e.Kind.String())
+	scope := regions.Scope{Tenant: e.Tenant, Route: regions.Wildcard}
+	write := func() error {
+		x.mu.Lock()
+		r := x.rules[e.Tenant]
+		x.mu.Unlock()
+		switch e.Kind {
+		case RuleChange:
+			r.Capacity, r.RefillPerSecond = e.Capacity, e.Refill
+		case ShardChange:
+			r.Shards = e.Shards
+		case ShareSet:
+			return x.env.Store.SetOverride(actx, scope, e.Shares, "torture", "torture share-set", 0)
+		case ShareClear:
+			err := x.env.Store.ClearOverride(actx, scope, "torture", "torture share-clear")
+			if err != nil && isNotFound(err) {
+				return nil
+			}
+			return err
+		default:
+			return fmt.Errorf("unknown event kind %v", e.Kind)
+		}
+		if err := x.env.Store.SetRule(actx, r); err != nil {
+			return err
+		}
+		x.mu.Lock()
+		x.rules[e.Tenant] = r
+		x.mu.Unlock()
+		return nil
+	}
+	var err error
+	for range 10 {
+		if err = write(); err == nil {
+			return nil
+		}
+		hold(ctx, 500*time.Millisecond)
+	}
+	return err
+}
+
+func isNotFound(err error) bool { return errors.Is(err, store.ErrNotFound) }
