@@ -164,4 +164,28 @@ local function charge(tokens, debt, capacity)
   return after, math.floor(tokens - after + EPS)
 end
 
+-- debt_arg reads the optional debt argument ARGV[4] (0 when absent), or returns an error
+-- reply as its second value.
+local function debt_arg(capacity)
+  if ARGV[4] == nil then
+    return 0, nil
+  end
+  local debt = num(ARGV[4], 0, capacity, true)
+  if debt == nil then
+    return nil, invalid('debt must be an integer between 0 and capacity', ARGV[4])
+  end
+  return debt, nil
+end
+
+-- open_charged loads the bucket of KEYS[1] (its rule record KEYS[2]) at now, refilled
+-- under the rule in force and moved to this one, and charges debt from it. It returns
+-- the tokens, the time of the last refill, whether the state must be written, and the
+-- whole tokens charged.
+local function open_charged(capacity, refill, debt, now)
+  local tokens, ts, dirty = load(KEYS[1], KEYS[2], capacity, refill, now, true)
+  local charged
+  tokens, charged = charge(tokens, debt, capacity)
+  return tokens, ts, dirty, charged
+end
+
 -- (end of prelude)

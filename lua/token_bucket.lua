@@ -26,19 +26,14 @@ local cost = num(ARGV[3], 1, capacity, true)
 if cost == nil then
   return invalid('cost must be an integer between 1 and capacity', ARGV[3])
 end
-local debt = 0
-if ARGV[4] ~= nil then
-  debt = num(ARGV[4], 0, capacity, true)
-  if debt == nil then
-    return invalid('debt must be an integer between 0 and capacity', ARGV[4])
-  end
+local debt, derr = debt_arg(capacity)
+if derr then
+  return derr
 end
 
 local key, rkey = KEYS[1], KEYS[2]
 local now = now_us()
-local tokens, ts, dirty = load(key, rkey, capacity, refill, now, true)
-local charged
-tokens, charged = charge(tokens, debt, capacity)
+local tokens, ts, dirty, charged = open_charged(capacity, refill, debt, now)
 
 local allowed = 0
 local retry_after = 0
