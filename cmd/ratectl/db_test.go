@@ -217,7 +217,15 @@ func TestRules(t *testing.T) {
 		t.Errorf("audit rows for the launch: %d", n)
 	}
 
-	c.ok("rules", "delete", "--tenant", "*", "--route", "search")
+	// Without --apply: a plan, a loud warning for a * rule, and nothing written.
+	plan := c.ok("rules", "delete", "--tenant", "*", "--route", "search")
+	if !strings.Contains(plan.stdout, "- rule */search") || !strings.Contains(plan.stdout, "Nothing written") || !strings.Contains(plan.stderr, "WARNING") {
+		t.Errorf("rules delete without --apply: %+v", plan)
+	}
+	if n := sqlInt(t, url, `SELECT count(*) FROM rate_limit_rule WHERE route_id = 'search'`); n != 1 {
+		t.Errorf("rules delete without --apply deleted the rule")
+	}
+	c.ok("rules", "delete", "--tenant", "*", "--route", "search", "--apply")
 	if n := sqlInt(t, url, `SELECT count(*) FROM rate_limit_rule WHERE route_id = 'search'`); n != 0 {
 		t.Errorf("rule not deleted")
 	}
@@ -240,6 +248,7 @@ func TestRules(t *testing.T) {
 		{"new rule without numbers", []string{"rules", "set", "--apply", "--tenant", "t", "--route", "r", "--capacity", "5"}, exitUsage, "rule t/r does not exist yet: a new rule needs --capacity and --refill"},
 		{"missing route", []string{"rules", "set", "--apply", "--tenant", "t"}, exitUsage, `required flag(s) "route" not set`},
 		{"delete unknown", []string{"rules", "delete", "--tenant", "t", "--route", "r"}, exitFailure, "rule t/r does not exist"},
+		{"delete unknown, apply", []string{"rules", "delete", "--tenant", "t", "--route", "r", "--apply"}, exitFailure, "rule t/r does not exist"},
 		{"delete default", []string{"rules", "delete", "--tenant", "*", "--route", "*"}, exitUsage, "the default rule */* cannot be deleted"},
 		{"list bad route", []string{"rules", "list", "--route", "a/b"}, exitUsage, `invalid route id "a/b"`},
 	} {
@@ -427,8 +436,8 @@ func TestDeleteRowsWithReservedIDs(t *testing.T) {
 			t.Fatalf("%s: %v", q, err)
 		}
 	}
-	c.ok("rules", "delete", "--tenant", "_other", "--route", "*")
-	c.ok("rules", "delete", "--tenant", "t", "--route", "_other")
+	c.ok("rules", "delete", "--tenant", "_other", "--route", "*", "--apply")
+	c.ok("rules", "delete", "--tenant", "t", "--route", "_other", "--apply")
 	if r := c.ok("shares", "clear", "--raw-scope", "_other/x", "--reason", "bad row"); !strings.Contains(r.stdout, "deleted 2 share row(s)") {
 		t.Errorf("shares clear --raw-scope: %+v", r)
 	}

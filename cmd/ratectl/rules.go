@@ -176,10 +176,14 @@ defines get a WARNING line on stderr.`,
 	_ = set.MarkFlagRequired("route")
 
 	var dt, dr, dreason string
+	var dwrite bool
 	del := &cobra.Command{
-		Use:   "delete --tenant T --route R",
+		Use:   "delete --tenant T --route R [--apply]",
 		Short: "Delete a rule (the tenant falls back to the next matching rule)",
-		Args:  noArgs,
+		Long: `Delete a rule: its tenant (or every tenant, for tenant *) falls back to the next
+matching rule. Without --apply it prints the change and writes nothing; deleting a rule of
+tenant or route * gets a WARNING line on stderr, since it reaches every tenant or route.`,
+		Args: noArgs,
 		RunE: runE(func(cmd *cobra.Command, _ []string) error {
 			// Any id the database may hold: a row written with plain SQL that the
 			// gateways skip (a reserved name) must be removable too.
@@ -193,6 +197,12 @@ defines get a WARNING line on stderr.`,
 				return usagef("the default rule */* cannot be deleted: change it with ratectl rules set")
 			}
 			return a.withStore(cmd, func(ctx context.Context, st *store.Store) error {
+				if !dwrite {
+					return a.planRuleDelete(ctx, cmd, st, dt, dr)
+				}
+				for _, w := range deleteWarnings(dt, dr) {
+					a.loudWarn(w)
+				}
 				ctx, _, err := a.auditCtx(ctx, reasonOr(dreason, cmd))
 				if err != nil {
 					return err
@@ -211,6 +221,7 @@ defines get a WARNING line on stderr.`,
 	del.Flags().StringVar(&dt, "tenant", "", "tenant id or * (required)")
 	del.Flags().StringVar(&dr, "route", "", "route id or * (required)")
 	del.Flags().StringVar(&dreason, "reason", "", "why, for the audit log (default: the command)")
+	del.Flags().BoolVar(&dwrite, "apply", false, "delete the rule (without it: print the change only)")
 	_ = del.MarkFlagRequired("tenant")
 	_ = del.MarkFlagRequired("route")
 
