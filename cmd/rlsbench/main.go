@@ -1,7 +1,7 @@
 // Command rlsbench is `make bench-rls`: the gateway's Envoy rate-limit service side by
 // side with envoyproxy/ratelimit, and nginx + /v1/check vs nginx alone (e2e/rlsbench).
 //
-//	go run ./cmd/rlsbench [-duration 10s] [-keys 100000] [-callers 16,64] [-out docs/proxies.md]
+//	go run ./cmd/rlsbench [-duration 10s] [-keys 100000] [-callers 16,64] [-out docs/BENCHMARKS.md]
 package main
 
 import (

@@ -135,6 +135,7 @@ func (r *report) render(o options) string {
 	r.renderAccuracy(&d)
 	r.renderProfile(&d)
 	r.renderHotPath(&d)
+	renderRLS(&d)
 	d.p("## Commands")
 	d.p("")
 	d.p("`make bench` runs `%s`: it builds `cmd/gateway` and the test binaries of", cmd)
@@ -741,4 +742,23 @@ func updateReadme(path, table string) error {
 	}
 	s = s[:i+len(readmeBegin)] + "\n" + table + "\n" + s[j:]
 	return os.WriteFile(path, []byte(s), 0o644)
+}
+
+// renderRLS is the section that `make bench-rls` (e2e/rlsbench, run by `make bench` after
+// this document is written) fills between its markers: the Envoy RLS door against
+// envoyproxy/ratelimit, and nginx + /v1/check against nginx alone.
+func renderRLS(d *doc) {
+	d.p("## 7. Envoy RLS door and the check endpoint")
+	d.p("")
+	d.p("The gateway's `rls_listen` against envoyproxy/ratelimit (built from source from the Go")
+	d.p("module proxy by the benchmark into a temporary directory; none of its code is in this")
+	d.p("repository) on the same Redis, 100,000 keys, at 16 and 64 gRPC callers; and the latency")
+	d.p("`/v1/check` adds to nginx (`auth_request`) at 1,000 requests per second. Target: >= 3x")
+	d.p("envoyproxy/ratelimit's decisions/s at 64 callers. Written by `make bench-rls`")
+	d.p("(`go run ./cmd/rlsbench`), which `make bench` runs after the sections above.")
+	d.p("")
+	d.p("<!-- rlsbench:start -->")
+	d.p("Not measured in this run: `make bench-rls` fills this section.")
+	d.p("<!-- rlsbench:end -->")
+	d.p("")
 }

@@ -3,9 +3,9 @@
 // same Redis: decisions per second and latency percentiles at 16 and 64 gRPC callers over
 // 100k keys; and the latency the check endpoint adds to nginx (nginx + auth_request to
 // /v1/check vs nginx alone) at a fixed 1,000 requests per second. It rewrites the
-// figures between the rlsbench markers of docs/proxies.md.
+// figures between the rlsbench markers of docs/BENCHMARKS.md.
 //
-//	go run ./cmd/rlsbench [-duration 10s] [-keys 100000] [-callers 16,64] [-out docs/proxies.md]
+//	go run ./cmd/rlsbench [-duration 10s] [-keys 100000] [-callers 16,64] [-out docs/BENCHMARKS.md]
 //
 // Everything runs on loopback: one redis-server, the gateway binary, the ratelimit
 // service, nginx and an in-process upstream. No code of envoyproxy/ratelimit is part of
@@ -63,7 +63,7 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	keys := fs.Int("keys", 100_000, "distinct descriptor values (buckets)")
 	callers := fs.String("callers", "16,64", "concurrent gRPC callers, comma-separated")
 	conns := fs.Int("conns", 4, "gRPC connections the callers share (the same for both servers)")
-	out := fs.String("out", "docs/proxies.md", "document whose rlsbench section is rewritten; empty prints only")
+	out := fs.String("out", "docs/BENCHMARKS.md", "document whose rlsbench section is rewritten; empty prints only")
 	checkRPS := fs.Int("check-rps", 1000, "request rate of the nginx check-endpoint measurement")
 	if err := fs.Parse(args); err != nil {
 		return err
