@@ -87,8 +87,8 @@ type Request struct {
 	// Value, when not empty, is a client value (a client IP, a header value, an RLS
 	// descriptor value) that gets a bucket of its own of the rule's size: key
 	// "rl:{tenant}:route:v:<hash>" (lua.Keys.Value: 22 characters of SHA-256 whatever the
-	// value's length). The Local limiter and the fallback key by it too. At most
-	// MaxValueLen bytes.
+	// value's length). The Local limiter and the fallback key by it too. Any length hashes
+	// to the same key size; the gateway refuses values above MaxValueLen before asking.
 	Value string
 }
 
@@ -96,15 +96,12 @@ type Request struct {
 // non-positive capacity or refill, a negative cost, or a cost above capacity.
 var ErrInvalidRequest = errors.New("invalid rate limit request")
 
-// MaxValueLen bounds Request.Value: callers refuse a longer client value (400, or over
-// the limit for Envoy) rather than hash an unbounded one.
+// MaxValueLen is the longest client value the gateway asks about: it refuses a longer one
+// (400, or over the limit for Envoy) rather than hash an unbounded one.
 const MaxValueLen = 256
 
 // cost validates r and returns its cost in tokens (0 means 1).
 func (r Request) cost() (int64, error) {
-	if len(r.Value) > MaxValueLen {
-		return 0, fmt.Errorf("%w %s/%s: value of %d bytes is longer than %d", ErrInvalidRequest, r.Tenant, r.Route, len(r.Value), MaxValueLen)
-	}
 	if r.Limit.Capacity < 1 || r.Limit.Capacity > lua.MaxCapacity {
 		return 0, fmt.Errorf("%w %s/%s: capacity %d must be between 1 and %d", ErrInvalidRequest, r.Tenant, r.Route, r.Limit.Capacity, int64(lua.MaxCapacity))
 	}
