@@ -41,21 +41,24 @@ var e2ePair = regions.Scope{Tenant: "shop-a", Route: "create-order"}
 // buildBinaries builds cmd/gateway and cmd/rebalancer into a temporary directory.
 func buildBinaries(t *testing.T) (gateway, rebalancerBin string) {
 	t.Helper()
+	return buildBinary(t, "gateway"), buildBinary(t, "rebalancer")
+}
+
+// buildBinary builds cmd/NAME into a temporary directory and returns its path.
+func buildBinary(t *testing.T, name string) string {
+	t.Helper()
 	goBin, err := exec.LookPath("go")
 	if err != nil {
 		goBin = filepath.Join(runtime.GOROOT(), "bin", "go")
 	}
-	dir := t.TempDir()
-	for _, name := range []string{"gateway", "rebalancer"} {
-		ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
-		out, err := exec.CommandContext(ctx, goBin, "build", "-o", filepath.Join(dir, name),
-			"github.com/quotaplane/quotaplane/cmd/"+name).CombinedOutput()
-		cancel()
-		if err != nil {
-			t.Fatalf("go build cmd/%s: %v\n%s", name, err, out)
-		}
+	out := filepath.Join(t.TempDir(), name)
+	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
+	defer cancel()
+	if b, err := exec.CommandContext(ctx, goBin, "build", "-o", out,
+		"github.com/quotaplane/quotaplane/cmd/"+name).CombinedOutput(); err != nil {
+		t.Fatalf("go build cmd/%s: %v\n%s", name, err, b)
 	}
-	return filepath.Join(dir, "gateway"), filepath.Join(dir, "rebalancer")
+	return out
 }
 
 // process is a binary started by the test, stopped (SIGTERM, then SIGKILL) at cleanup.
