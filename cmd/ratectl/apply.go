@@ -294,14 +294,7 @@ present, even empty, is the whole truth: what it does not list is deleted (keys 
 revoked). ratectl export prints a file this command takes back. See docs/ratectl.md.`,
 		Args: noArgs,
 		RunE: runE(func(cmd *cobra.Command, _ []string) error {
-			if file == "" {
-				return usagef("--file (-f) is required (- for stdin)")
-			}
-			cfg, err := a.readLimits(cmd, file)
-			if err != nil {
-				return err
-			}
-			routes, err := gatewayRoutes(gwConfig)
+			cfg, routes, err := a.readLimitsFile(cmd, file, gwConfig)
 			if err != nil {
 				return err
 			}
@@ -343,14 +336,7 @@ func newDiffCmd(a *app) *cobra.Command {
 		Short: "Show what apply -f FILE would change (writes nothing)",
 		Args:  noArgs,
 		RunE: runE(func(cmd *cobra.Command, _ []string) error {
-			if file == "" {
-				return usagef("--file (-f) is required (- for stdin)")
-			}
-			cfg, err := a.readLimits(cmd, file)
-			if err != nil {
-				return err
-			}
-			routes, err := gatewayRoutes(gwConfig)
+			cfg, routes, err := a.readLimitsFile(cmd, file, gwConfig)
 			if err != nil {
 				return err
 			}
@@ -397,4 +383,21 @@ func colonDesc(s string) string {
 		return ""
 	}
 	return ": " + s
+}
+
+// readLimitsFile reads the limits file of apply and diff (--file, required) and the route
+// ids of the gateway configs their warnings check rules against.
+func (a *app) readLimitsFile(cmd *cobra.Command, file string, gwConfig []string) (store.Config, map[string]bool, error) {
+	if file == "" {
+		return store.Config{}, nil, usagef("--file (-f) is required (- for stdin)")
+	}
+	cfg, err := a.readLimits(cmd, file)
+	if err != nil {
+		return store.Config{}, nil, err
+	}
+	routes, err := gatewayRoutes(gwConfig)
+	if err != nil {
+		return store.Config{}, nil, err
+	}
+	return cfg, routes, nil
 }
