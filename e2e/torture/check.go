@@ -69,6 +69,18 @@ func (w Window) Ratio() float64 {
 // Breach reports whether more was admitted than the bound allows.
 func (w Window) Breach() bool { return float64(w.Admitted) > w.Bound+1e-9 }
 
+// OverlapSlack is the fraction of a window's bound the fleet may exceed it by, for the one
+// cause the bound does not model: a gateway whose Redis call failed (a 5 ms timeout on a
+// loaded machine, a stall, a black hole) admits from its fallback bucket while the other
+// gateway of its region still gets answers from the same Redis. What it admitted is owed
+// and charged at its next answer, so the excess is transient and at most that gateway's
+// fallback bucket. Issue 14 sets the bar: max admitted/bound <= 1.05; `make torture
+// SEEDS=20` measured at most 1.046 after the fixes (docs/reliability.md).
+const OverlapSlack = 0.05
+
+// Exceeds reports whether w broke the bound by more than OverlapSlack.
+func (w Window) Exceeds() bool { return float64(w.Admitted) > w.Bound*(1+OverlapSlack)+1e-9 }
+
 func (w Window) String() string {
 	region := w.Region
 	if region == "" {

@@ -132,3 +132,24 @@ func TestCheckOutage(t *testing.T) {
 		t.Fatalf("the old rule within a lag after the outage breached: %v", b)
 	}
 }
+
+// TestOverlapSlack: a window over its bound by at most OverlapSlack is a breach the run
+// tolerates (the fallback overlap); one further over fails the run.
+func TestOverlapSlack(t *testing.T) {
+	for _, tc := range []struct {
+		admitted        int
+		bound           float64
+		breach, exceeds bool
+	}{
+		{20, 20, false, false},
+		{21, 20, true, false},
+		{22, 20, true, true},
+		{105, 100, true, false},
+		{106, 100, true, true},
+	} {
+		w := Window{Admitted: tc.admitted, Bound: tc.bound}
+		if w.Breach() != tc.breach || w.Exceeds() != tc.exceeds {
+			t.Errorf("%d of %v: breach %v exceeds %v, want %v %v", tc.admitted, tc.bound, w.Breach(), w.Exceeds(), tc.breach, tc.exceeds)
+		}
+	}
+}
