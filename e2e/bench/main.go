@@ -132,7 +132,7 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 		return err
 	}
 	b.rep.end = time.Now()
-	b.rep.machine.loadEnd = loadAverage()
+	b.rep.machine.loadEnd = testenv.LoadAverage()
 	doc := b.rep.render(opts)
 	if err := os.WriteFile(opts.out, []byte(doc), 0o644); err != nil {
 		return fmt.Errorf("write %s: %w", opts.out, err)

@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/quotaplane/quotaplane/internal/testenv"
 )
 
 // stat is a figure over runs: the median and the range.
@@ -108,7 +110,7 @@ type machine struct {
 }
 
 func readMachine(ctx context.Context) machine {
-	m := machine{nproc: runtime.NumCPU(), goVersion: runtime.Version(), loadStart: loadAverage()}
+	m := machine{nproc: runtime.NumCPU(), goVersion: runtime.Version(), loadStart: testenv.LoadAverage()}
 	if out, err := exec.CommandContext(ctx, "nproc").Output(); err == nil {
 		if n, err := strconv.Atoi(strings.TrimSpace(string(out))); err == nil {
 			m.nproc = n
@@ -146,19 +148,6 @@ func readMachine(ctx context.Context) machine {
 	}
 	m.postgres = version("postgres", "--version")
 	return m
-}
-
-// loadAverage is /proc/loadavg's 1, 5 and 15 minute figures.
-func loadAverage() string {
-	b, err := os.ReadFile("/proc/loadavg")
-	if err != nil {
-		return "unknown"
-	}
-	f := strings.Fields(string(b))
-	if len(f) < 3 {
-		return "unknown"
-	}
-	return strings.Join(f[:3], ", ")
 }
 
 func fmtDuration(d time.Duration) string {

@@ -5,7 +5,6 @@ import (
 	"flag"
 	"fmt"
 	"net/http"
-	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -125,7 +124,7 @@ func TestFaults(t *testing.T) {
 	table := figuresTable(rows, baseline)
 	t.Logf("total %v\n%s", time.Since(began).Round(time.Second), table)
 	if *update {
-		if err := writeFigures("../../docs/reliability.md", table); err != nil {
+		if err := testenv.RewriteBetween("../../docs/reliability.md", beginMark, endMark, fmt.Sprintf("Measured %s.\n\n", time.Now().UTC().Format("2006-01-02 15:04 MST"))+table); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -532,7 +531,7 @@ func figuresTable(rows []row, baseline time.Duration) string {
 		b.WriteString(strings.Join(r.notes, "; "))
 		b.WriteString(".\n")
 	}
-	fmt.Fprintf(&b, "\nUpstream direct, client p99 at the same total rate: %v. Load average at the end: %s.\n", baseline.Round(10*time.Microsecond), loadAverage())
+	fmt.Fprintf(&b, "\nUpstream direct, client p99 at the same total rate: %v. Load average at the end: %s.\n", baseline.Round(10*time.Microsecond), testenv.LoadAverage())
 	return b.String()
 }
 
@@ -540,32 +539,3 @@ const (
 	beginMark = "<!-- faults:begin (go test ./e2e/faults/ -run TestFaults -update) -->"
 	endMark   = "<!-- faults:end -->"
 )
-
-// writeFigures replaces the text between the marks in path with table.
-func writeFigures(path, table string) error {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return err
-	}
-	s := string(b)
-	i, j := strings.Index(s, beginMark), strings.Index(s, endMark)
-	if i < 0 || j < i {
-		return fmt.Errorf("%s: marks %q ... %q not found", path, beginMark, endMark)
-	}
-	stamp := fmt.Sprintf("Measured %s.\n\n", time.Now().UTC().Format("2006-01-02 15:04 MST"))
-	s = s[:i+len(beginMark)] + "\n" + stamp + table + s[j:]
-	return os.WriteFile(path, []byte(s), 0o644)
-}
-
-// loadAverage is /proc/loadavg's first three fields, or "unknown".
-func loadAverage() string {
-	b, err := os.ReadFile("/proc/loadavg")
-	if err != nil {
-		return "unknown"
-	}
-	f := strings.Fields(string(b))
-	if len(f) < 3 {
-		return "unknown"
-	}
-	return strings.Join(f[:3], " ")
-}

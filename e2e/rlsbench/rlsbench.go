@@ -90,7 +90,7 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 		fmt.Fprintf(stdout, "%s "+format+"\n", append([]any{time.Now().Format("15:04:05")}, a...)...)
 	}
 
-	loadStart := loadAverage()
+	loadStart := loadAverageCPUs()
 	logf("building the gateway and %s (load average %s)", ratelimitModule, loadStart)
 	bin := filepath.Join(work, "bin")
 	if err := goCmd(ctx, nil, "build", "-o", bin+"/", "./cmd/gateway"); err != nil {
@@ -159,7 +159,7 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	if o.out == "" {
 		return nil
 	}
-	return rewriteSection(o.out, doc)
+	return testenv.RewriteBetween(o.out, markStart, markEnd, doc)
 }
 
 const benchKey = "bench-key"
@@ -509,20 +509,10 @@ func openLoop(ctx context.Context, url string, rps int, d time.Duration) (checkR
 	return r, nil
 }
 
-// loadAverage is the 1-minute load average and the CPU count, for the report.
-func loadAverage() string {
-	b, err := os.ReadFile("/proc/loadavg")
-	f := strings.Fields(string(b))
-	if err != nil || len(f) == 0 {
-		return "unknown"
-	}
-	return f[0] + " on " + strconv.Itoa(runtime.NumCPU()) + " CPUs"
-}
-
 func render(o options, rows []row, check []checkRow, rlBuild error, loadStart string) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "Measured %s by `go run ./cmd/rlsbench` (`make bench-rls`): %d keys (uniform), %d gRPC connections shared by the callers, %s per row after a 2 s warm-up, one redis-server for both services, the load generator, both services, Redis and nginx all on this machine over loopback; load average %s at the start, %s at the end (the machine is shared: compare rows within one run, not across runs).\n\n",
-		time.Now().UTC().Format("2006-01-02 15:04 UTC"), o.keys, o.conns, o.duration, loadStart, loadAverage())
+		time.Now().UTC().Format("2006-01-02 15:04 UTC"), o.keys, o.conns, o.duration, loadStart, loadAverageCPUs())
 	b.WriteString("| server | callers | decisions/s | p50 | p99 | errors | over limit |\n|---|---|---|---|---|---|---|\n")
 	for _, r := range rows {
 		fmt.Fprintf(&b, "| %s | %d | %.0f | %s | %s | %d | %d |\n", r.server, r.callers, r.rate(), ms(r.p50), ms(r.p99), r.errors, r.overLimit)
@@ -572,17 +562,7 @@ const (
 	markEnd   = "<!-- rlsbench:end -->"
 )
 
-// rewriteSection replaces the text between the rlsbench markers of path.
-func rewriteSection(path, section string) error {
-	doc, err := os.ReadFile(path)
-	if err != nil {
-		return err
-	}
-	s := string(doc)
-	i, j := strings.Index(s, markStart), strings.Index(s, markEnd)
-	if i < 0 || j < i {
-		return fmt.Errorf("%s has no %s ... %s section", path, markStart, markEnd)
-	}
-	s = s[:i+len(markStart)] + "\n" + section + s[j:]
-	return os.WriteFile(path, []byte(s), 0o644)
+// loadAverageCPUs is the load average with the CPU count, for the report.
+func loadAverageCPUs() string {
+	return testenv.LoadAverage() + " on " + strconv.Itoa(runtime.NumCPU()) + " CPUs"
 }

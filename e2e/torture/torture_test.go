@@ -116,7 +116,7 @@ func TestTorture(t *testing.T) {
 	table := figuresTable(rows)
 	t.Logf("total %v\n%s", time.Since(began).Round(time.Second), table)
 	if *update {
-		if err := writeFigures("../../docs/reliability.md", table); err != nil {
+		if err := testenv.RewriteBetween("../../docs/reliability.md", beginMark, endMark, fmt.Sprintf("Measured %s.\n\n", time.Now().UTC().Format("2006-01-02 15:04 MST"))+table); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -377,7 +377,7 @@ func figuresTable(rows []row) string {
 		fmt.Fprintf(&b, "| %s | %s | %d | %d | %.0f | %.0f | %d | %d | %.3f | %s | %.3f | %s |\n", r.name, r.events, r.sum.Requests, r.admitted, r.fallback, r.redisErrs, r.sum.Status5xx, r.sum.ClientErrors,
 			r.worst.Ratio(), worst, r.global.Ratio(), map[bool]string{true: "yes", false: "**no**"}[r.ok])
 	}
-	fmt.Fprintf(&b, "\nLoad average at the end: %s.\n", loadAverage())
+	fmt.Fprintf(&b, "\nLoad average at the end: %s.\n", testenv.LoadAverage())
 	return b.String()
 }
 
@@ -385,30 +385,3 @@ const (
 	beginMark = "<!-- torture:begin (make torture SEEDS=N) -->"
 	endMark   = "<!-- torture:end -->"
 )
-
-func writeFigures(path, table string) error {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return err
-	}
-	s := string(b)
-	i, j := strings.Index(s, beginMark), strings.Index(s, endMark)
-	if i < 0 || j < i {
-		return fmt.Errorf("%s: marks %q ... %q not found", path, beginMark, endMark)
-	}
-	stamp := fmt.Sprintf("Measured %s.\n\n", time.Now().UTC().Format("2006-01-02 15:04 MST"))
-	s = s[:i+len(beginMark)] + "\n" + stamp + table + s[j:]
-	return os.WriteFile(path, []byte(s), 0o644)
-}
-
-func loadAverage() string {
-	b, err := os.ReadFile("/proc/loadavg")
-	if err != nil {
-		return "unknown"
-	}
-	f := strings.Fields(string(b))
-	if len(f) < 3 {
-		return "unknown"
-	}
-	return strings.Join(f[:3], " ")
-}

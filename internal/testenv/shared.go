@@ -61,3 +61,33 @@ func ExactAdmitted(capacity int64, refill float64, arrivals []int64) int64 {
 	}
 	return admitted
 }
+
+// LoadAverage is /proc/loadavg's 1, 5 and 15 minute figures ("0.52 0.61 0.70"), or
+// "unknown": the machine's business beside a measurement, for the reports that print one.
+func LoadAverage() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "unknown"
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return "unknown"
+	}
+	return strings.Join(f[:3], " ")
+}
+
+// RewriteBetween replaces the text between the begin and end markers of the file at path
+// with text (the markers stay), as the suites that rewrite their figures in docs/ do.
+func RewriteBetween(path, begin, end, text string) error {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	s := string(b)
+	i, j := strings.Index(s, begin), strings.Index(s, end)
+	if i < 0 || j < i {
+		return fmt.Errorf("%s: markers %q ... %q not found", path, begin, end)
+	}
+	s = s[:i+len(begin)] + "\n" + text + s[j:]
+	return os.WriteFile(path, []byte(s), 0o644)
+}
