@@ -60,7 +60,7 @@ type Options struct {
 type Env struct {
 	*stack.Stack
 	// Proxies sit between each region's gateways and its Redis.
-	Proxies map[string]*testenv.SlowProxy
+	Proxies *testenv.Proxies
 	opts    Options
 	routed  map[string]*atomic.Bool // gateway id -> in rotation
 }
@@ -85,8 +85,7 @@ func Start(ctx context.Context, opts Options) (_ *Env, err error) {
 	if opts.RedisTimeout <= 0 {
 		opts.RedisTimeout = DefaultRedisTimeout
 	}
-	e := &Env{Proxies: map[string]*testenv.SlowProxy{}, opts: opts, routed: map[string]*atomic.Bool{}}
-	var mu sync.Mutex
+	e := &Env{Proxies: &testenv.Proxies{}, opts: opts, routed: map[string]*atomic.Bool{}}
 	s, err := stack.Start(ctx, stack.Options{
 		Tenants: []stack.Tenant{
 			{ID: HotTenant, Capacity: opts.HotCapacity, RefillPerSecond: opts.HotRefill},
@@ -95,19 +94,10 @@ func Start(ctx context.Context, opts Options) (_ *Env, err error) {
 		RebalanceInterval: opts.RebalanceInterval,
 		RedisTimeout:      opts.RedisTimeout,
 		Logger:            opts.Logger,
-		RedisFront: func(region, addr string) (string, error) {
-			p, err := testenv.StartSlowProxy(addr)
-			if err != nil {
-				return "", err
-			}
-			mu.Lock()
-			e.Proxies[region] = p
-			mu.Unlock()
-			return p.Addr(), nil
-		},
+		RedisFront:        e.Proxies.Front,
 	})
 	if err != nil {
-		e.closeProxies()
+		e.Proxies.Close()
 		return nil, err
 	}
 	e.Stack = s
@@ -190,13 +180,7 @@ func (e *Env) Close() {
 	if e.Stack != nil {
 		e.Stack.Close()
 	}
-	e.closeProxies()
-}
-
-func (e *Env) closeProxies() {
-	for _, p := range e.Proxies {
-		_ = p.Close()
-	}
+	e.Proxies.Close()
 }
 
 // Opts are the options the environment runs with, defaults filled in.

@@ -104,9 +104,9 @@ func TestFaults(t *testing.T) {
 			c.recoverRegion = east
 		}},
 		{name: "Redis slowed to 20 ms for 5 s (timeout 10 ms)", region: east, outage: faultHold, affected: eastGWs, run: func(t *testing.T, c *faultCase) {
-			env.Proxies[east].SetDelay(20 * time.Millisecond)
+			env.Proxies.Get(east).SetDelay(20 * time.Millisecond)
 			hold(ctx, faultHold)
-			env.Proxies[east].SetDelay(0)
+			env.Proxies.Get(east).SetDelay(0)
 			c.recoverRegion = east
 		}},
 		{name: "PostgreSQL killed 5 s and restarted", run: func(t *testing.T, c *faultCase) { postgresKilled(t, c) }},

@@ -206,9 +206,9 @@ func soakFaults(env *Env, hold time.Duration) []soakFault {
 			return redis.Resume()
 		}},
 		{"redis slowed 20 ms (" + east + ")", func(ctx context.Context) error {
-			env.Proxies[east].SetDelay(20 * time.Millisecond)
+			env.Proxies.Get(east).SetDelay(20 * time.Millisecond)
 			wait(ctx)
-			env.Proxies[east].SetDelay(0)
+			env.Proxies.Get(east).SetDelay(0)
 			return nil
 		}},
 		{"postgresql killed", func(ctx context.Context) error {

@@ -31,7 +31,7 @@ const (
 type Env struct {
 	*stack.Stack
 	// Proxies, by gateway id, sit between the gateway and its region's Redis.
-	Proxies map[string]*testenv.SlowProxy
+	Proxies *testenv.Proxies
 	seq     int
 }
 
@@ -46,8 +46,7 @@ type Options struct {
 // Start starts the stack: two regions, two gateways each, the rebalancer, and a
 // testenv.SlowProxy in front of each gateway's Redis.
 func Start(ctx context.Context, opts Options) (*Env, error) {
-	e := &Env{Proxies: map[string]*testenv.SlowProxy{}}
-	var mu sync.Mutex
+	e := &Env{Proxies: &testenv.Proxies{}}
 	s, err := stack.Start(ctx, stack.Options{
 		// A placeholder tenant: the runs add their own (AddTenant).
 		Tenants:           []stack.Tenant{{ID: "idle", Capacity: 10, RefillPerSecond: 1}},
@@ -55,19 +54,10 @@ func Start(ctx context.Context, opts Options) (*Env, error) {
 		RedisTimeout:      opts.RedisTimeout,
 		BinDir:            opts.BinDir,
 		Logger:            opts.Logger,
-		GatewayRedisFront: func(id, _, addr string) (string, error) {
-			p, err := testenv.StartSlowProxy(addr)
-			if err != nil {
-				return "", err
-			}
-			mu.Lock()
-			e.Proxies[id] = p
-			mu.Unlock()
-			return p.Addr(), nil
-		},
+		GatewayRedisFront: func(id, _, addr string) (string, error) { return e.Proxies.Front(id, addr) },
 	})
 	if err != nil {
-		e.closeProxies()
+		e.Proxies.Close()
 		return nil, err
 	}
 	e.Stack = s
@@ -79,13 +69,7 @@ func (e *Env) Close() {
 	if e.Stack != nil {
 		e.Stack.Close()
 	}
-	e.closeProxies()
-}
-
-func (e *Env) closeProxies() {
-	for _, p := range e.Proxies {
-		_ = p.Close()
-	}
+	e.Proxies.Close()
 }
 
 // Targets are the gateways as load targets.

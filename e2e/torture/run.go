@@ -145,13 +145,13 @@ func (x *Executor) do(ctx context.Context, e Event) error {
 		x.mu.Unlock()
 		return err
 	case BlackHole:
-		p := env.Proxies[e.Gateway]
+		p := env.Proxies.Get(e.Gateway)
 		p.SetBlackHole(true)
 		hold(ctx, e.Hold)
 		p.SetBlackHole(false)
 		return nil
 	case Latency:
-		p := env.Proxies[e.Gateway]
+		p := env.Proxies.Get(e.Gateway)
 		p.SetDelay(e.Delay)
 		hold(ctx, e.Hold)
 		p.SetDelay(0)

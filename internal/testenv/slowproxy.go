@@ -193,3 +193,41 @@ func (p *SlowProxy) serve(client net.Conn) {
 	}
 	wg.Wait()
 }
+
+// Proxies are SlowProxy fronts by name (a region, a gateway id), for a stack that puts one
+// between its gateways and Redis. Front is safe for concurrent use; the zero value works.
+type Proxies struct {
+	mu sync.Mutex
+	m  map[string]*SlowProxy
+}
+
+// Front starts a proxy to addr under name and returns its address.
+func (ps *Proxies) Front(name, addr string) (string, error) {
+	p, err := StartSlowProxy(addr)
+	if err != nil {
+		return "", err
+	}
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	if ps.m == nil {
+		ps.m = map[string]*SlowProxy{}
+	}
+	ps.m[name] = p
+	return p.Addr(), nil
+}
+
+// Get is the proxy started under name, or nil.
+func (ps *Proxies) Get(name string) *SlowProxy {
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	return ps.m[name]
+}
+
+// Close closes every proxy.
+func (ps *Proxies) Close() {
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	for _, p := range ps.m {
+		_ = p.Close()
+	}
+}
