@@ -71,12 +71,13 @@ type LocalOptions struct {
 //
 // It is safe for concurrent use.
 type Local struct {
-	now      func() time.Time
-	seed     maphash.Seed
-	perShard int
-	shards   [localShards]shard
-	m        *localMetrics
-	owing    atomic.Int64 // buckets with a debt (shard.owed), so a fallback with none skips the lookup
+	now    func() time.Time
+	seed   maphash.Seed
+	max    int64        // MaxBuckets: a cap on the whole limiter, not per shard
+	size   atomic.Int64 // buckets held, over every shard
+	shards [localShards]shard
+	m      *localMetrics
+	owing  atomic.Int64 // buckets with a debt (shard.owed), so a fallback with none skips the lookup
 }
 
 type shard struct {
@@ -91,7 +92,8 @@ type shard struct {
 	// of its own, so a bucket costs no more for it.
 	owed  map[uint64]int64
 	owing *atomic.Int64 // the Local's count of buckets with a debt
-	_     [16]byte      // 48 + 16 bytes: each shard on its own 64-byte cache line
+	size  *atomic.Int64 // the Local's count of buckets
+	_     [8]byte       // 56 + 8 bytes: each shard on its own 64-byte cache line
 }
 
 type entry struct {
@@ -115,10 +117,11 @@ func newLocal(opts LocalOptions) *Local {
 	if opts.MaxBuckets <= 0 {
 		opts.MaxBuckets = DefaultMaxBuckets
 	}
-	l := &Local{now: opts.Now, seed: maphash.MakeSeed(), perShard: max(1, opts.MaxBuckets/localShards), m: newLocalMetrics()}
+	l := &Local{now: opts.Now, seed: maphash.MakeSeed(), max: int64(opts.MaxBuckets), m: newLocalMetrics()}
 	for i := range l.shards {
 		l.shards[i].m = make(map[uint64]entry)
 		l.shards[i].owing = &l.owing
+		l.shards[i].size = &l.size
 	}
 	return l
 }
@@ -244,7 +247,10 @@ func (l *Local) update(now time.Time, id bucketID, lim regions.Limit, f func(e e
 	idle, forced := 0, 0
 	if !ok {
 		idle += s.sample(t, sampleOnInsert)
-		if len(s.m) >= l.perShard {
+		// The cap is the whole limiter's: a per-shard cap of MaxBuckets/64 would let a
+		// client landing in a blocked client's shard evict its bucket (and so give it a
+		// full one back) long before the limiter is full.
+		if l.size.Load() >= l.max {
 			i, f, dropped := s.makeRoom(t)
 			idle, forced = idle+i, forced+f
 			if dropped > 0 {
@@ -255,6 +261,9 @@ func (l *Local) update(now time.Time, id bucketID, lim regions.Limit, f func(e e
 		idle += s.sample(t, sampleOnHit)
 	}
 	e.fullAt = e.b.fullAt(lim.Capacity, lim.RefillPerSecond)
+	if !ok {
+		s.size.Add(1)
+	}
 	s.m[k] = e
 	if len(s.m) > s.peak {
 		s.peak = len(s.m)
@@ -312,6 +321,7 @@ func (s *shard) makeRoom(now int64) (idle, forced int, dropped int64) {
 // bucket's debt is void anyway: see fallback.owed.)
 func (s *shard) remove(k uint64) int64 {
 	delete(s.m, k)
+	s.size.Add(-1)
 	if s.owed != nil {
 		if d, owed := s.owed[k]; owed {
 			s.forgive(k)

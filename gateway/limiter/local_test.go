@@ -320,3 +320,26 @@ func BenchmarkLocalDecide(b *testing.B) {
 		}
 	})
 }
+
+// TestLocalCapIsGlobal: MaxBuckets caps the whole limiter, not each of its 64 shards. A
+// cap of MaxBuckets/64 per shard evicted a drained bucket as soon as another key landed in
+// its shard, and the evicted key came back with a full bucket (unauthenticated_limit with
+// max_clients 100 gave a blocked client its budget back).
+func TestLocalCapIsGlobal(t *testing.T) {
+	clock := newFakeClock()
+	l := newTestLocal(t, LocalOptions{Now: clock.Now, MaxBuckets: 100})
+	lim := regions.Limit{Capacity: 1, RefillPerSecond: 0.001}
+	for i := range 100 {
+		if d := l.take(clock.Now(), "t", strconv.Itoa(i), lim, 1); !d.Allowed {
+			t.Fatalf("key %d: first take refused", i)
+		}
+	}
+	if n := l.Len(); n != 100 {
+		t.Errorf("%d buckets held, want all 100 (within MaxBuckets)", n)
+	}
+	for i := range 100 {
+		if d := l.take(clock.Now(), "t", strconv.Itoa(i), lim, 1); d.Allowed {
+			t.Errorf("key %d: admitted again from a drained bucket (evicted below the cap)", i)
+		}
+	}
+}
