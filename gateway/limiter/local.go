@@ -250,7 +250,8 @@ func (l *Local) update(now time.Time, id bucketID, lim regions.Limit, f func(e e
 		// The cap is the whole limiter's: a per-shard cap of MaxBuckets/64 would let a
 		// client landing in a blocked client's shard evict its bucket (and so give it a
 		// full one back) long before the limiter is full.
-		if l.size.Load() >= l.max {
+		// The slot is taken before the check, so concurrent inserts cannot all pass it.
+		if l.size.Add(1) > l.max {
 			i, f, dropped := s.makeRoom(t)
 			idle, forced = idle+i, forced+f
 			if dropped > 0 {
@@ -261,9 +262,6 @@ func (l *Local) update(now time.Time, id bucketID, lim regions.Limit, f func(e e
 		idle += s.sample(t, sampleOnHit)
 	}
 	e.fullAt = e.b.fullAt(lim.Capacity, lim.RefillPerSecond)
-	if !ok {
-		s.size.Add(1)
-	}
 	s.m[k] = e
 	if len(s.m) > s.peak {
 		s.peak = len(s.m)
