@@ -73,9 +73,11 @@ type Gateway struct {
 	// loadScripts is the Redis limiter's Load (scripts, maxmemory-policy check); nil
 	// without Redis.
 	loadScripts func(context.Context) error
-	guard       *clientGuard // nil when unauthenticated_limit is disabled
-	trusted     trustedProxies
-	rdb         redis.UniversalClient // *redis.Client, or *redis.ClusterClient with redis.cluster
+	// checkEviction is the Redis limiter's CheckEviction; nil without Redis.
+	checkEviction func(context.Context)
+	guard         *clientGuard // nil when unauthenticated_limit is disabled
+	trusted       trustedProxies
+	rdb           redis.UniversalClient // *redis.Client, or *redis.ClusterClient with redis.cluster
 
 	// identityHeaders are the header names stripped from every proxied request under
 	// any spelling: the tenant header and the headers that carry the key.
@@ -251,6 +253,7 @@ func (g *Gateway) newLimiter() error {
 	}
 	g.lim = l
 	g.loadScripts = l.Load
+	g.checkEviction = l.CheckEviction
 	g.fallback = l.FallbackActive
 	return nil
 }
@@ -483,6 +486,9 @@ func (g *Gateway) run(ctx context.Context, ln, aln net.Listener) error {
 		wg.Go(func() { g.heartbeat(bg) })
 	}
 	wg.Go(func() { g.rotateTenants(bg) })
+	if g.checkEviction != nil {
+		wg.Go(func() { g.watchRedisPolicy(bg) })
+	}
 
 	if g.rlsLn != nil {
 		rls, rctx := g.newRLSServer(), g.drainCtx(bg)
@@ -576,6 +582,24 @@ func (g *Gateway) warmRedis(ctx context.Context) {
 	if err := g.loadScripts(wctx); err != nil {
 		g.log.Warn("redis not reachable at start; the local fallback decides until it is",
 			"region", g.cfg.Region, "err", err)
+	}
+}
+
+// watchRedisPolicy re-reads Redis's maxmemory-policy every reload_interval, so that a
+// policy changed with CONFIG SET (or a Redis restarted with another configuration)
+// shows in ratelimit_redis_evicting_policy and the log without a gateway restart.
+func (g *Gateway) watchRedisPolicy(ctx context.Context) {
+	t := time.NewTicker(g.cfg.ReloadInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		cctx, cancel := context.WithTimeout(ctx, time.Second)
+		g.checkEviction(cctx)
+		cancel()
 	}
 }
 

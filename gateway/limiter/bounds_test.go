@@ -94,3 +94,38 @@ func TestLoadWarnsOfEvictingPolicy(t *testing.T) {
 		}
 	}
 }
+
+// TestCheckEvictionFollowsConfigSet: a policy changed with CONFIG SET after Load shows at
+// the next CheckEviction, in the gauge and with one WARN line per change to evicting
+// (not one per check).
+func TestCheckEvictionFollowsConfigSet(t *testing.T) {
+	p := testenv.Redis(t)
+	rdb := newClient(t, p)
+	ctx := context.Background()
+	reg := prometheus.NewRegistry()
+	var logs bytes.Buffer
+	l := newTestRedis(t, rdb, Options{Region: "test", Registerer: reg, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	if err := l.Load(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for i, step := range []struct {
+		policy string
+		want   float64
+	}{
+		{"allkeys-lru", 1}, {"allkeys-lru", 1}, {"volatile-lru", 1}, {"noeviction", 0}, {"allkeys-random", 1},
+	} {
+		if err := rdb.ConfigSet(ctx, "maxmemory-policy", step.policy).Err(); err != nil {
+			t.Fatal(err)
+		}
+		l.CheckEviction(ctx)
+		if v := metricValue(t, reg, "ratelimit_redis_evicting_policy", nil); v != step.want {
+			t.Errorf("step %d (%s): ratelimit_redis_evicting_policy = %v, want %v", i, step.policy, v, step.want)
+		}
+	}
+	if err := rdb.ConfigSet(ctx, "maxmemory-policy", "noeviction").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(logs.String(), "level=WARN"); n != 2 {
+		t.Errorf("%d WARN lines, want 2 (one per change to evicting); logs:\n%s", n, logs.String())
+	}
+}

@@ -141,6 +141,9 @@ func TestRepaidCountsWhatLuaCharged(t *testing.T) {
 	if repaid != 0 || off != 10 {
 		t.Fatalf("repaid %v, written off %v; want 0 charged (the bucket was at -capacity) and 10 written off", repaid, off)
 	}
+	if owed := metricValue(t, reg, "ratelimit_fallback_owed_tokens_total", nil); owed != 10 {
+		t.Fatalf("owed %v, want the 10 tokens the fallback admitted", owed)
+	}
 }
 
 // TestDroppedDebtIsCounted (issue 14 item 6): the one path that still drops a debt, a
@@ -162,5 +165,8 @@ func TestDroppedDebtIsCounted(t *testing.T) {
 	dropped := metricValue(t, reg, "ratelimit_fallback_debt_dropped_tokens_total", nil)
 	if dropped == 0 || int(dropped)+kept != 1000 {
 		t.Fatalf("dropped %v + still owed %d, want 1000 tokens of debt in all, some dropped", dropped, kept)
+	}
+	if owed := metricValue(t, reg, "ratelimit_fallback_owed_tokens_total", nil); owed != 1000 {
+		t.Fatalf("ratelimit_fallback_owed_tokens_total %v, want the 1000 tokens the fallback admitted", owed)
 	}
 }

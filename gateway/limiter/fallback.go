@@ -93,6 +93,9 @@ func (f *fallback) decide(r Request, cost int64) Decision {
 		}
 		return e, owed, true
 	})
+	if d.Allowed {
+		f.m.owed.Add(float64(cost))
+	}
 	d.Source = SourceFallback
 	return d
 }

@@ -80,6 +80,7 @@ type redisMetrics struct {
 	active      prometheus.Gauge
 	state       prometheus.Gauge
 	minCapacity prometheus.Counter
+	owed        prometheus.Counter
 	repaid      prometheus.Counter
 	writtenOff  prometheus.Counter
 	// costAboveFallback counts fallback rejections of a cost above the fallback bucket.
@@ -120,11 +121,15 @@ func newRedisMetrics() *redisMetrics {
 		}),
 		evictingPolicy: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "ratelimit_redis_evicting_policy",
-			Help: "1 when Redis's maxmemory-policy evicts keys (allkeys-*, volatile-*): buckets may be evicted and then read as full. Set by Load; 0 when the policy does not evict or could not be read.",
+			Help: "1 when Redis's maxmemory-policy evicts keys (allkeys-*, volatile-*): buckets may be evicted and then read as full. Read by Load and again by CheckEviction (the gateway: every reload_interval); 0 when the policy does not evict or could not be read.",
 		}),
 		costAboveFallback: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "ratelimit_fallback_cost_rejections_total",
 			Help: "Fallback decisions rejected because the request's cost exceeded this instance's fallback bucket (never clipped into a cheaper pass).",
+		}),
+		owed: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "ratelimit_fallback_owed_tokens_total",
+			Help: "Tokens the fallback admitted, every one owed to the shared bucket in Redis. Each ends up repaid, written off, dropped, void (the fallback bucket refilled past it before Redis answered) or still owed.",
 		}),
 		repaid: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "ratelimit_fallback_repaid_tokens_total",
@@ -178,7 +183,7 @@ func newRedisMetrics() *redisMetrics {
 // collectors are what a Redis limiter registers; leases adds the per-key bound series
 // (nil when leases are off).
 func (m *redisMetrics) collectors(leases *leaseTable) []prometheus.Collector {
-	cs := []prometheus.Collector{m.errors, m.active, m.state, m.minCapacity, m.repaid, m.writtenOff, m.costAboveFallback, m.evictingPolicy,
+	cs := []prometheus.Collector{m.errors, m.active, m.state, m.minCapacity, m.owed, m.repaid, m.writtenOff, m.costAboveFallback, m.evictingPolicy,
 		m.pipelines, m.pipelined, m.noscript, m.shardRetries, m.leaseOps, m.leaseTokens, m.leaseRejected}
 	if leases != nil {
 		cs = append(cs, &leaseCollector{t: leases})

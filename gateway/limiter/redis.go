@@ -46,8 +46,10 @@ type Redis struct {
 	// Durations from origin use the monotonic clock when Now is time.Now, so a wall
 	// clock step cannot stop the breaker from opening.
 	failingSince atomic.Int64
-	now          func() time.Time
-	origin       time.Time
+	// evictingPolicy is what CheckEviction last read, so it warns on a change only.
+	evictingPolicy atomic.Bool
+	now            func() time.Time
+	origin         time.Time
 }
 
 // rewarmer is the one goroutine that reloads the scripts out of band (see
@@ -356,29 +358,31 @@ const (
 // Load loads the bucket scripts into Redis, which also opens a connection, under the
 // caller's deadline rather than Options.Timeout. Call it at startup (and it serves as a
 // readiness probe): otherwise the first decisions pay for a dial and an EVAL, which may
-// exceed a 5 ms timeout and be answered by the fallback.
-//
-// It also checks Redis's maxmemory-policy: an evicting policy (allkeys-*, volatile-*)
-// may evict buckets and rule records under memory pressure, and an evicted bucket reads
-// as full (or, for a shard, as empty), so the limit no longer holds. That is a loud
-// warning and ratelimit_redis_evicting_policy 1, not a refusal: the operator may have
-// sized memory so that it never evicts, and a gateway that refused to start would turn
-// a configuration smell into an outage. A Redis that refuses CONFIG (managed services
-// often do) is logged at debug and not an error.
+// exceed a 5 ms timeout and be answered by the fallback. It then runs CheckEviction.
 func (l *Redis) Load(ctx context.Context) error {
 	if err := l.tb.Load(ctx); err != nil {
 		return err
 	}
-	l.checkEviction(ctx)
+	l.CheckEviction(ctx)
 	return nil
 }
 
-// configGetter is the one go-redis method checkEviction needs.
+// configGetter is the one go-redis method CheckEviction needs.
 type configGetter interface {
 	ConfigGet(ctx context.Context, parameter string) *redis.MapStringStringCmd
 }
 
-func (l *Redis) checkEviction(ctx context.Context) {
+// CheckEviction reads Redis's maxmemory-policy. An evicting policy (allkeys-*,
+// volatile-*) may evict buckets and rule records under memory pressure, and an evicted
+// bucket reads as full (or, for a shard, as empty), so the limit no longer holds. That
+// is a loud warning and ratelimit_redis_evicting_policy 1, not a refusal: the operator
+// may have sized memory so that it never evicts, and a gateway that stopped deciding
+// would turn a configuration smell into an outage. The warning is logged when the
+// policy becomes evicting, not at every check; the gauge follows every check. A policy
+// set with CONFIG SET after start is seen at the next call, so the gateway calls it
+// every reload_interval. A Redis that refuses CONFIG (managed services often do) is
+// logged at debug and leaves the gauge as it was.
+func (l *Redis) CheckEviction(ctx context.Context) {
 	c, ok := l.rdb.(configGetter)
 	if !ok {
 		return
@@ -389,13 +393,19 @@ func (l *Redis) checkEviction(ctx context.Context) {
 		return
 	}
 	policy := v["maxmemory-policy"]
-	if evicting(policy) {
+	now := evicting(policy)
+	was := l.evictingPolicy.Swap(now)
+	switch {
+	case now && !was:
 		l.m.evictingPolicy.Set(1)
 		l.log.Warn("REDIS MAY EVICT RATE LIMIT BUCKETS: maxmemory-policy evicts keys, and an evicted bucket reads as full, so limits may not hold under memory pressure; set maxmemory-policy noeviction (or size maxmemory so it never evicts)",
 			"maxmemory_policy", policy)
-		return
+	case !now && was:
+		l.m.evictingPolicy.Set(0)
+		l.log.Info("redis maxmemory-policy no longer evicts keys", "maxmemory_policy", policy)
+	case !now:
+		l.m.evictingPolicy.Set(0)
 	}
-	l.m.evictingPolicy.Set(0)
 }
 
 // evicting reports whether a maxmemory-policy evicts keys.
