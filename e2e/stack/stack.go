@@ -2,6 +2,7 @@ package stack
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
@@ -19,8 +20,29 @@ import (
 	"github.com/quotaplane/quotaplane/regions/store"
 )
 
-// Route is the one route the stack's gateways serve: any method on /orders.
+// Route is the stack's main route: any method on /orders, one token a request.
 const Route = "orders"
+
+// BulkRoute is the stack's costly route: any method on /bulk, BulkCost tokens a request
+// (routes[].cost.fixed), for checks that a cost is never clipped into a cheaper pass.
+const (
+	BulkRoute = "bulk"
+	BulkCost  = 5
+)
+
+// TenantHeader is the header the gateways set to the authenticated tenant for the
+// upstream. The echo service answers, besides it, every value it received under a name
+// that folds (case, '_' for '-') to it: a client's forged copy that reached the upstream
+// shows there.
+const TenantHeader = "X-Tenant-Id"
+
+// Echo is the echo service's JSON answer.
+type Echo struct {
+	OK     bool   `json:"ok"`
+	Tenant string `json:"tenant"`
+	// TenantHeaders are the values of every header whose name folds to TenantHeader.
+	TenantHeaders []string `json:"tenant_headers"`
+}
 
 // Tenant is a tenant of the stack with its global rule on Route.
 type Tenant struct {
@@ -238,8 +260,14 @@ func (s *Stack) startUpstream() error {
 			case <-r.Context().Done():
 			}
 		}
+		e := Echo{OK: true, Tenant: r.Header.Get(TenantHeader), TenantHeaders: []string{}}
+		for name, vs := range r.Header {
+			if strings.EqualFold(strings.ReplaceAll(name, "_", "-"), TenantHeader) {
+				e.TenantHeaders = append(e.TenantHeaders, vs...)
+			}
+		}
 		w.Header().Set("Content-Type", "application/json")
-		fmt.Fprintf(w, "{\"ok\":true,\"tenant\":%q}\n", r.Header.Get("X-Tenant-Id"))
+		_ = json.NewEncoder(w).Encode(e)
 	})}
 	go func() { _ = s.upstream.Serve(ln) }()
 	s.Upstream = "http://" + ln.Addr().String()
@@ -263,6 +291,11 @@ routes:
   - id: %s
     match: "/orders"
     upstream: %q
+  - id: %s
+    match: "/bulk"
+    upstream: %q
+    cost:
+      fixed: %d
 `
 
 func (s *Stack) startGateway(ctx context.Context, bin, region string, i int) error {
@@ -287,7 +320,7 @@ func (s *Stack) startGateway(ctx context.Context, bin, region string, i int) err
 		}
 		redisURL = "redis://" + addr + "/0"
 	}
-	cfg := fmt.Sprintf(gatewayConfig, region, id, port, admin, s.DatabaseURL, redisURL, s.opts.RedisTimeout, s.opts.GatewaysPerRegion, Route, s.Upstream)
+	cfg := fmt.Sprintf(gatewayConfig, region, id, port, admin, s.DatabaseURL, redisURL, s.opts.RedisTimeout, s.opts.GatewaysPerRegion, Route, s.Upstream, BulkRoute, s.Upstream, BulkCost)
 	path := filepath.Join(dir, "gateway.yaml")
 	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
 		return fmt.Errorf("gateway %s: %w", id, err)

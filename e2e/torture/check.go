@@ -19,9 +19,15 @@ type State struct {
 	Shards   int
 }
 
-// Admission is one admitted request: when the client sent it and when the answer came.
-// The gateway decided it somewhere in between.
-type Admission struct{ Sent, Recv time.Time }
+// Admission is one admitted request: when the client sent it and when the answer came,
+// and the tokens it took (0 counts as 1). The gateway decided it somewhere in between.
+type Admission struct {
+	Sent, Recv time.Time
+	Cost       int
+}
+
+// Tokens is what a counts for: its cost, at least 1.
+func (a Admission) Tokens() int { return max(a.Cost, 1) }
 
 // Span is a stretch of time, [From, To].
 type Span struct{ From, To time.Time }
@@ -41,6 +47,10 @@ type Input struct {
 	// Outages are the spans in which PostgreSQL was down: a gateway cannot reload then,
 	// so a state replaced shortly before one may be enforced until one lag after it.
 	Outages []Span
+	// Instances is the gateways per region: a regional capacity below it leaves each
+	// instance's fallback bucket the one-token floor, so the region's fallbacks may
+	// admit Instances tokens (the invariant's "one-token floor" slack). 0: no floor term.
+	Instances int
 }
 
 // Window is one checked window and its bound.
@@ -51,8 +61,10 @@ type Window struct {
 	Bound          float64
 	// The bound's terms: the capacity in force at From (the largest one possibly
 	// enforced then), the refill over the window (at each moment the largest refill
-	// possibly enforced), and one regional capacity per Redis restart inside the window.
-	CapTerm, RefillTerm, RestartTerm float64
+	// possibly enforced), one regional capacity per Redis restart inside the window, and
+	// the fallback's one-token floor (Instances - capacity where the capacity possibly
+	// enforced at From is below Instances).
+	CapTerm, RefillTerm, RestartTerm, FloorTerm float64
 }
 
 // Ratio is admitted over the bound.
@@ -86,8 +98,8 @@ func (w Window) String() string {
 	if region == "" {
 		region = "all regions"
 	}
-	return fmt.Sprintf("%s in %s from %s over %.3fs: admitted %d, bound %.2f (capacity %.2f + refill %.2f + restarts %.2f) = %.3fx",
-		w.Tenant, region, w.From.Format("15:04:05.000"), w.To.Sub(w.From).Seconds(), w.Admitted, w.Bound, w.CapTerm, w.RefillTerm, w.RestartTerm, w.Ratio())
+	return fmt.Sprintf("%s in %s from %s over %.3fs: admitted %d, bound %.2f (capacity %.2f + refill %.2f + restarts %.2f + floor %.2f) = %.3fx",
+		w.Tenant, region, w.From.Format("15:04:05.000"), w.To.Sub(w.From).Seconds(), w.Admitted, w.Bound, w.CapTerm, w.RefillTerm, w.RestartTerm, w.FloorTerm, w.Ratio())
 }
 
 // Result is the worst window per tenant and region ("" for all regions), and the worst
@@ -118,12 +130,13 @@ type series struct {
 	integral []float64   // ∫ refill from bps[0] to bps[k]
 	restarts []Span
 	outages  []Span
+	n        int // instances per region (Input.Instances)
 	// restartCap is, per restart, the largest capacity possibly enforced during it.
 	restartCap []float64
 }
 
-func newSeries(states []State, lag time.Duration, restarts, outages []Span) *series {
-	s := &series{states: states, lag: lag, restarts: restarts, outages: outages}
+func newSeries(states []State, lag time.Duration, restarts, outages []Span, n int) *series {
+	s := &series{states: states, lag: lag, restarts: restarts, outages: outages, n: n}
 	if len(states) == 0 {
 		return s
 	}
@@ -214,6 +227,12 @@ func (s *series) restartTerm(t0, t1 time.Time) float64 {
 	return sum
 }
 
+// floorTerm is the fallback's one-token floor at t: n - capacity for the smallest
+// capacity possibly enforced at t, when it is below n (docs/reliability.md).
+func (s *series) floorTerm(t time.Time) float64 {
+	return s.maxAt(t, func(st State) float64 { return max(0, float64(s.n)-st.Capacity) })
+}
+
 // candidates are the window starts worth checking besides the admissions' send times:
 // just before and at every point where the capacity term or a restart term changes.
 func (s *series) candidates() []time.Time {
@@ -237,6 +256,7 @@ func (s *series) candidates() []time.Time {
 //	max{ Cap_i : state i possibly enforced at t0 }            (the bucket at t0)
 //	+ ∫_{t0}^{t1} max{ Refill_i : state i possibly enforced at t } dt
 //	+ Σ over Redis restarts in (t0, t1] of the capacity then  (a bucket lost with Redis)
+//	+ max{ Instances - Cap_i : state i possibly enforced at t0 } when positive (the floor)
 //
 // and the regions' bounds add up for the regions together.
 func Check(in Input) Result {
@@ -253,7 +273,7 @@ func Check(in Input) Result {
 		var all []Admission
 		var allSeries []*series
 		for _, region := range sortedKeys(regionsOf) {
-			s := newSeries(in.States[tenant][region], in.Lag, in.RedisRestarts[region], in.Outages)
+			s := newSeries(in.States[tenant][region], in.Lag, in.RedisRestarts[region], in.Outages, in.Instances)
 			adm := in.Admitted[tenant][region]
 			all = append(all, adm...)
 			allSeries = append(allSeries, s)
@@ -293,24 +313,25 @@ func worstWindow(tenant, region string, adm []Admission, ss []*series) (Window, 
 		if i > 0 && t0.Equal(starts[i-1]) {
 			continue
 		}
-		capTerm, refill0 := 0.0, 0.0
+		capTerm, refill0, floor := 0.0, 0.0, 0.0
 		for _, s := range ss {
 			capTerm += s.maxAt(t0, func(st State) float64 { return st.Capacity })
 			refill0 += s.refillTo(t0)
+			floor += s.floorTerm(t0)
 		}
 		n := 0
 		for _, a := range byRecv {
 			if a.Sent.Before(t0) {
 				continue
 			}
-			n++
-			w := Window{Tenant: tenant, Region: region, From: t0, To: a.Recv, Admitted: n, CapTerm: capTerm}
+			n += a.Tokens()
+			w := Window{Tenant: tenant, Region: region, From: t0, To: a.Recv, Admitted: n, CapTerm: capTerm, FloorTerm: floor}
 			for _, s := range ss {
 				w.RefillTerm += s.refillTo(a.Recv)
 				w.RestartTerm += s.restartTerm(t0, a.Recv)
 			}
 			w.RefillTerm -= refill0
-			w.Bound = w.CapTerm + w.RefillTerm + w.RestartTerm
+			w.Bound = w.CapTerm + w.RefillTerm + w.RestartTerm + w.FloorTerm
 			if !found || w.Ratio() > worst.Ratio() {
 				worst, found = w, true
 			}

@@ -153,3 +153,37 @@ func TestOverlapSlack(t *testing.T) {
 		}
 	}
 }
+
+// TestCheckCountsTokensAndTheFloor: an admission counts for its cost, so cost-5 requests
+// that a fallback clipped to a bucket of 4 show as 5 tokens each; and a regional
+// capacity below the instance count allows the fallback's one-token floor per
+// instance, no more.
+func TestCheckCountsTokensAndTheFloor(t *testing.T) {
+	costly := admissions(2, 0, 0.1)
+	for i := range costly {
+		costly[i].Cost = 5
+	}
+	in := one([]State{{From: at(0), Capacity: 8, Refill: 0.01}}, costly)
+	if b := Check(in).Breaches(); len(b) != 1 || b[0].Admitted != 10 {
+		t.Fatalf("two cost-5 admissions against a bucket of 8: breaches %v, want one window of 10 tokens", b)
+	}
+	costly[1].Cost = 3
+	if b := Check(in).Breaches(); len(b) != 0 {
+		t.Fatalf("5 + 3 tokens against a bucket of 8: breaches %v, want none", b)
+	}
+
+	small := []State{{From: at(0), Capacity: 1, Refill: 0.01}}
+	in = one(small, admissions(2, 0, 0.1))
+	if b := Check(in).Breaches(); len(b) != 1 {
+		t.Fatalf("2 admitted against a capacity of 1 without instances: breaches %v, want one", b)
+	}
+	in.Instances = 2
+	if b := Check(in).Breaches(); len(b) != 0 {
+		t.Fatalf("2 admitted against a capacity of 1 over 2 instances (one-token floor each): breaches %v, want none", b)
+	}
+	in = one(small, admissions(3, 0, 0.1))
+	in.Instances = 2
+	if b := Check(in).Breaches(); len(b) != 1 || b[0].FloorTerm != 1 {
+		t.Fatalf("3 admitted against a capacity of 1 over 2 instances: breaches %v, want one with a floor term of 1", b)
+	}
+}

@@ -1,7 +1,9 @@
 package torture
 
 import (
+	"cmp"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -12,6 +14,7 @@ import (
 	"time"
 
 	"github.com/quotaplane/quotaplane/e2e/loadgen"
+	"github.com/quotaplane/quotaplane/e2e/stack"
 )
 
 // Target is a gateway the load is sent to.
@@ -24,7 +27,19 @@ type Flow struct {
 	Rate float64
 	// Gateways limits the flow to these gateway ids (all when empty).
 	Gateways []string
+	// Path is the request path (default /orders); Cost the tokens one request of it
+	// takes (default 1), what an admission counts for.
+	Path string
+	Cost int
+	// Hostile requests try to strip or double the tenant header the gateway sets for the
+	// upstream (issue 14 item 7): "Connection: X-Tenant-Id" (a hop-by-hop header list
+	// that a reverse proxy strips), "X-Tenant-Id: victim" and "X-Tenant_Id: victim".
+	Hostile bool
 }
+
+// Victim is the tenant a hostile request claims to be.
+const Victim = "victim"
+
 
 // maxInFlight bounds the requests one flow has open against one gateway; a tick that
 // finds it reached sends nothing and is counted as skipped (client-side pacing, not a
@@ -45,6 +60,10 @@ type Recorder struct {
 	errs     []string
 	nErrs    int
 	skipped  int
+	// undecided are answers without X-RateLimit-Limit (the gateway failed open), and
+	// identity answers whose upstream saw another tenant header than the flow's own.
+	undecided, identity int
+	problems            []string
 }
 
 // NewRecorder returns an empty recorder.
@@ -52,7 +71,22 @@ func NewRecorder() *Recorder {
 	return &Recorder{admitted: map[string]map[string][]Admission{}, codes: map[string]map[int]int{}}
 }
 
-func (r *Recorder) answer(tenant, region string, code int, sent, recv time.Time) {
+// problem records an answer that broke a per-request promise (kind: "undecided" or
+// "identity").
+func (r *Recorder) problem(kind, format string, args ...any) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if kind == "identity" {
+		r.identity++
+	} else {
+		r.undecided++
+	}
+	if len(r.problems) < 20 {
+		r.problems = append(r.problems, kind+": "+fmt.Sprintf(format, args...))
+	}
+}
+
+func (r *Recorder) answer(tenant, region string, code, cost int, sent, recv time.Time) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.codes[tenant] == nil {
@@ -63,7 +97,7 @@ func (r *Recorder) answer(tenant, region string, code int, sent, recv time.Time)
 		if r.admitted[tenant] == nil {
 			r.admitted[tenant] = map[string][]Admission{}
 		}
-		r.admitted[tenant][region] = append(r.admitted[tenant][region], Admission{Sent: sent, Recv: recv})
+		r.admitted[tenant][region] = append(r.admitted[tenant][region], Admission{Sent: sent, Recv: recv, Cost: cost})
 	}
 }
 
@@ -96,8 +130,8 @@ func (r *Recorder) Admitted() map[string]map[string][]Admission {
 	return out
 }
 
-// Total is how many requests of tenant were admitted (all regions), optionally only
-// those sent at or after since.
+// Total is the tokens admitted to tenant (all regions: requests x their cost), optionally
+// only for requests sent at or after since.
 func (r *Recorder) Total(tenant string, since time.Time) int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -105,7 +139,7 @@ func (r *Recorder) Total(tenant string, since time.Time) int {
 	for _, a := range r.admitted[tenant] {
 		for _, x := range a {
 			if !x.Sent.Before(since) {
-				n++
+				n += x.Tokens()
 			}
 		}
 	}
@@ -119,13 +153,19 @@ type Summary struct {
 	// tenants; ClientErrors are requests without an answer (transport error, timeout).
 	Requests, Status5xx, Unexpected, ClientErrors, Skipped int
 	Errors                                                 []string
+	// Undecided are 200s and 429s without X-RateLimit-Limit (the limiter did not decide:
+	// the gateway failed open); Identity are 200s whose upstream saw a tenant header
+	// other than exactly the flow's tenant. Problems are the first of both.
+	Undecided, Identity int
+	Problems            []string
 }
 
 // Summary totals the counts.
 func (r *Recorder) Summary() Summary {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	s := Summary{Codes: map[string]map[int]int{}, ClientErrors: r.nErrs, Skipped: r.skipped, Errors: append([]string(nil), r.errs...)}
+	s := Summary{Codes: map[string]map[int]int{}, ClientErrors: r.nErrs, Skipped: r.skipped, Errors: append([]string(nil), r.errs...),
+		Undecided: r.undecided, Identity: r.identity, Problems: append([]string(nil), r.problems...)}
 	for t, m := range r.codes {
 		s.Codes[t] = map[int]int{}
 		for c, n := range m {
@@ -150,7 +190,8 @@ func (s Summary) String() string {
 	}
 	sort.Strings(tenants)
 	var b strings.Builder
-	fmt.Fprintf(&b, "%d requests, %d 5xx, %d other unexpected, %d client errors, %d ticks skipped (in-flight cap);", s.Requests, s.Status5xx, s.Unexpected-s.Status5xx, s.ClientErrors, s.Skipped)
+	fmt.Fprintf(&b, "%d requests, %d 5xx, %d other unexpected, %d client errors, %d undecided, %d tenant header breaches, %d ticks skipped (in-flight cap);",
+		s.Requests, s.Status5xx, s.Unexpected-s.Status5xx, s.ClientErrors, s.Undecided, s.Identity, s.Skipped)
 	for _, t := range tenants {
 		fmt.Fprintf(&b, " %s %v", t, s.Codes[t])
 	}
@@ -237,23 +278,44 @@ func (l *Load) flow(ctx context.Context, t Target, f Flow) {
 }
 
 // send makes one request; it is not tied to the load's context, so that Stop lets every
-// request finish (each is bounded by requestTimeout).
+// request finish (each is bounded by requestTimeout). Every 200 and 429 must carry
+// X-RateLimit-Limit (a decision was made), and the upstream of a 200 must have seen
+// exactly one tenant header, the flow's own.
 func (l *Load) send(t Target, f Flow) {
-	req, err := http.NewRequest(http.MethodGet, t.URL+"/orders", nil)
+	path, cost := cmp.Or(f.Path, "/orders"), cmp.Or(f.Cost, 1)
+	req, err := http.NewRequest(http.MethodGet, t.URL+path, nil)
 	if err != nil {
 		l.rec.fail("%s via %s: %v", f.Tenant, t.Gateway, err)
 		return
 	}
 	req.Header.Set("X-Api-Key", f.Key)
+	if f.Hostile {
+		req.Header.Set("Connection", stack.TenantHeader)
+		req.Header.Set(stack.TenantHeader, Victim)
+		req.Header["X-Tenant_Id"] = []string{Victim} // as sent: Set would canonicalise it
+	}
 	sent := time.Now()
 	resp, err := l.clients[t.Gateway].Do(req)
 	if err != nil {
 		l.rec.fail("%s via %s at %s: %v", f.Tenant, t.Gateway, sent.Format("15:04:05.000"), err)
 		return
 	}
-	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<16))
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<16))
 	resp.Body.Close()
-	l.rec.answer(f.Tenant, t.Region, resp.StatusCode, sent, time.Now())
+	l.rec.answer(f.Tenant, t.Region, resp.StatusCode, cost, sent, time.Now())
+	if resp.StatusCode != http.StatusOK && resp.StatusCode != http.StatusTooManyRequests {
+		return
+	}
+	if resp.Header.Get("X-RateLimit-Limit") == "" {
+		l.rec.problem("undecided", "%s via %s at %s: %d without X-RateLimit-Limit", f.Tenant, t.Gateway, sent.Format("15:04:05.000"), resp.StatusCode)
+	}
+	if resp.StatusCode != http.StatusOK {
+		return
+	}
+	var e stack.Echo
+	if err := json.Unmarshal(body, &e); err != nil || len(e.TenantHeaders) != 1 || e.TenantHeaders[0] != f.Tenant {
+		l.rec.problem("identity", "%s via %s at %s (hostile %v): the upstream saw tenant headers %q (%v)", f.Tenant, t.Gateway, sent.Format("15:04:05.000"), f.Hostile, e.TenantHeaders, err)
+	}
 }
 
 // Drain takes gateway id out of rotation and waits (at most limit) until its open

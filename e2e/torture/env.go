@@ -81,6 +81,9 @@ func (e *Env) Targets() []Target {
 	return out
 }
 
+// instances is the gateways per region (the stack runs the same number in each).
+func (e *Env) instances() int { return len(e.Gateways) / max(1, len(e.Regions)) }
+
 // GatewaySpecs are the gateways for a schedule.
 func (e *Env) GatewaySpecs() []GatewaySpec {
 	var out []GatewaySpec
@@ -91,13 +94,13 @@ func (e *Env) GatewaySpecs() []GatewaySpec {
 }
 
 // AddTenant creates a tenant with a fresh id (prefix and a sequence number), its rule
-// on stack.Route and an API key, and returns the id and the key. Each run has tenants
-// of its own, so runs on one stack do not share buckets.
-func (e *Env) AddTenant(ctx context.Context, prefix string, capacity int64, refill float64) (id, key string, err error) {
+// on route (stack.Route or stack.BulkRoute) and an API key, and returns the id and the
+// key. Each run has tenants of its own, so runs on one stack do not share buckets.
+func (e *Env) AddTenant(ctx context.Context, prefix, route string, capacity int64, refill float64) (id, key string, err error) {
 	e.seq++
 	id = fmt.Sprintf("%s-%d", prefix, e.seq)
 	actx := store.WithAudit(ctx, "torture", "torture tenant")
-	if err := e.Store.SetRule(actx, regions.Rule{Tenant: id, Route: stack.Route, Capacity: capacity, RefillPerSecond: refill, Shards: 1}); err != nil {
+	if err := e.Store.SetRule(actx, regions.Rule{Tenant: id, Route: route, Capacity: capacity, RefillPerSecond: refill, Shards: 1}); err != nil {
 		return "", "", err
 	}
 	key, _, err = e.Store.CreateKey(actx, id, "torture")
@@ -113,7 +116,7 @@ func (e *Env) AddTenant(ctx context.Context, prefix string, capacity int64, refi
 type Observer struct {
 	store   *store.Store
 	regions []string
-	tenants []string
+	routes  map[string]string // tenant -> the route it is loaded on
 
 	mu     sync.Mutex
 	states map[string]map[string][]State
@@ -123,10 +126,11 @@ type Observer struct {
 	done   chan struct{}
 }
 
-// Observe reads once (it must succeed: the run starts from a known state) and then
-// every PollInterval until Stop.
-func (e *Env) Observe(ctx context.Context, tenants []string) (*Observer, error) {
-	o := &Observer{store: e.Store, regions: e.Regions, tenants: tenants, states: map[string]map[string][]State{}, done: make(chan struct{})}
+// Observe reads, for each tenant, the limit of the route it is loaded on (routes: tenant
+// -> route) once (it must succeed: the run starts from a known state) and then every
+// PollInterval until Stop.
+func (e *Env) Observe(ctx context.Context, routes map[string]string) (*Observer, error) {
+	o := &Observer{store: e.Store, regions: e.Regions, routes: routes, states: map[string]map[string][]State{}, done: make(chan struct{})}
 	before := time.Now()
 	if err := o.read(ctx, before); err != nil {
 		return nil, fmt.Errorf("observe: %w", err)
@@ -165,12 +169,12 @@ func (o *Observer) read(ctx context.Context, now time.Time) error {
 	if from.IsZero() {
 		from = now
 	}
-	for _, t := range o.tenants {
+	for t, route := range o.routes {
 		if o.states[t] == nil {
 			o.states[t] = map[string][]State{}
 		}
 		for _, r := range o.regions {
-			rule, lim, share := snap.RegionalRule(r, t, stack.Route)
+			rule, lim, share := snap.RegionalRule(r, t, route)
 			st := State{From: from, Capacity: float64(lim.Capacity), Refill: lim.RefillPerSecond, C: rule.Capacity, R: rule.RefillPerSecond, S: share, Shards: rule.Shards}
 			prev := o.states[t][r]
 			if n := len(prev); n > 0 {

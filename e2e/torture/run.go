@@ -7,6 +7,10 @@ import (
 	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/quotaplane/quotaplane/e2e/faults"
 	"github.com/quotaplane/quotaplane/e2e/stack"
 	"github.com/quotaplane/quotaplane/regions"
 	"github.com/quotaplane/quotaplane/regions/store"
@@ -169,6 +173,8 @@ func (x *Executor) do(ctx context.Context, e Event) error {
 		x.outages = append(x.outages, Span{From: from, To: time.Now()})
 		x.mu.Unlock()
 		return err
+	case RedisEvicting:
+		return x.evicting(ctx, e)
 	case GatewayRestart:
 		var g *stack.Gateway
 		for _, x := range env.Gateways {
@@ -190,6 +196,83 @@ func (x *Executor) do(ctx context.Context, e Event) error {
 		return err
 	}
 	return x.change(ctx, e)
+}
+
+// evicting sets an evicting maxmemory-policy on a region's Redis for e.Hold, and checks
+// that every gateway of the region reports it (ratelimit_redis_evicting_policy 1) within
+// a reload interval and a second, and reports it gone as long after it is restored.
+// Redis's maxmemory stays 0 (unlimited), so nothing is evicted: what is checked is the
+// warning, since an evicted bucket has no bound (docs/reliability.md).
+func (x *Executor) evicting(ctx context.Context, e Event) error {
+	rdb := redis.NewClient(&redis.Options{Addr: x.env.Redis[e.Region].Addr()})
+	defer rdb.Close()
+	set := func(policy string) error {
+		hctx, cancel := healCtx()
+		defer cancel()
+		return rdb.ConfigSet(hctx, "maxmemory-policy", policy).Err()
+	}
+	if err := set("allkeys-lru"); err != nil {
+		return err
+	}
+	began := time.Now()
+	seen := x.waitPolicy(ctx, e.Region, 1)
+	hold(ctx, e.Hold-time.Since(began))
+	if err := set("noeviction"); err != nil {
+		return err
+	}
+	gone := x.waitPolicy(ctx, e.Region, 0)
+	return errors.Join(seen, gone)
+}
+
+// waitPolicy polls the region's gateways until each reports
+// ratelimit_redis_evicting_policy want, for at most a reload interval and a second.
+func (x *Executor) waitPolicy(ctx context.Context, region string, want float64) error {
+	deadline := time.Now().Add(ReloadInterval + time.Second)
+	for {
+		var missing []string
+		for _, g := range x.env.GatewaysOf(region) {
+			sc, err := faults.ScrapeURL(ctx, g.Admin)
+			if err != nil || sc.Sum("ratelimit_redis_evicting_policy") != want {
+				missing = append(missing, g.ID)
+			}
+		}
+		if len(missing) == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return fmt.Errorf("ratelimit_redis_evicting_policy not %v on %v within %v", want, missing, ReloadInterval+time.Second)
+		}
+		hold(ctx, PollInterval)
+	}
+}
+
+// refused tries a rule beyond the bounds for e.Tenant, through the store (which
+// validates it) and straight into the table (whose CHECK constraints must refuse it too),
+// and checks that the rule in the database is still the one last written.
+func (x *Executor) refused(ctx context.Context, e Event) error {
+	x.mu.Lock()
+	r := x.rules[e.Tenant]
+	x.mu.Unlock()
+	bad := r
+	bad.Capacity, bad.RefillPerSecond = e.Capacity, e.Refill
+	actx := store.WithAudit(ctx, "torture", e.Kind.String())
+	if err := x.env.Store.SetRule(actx, bad); !errors.Is(err, regions.ErrInvalid) {
+		return fmt.Errorf("store.SetRule(%+v) = %v, want a regions.ErrInvalid", bad, err)
+	}
+	_, err := x.env.Store.Pool().Exec(ctx, `UPDATE rate_limit_rule SET capacity = $3, refill_per_second = $4 WHERE tenant_id = $1 AND route_id = $2`,
+		bad.Tenant, bad.Route, bad.Capacity, bad.RefillPerSecond)
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "23514" { // check_violation
+		return fmt.Errorf("an UPDATE to capacity %d, refill %g: %v, want a check violation", bad.Capacity, bad.RefillPerSecond, err)
+	}
+	got, err := x.env.Store.Rules(ctx, r.Tenant, r.Route)
+	if err != nil {
+		return err
+	}
+	if len(got) != 1 || got[0].Capacity != r.Capacity || got[0].RefillPerSecond != r.RefillPerSecond {
+		return fmt.Errorf("after a refused rule the database holds %+v, want capacity %d refill %g", got, r.Capacity, r.RefillPerSecond)
+	}
+	return nil
 }
 
 // change writes a change to the database, retrying for a few seconds (a PostgreSQL
@@ -214,6 +297,8 @@ func (x *Executor) change(ctx context.Context, e Event) error {
 				return nil
 			}
 			return err
+		case RuleRefused:
+			return x.refused(ctx, e)
 		default:
 			return fmt.Errorf("unknown event kind %v", e.Kind)
 		}

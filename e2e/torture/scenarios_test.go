@@ -41,9 +41,9 @@ func scenarioRun(t *testing.T, ctx context.Context, env *Env, name string, plan 
 	load.Stop()
 	end := time.Now()
 	states := obs.Stop(ctx)
-	res := Check(Input{Lag: Lag, States: states, Admitted: rec.Admitted()})
+	res := Check(Input{Lag: Lag, States: states, Admitted: rec.Admitted(), Instances: env.instances()})
 	r := report(t, "scenario "+name, nil, rec.Summary(), res, states, rec)
-	r.fallback, r.redisErrs = fleetCounters(t, ctx, env, before)
+	fleetCounters(t, ctx, env, before, &r)
 	r.events = name
 	return r, rec, id, start, end
 }
@@ -71,6 +71,14 @@ func stallScenario(t *testing.T, ctx context.Context, env *Env) row {
 		t.Errorf("a 3 s Redis stall: %d admitted, want at most 21 (capacity 20, refill 0.01/s)", n)
 	} else {
 		t.Logf("a 3 s Redis stall: %d admitted (at most 21)", n)
+	}
+	// Issue 14 item 6: every token the fallback admitted during the stall was charged
+	// once Redis answered, and counted as repaid (or written off): none was dropped
+	// silently. The refill of the fallback bucket during the stall (0.005/s) voids less
+	// than one token of debt.
+	if d := r.debts; d.owed < 1 || d.settled() < d.owed-1 {
+		t.Errorf("after the stall: the fallback admitted %.0f tokens, %.0f repaid, %.0f written off, %.0f dropped; want some admitted and all but < 1 of them settled",
+			d.owed, d.repaid, d.writtenOff, d.dropped)
 	}
 	return r
 }

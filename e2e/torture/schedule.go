@@ -2,10 +2,13 @@ package torture
 
 import (
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"sort"
 	"strings"
 	"time"
+
+	"github.com/quotaplane/quotaplane/regions"
 )
 
 // Kind is the kind of a scheduled event.
@@ -20,16 +23,19 @@ const (
 	Latency                        // that proxy holds every reply for Delay, for Hold
 	PostgresKill                   // SIGKILL PostgreSQL, restart it after Hold
 	GatewayRestart                 // take a gateway out of the load, SIGTERM it, start it, put it back
+	RedisEvicting                  // CONFIG SET an evicting maxmemory-policy on a region's Redis for Hold; its gateways must say so
 	RuleChange                     // set a tenant's capacity and refill
 	ShardChange                    // set a tenant's rule's shard count
 	ShareSet                       // set a tenant's share override (shares sum to 1)
 	ShareClear                     // clear a tenant's share override
+	RuleRefused                    // try a rule beyond the bounds (Capacity, Refill): refused by the store and the database, nothing changes
 )
 
 var kindNames = map[Kind]string{
 	RedisStall: "redis-stall", RedisKill: "redis-kill", BlackHole: "black-hole", Latency: "latency",
-	PostgresKill: "postgres-kill", GatewayRestart: "gateway-restart", RuleChange: "rule-change",
-	ShardChange: "shard-change", ShareSet: "share-set", ShareClear: "share-clear",
+	PostgresKill: "postgres-kill", GatewayRestart: "gateway-restart", RedisEvicting: "redis-evicting",
+	RuleChange: "rule-change", ShardChange: "shard-change", ShareSet: "share-set", ShareClear: "share-clear",
+	RuleRefused: "rule-refused",
 }
 
 func (k Kind) String() string {
@@ -40,21 +46,21 @@ func (k Kind) String() string {
 }
 
 // Fault reports whether k runs on the fault track.
-func (k Kind) Fault() bool { return k >= RedisStall && k <= GatewayRestart }
+func (k Kind) Fault() bool { return k >= RedisStall && k <= RedisEvicting }
 
 // Event is one scheduled fault or change, At after the schedule's start.
 type Event struct {
 	At   time.Duration
 	Kind Kind
 	// Hold is how long a fault lasts (RedisStall, RedisKill, BlackHole, Latency,
-	// PostgresKill).
+	// PostgresKill, RedisEvicting).
 	Hold time.Duration
-	// Region is the Redis's region (RedisStall, RedisKill); Gateway the gateway id
+	// Region is the Redis's region (RedisStall, RedisKill, RedisEvicting); Gateway the gateway id
 	// (BlackHole, Latency, GatewayRestart); Tenant the tenant of a change.
 	Region, Gateway, Tenant string
 	Delay                   time.Duration // Latency
-	Capacity                int64         // RuleChange
-	Refill                  float64       // RuleChange
+	Capacity                int64         // RuleChange, RuleRefused
+	Refill                  float64       // RuleChange, RuleRefused
 	Shards                  int           // ShardChange
 	Shares                  map[string]float64
 }
@@ -63,7 +69,7 @@ func (e Event) String() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "%6.2fs %-15s", e.At.Seconds(), e.Kind)
 	switch e.Kind {
-	case RedisStall, RedisKill:
+	case RedisStall, RedisKill, RedisEvicting:
 		fmt.Fprintf(&b, " region=%s hold=%v", e.Region, e.Hold)
 	case BlackHole:
 		fmt.Fprintf(&b, " gateway=%s hold=%v", e.Gateway, e.Hold)
@@ -73,7 +79,7 @@ func (e Event) String() string {
 		fmt.Fprintf(&b, " hold=%v", e.Hold)
 	case GatewayRestart:
 		fmt.Fprintf(&b, " gateway=%s", e.Gateway)
-	case RuleChange:
+	case RuleChange, RuleRefused:
 		fmt.Fprintf(&b, " tenant=%s capacity=%d refill=%g", e.Tenant, e.Capacity, e.Refill)
 	case ShardChange:
 		fmt.Fprintf(&b, " tenant=%s shards=%d", e.Tenant, e.Shards)
@@ -166,7 +172,7 @@ func Generate(seed uint64, cfg ScheduleConfig) Schedule {
 	for at < cfg.Length {
 		e := Event{At: at}
 		var took time.Duration
-		switch k := rng.IntN(12); {
+		switch k := rng.IntN(13); {
 		case k < 2:
 			e.Kind, e.Region, e.Hold = RedisStall, pick(rng, cfg.Regions), dur(time.Second, 4*time.Second)
 		case k < 4:
@@ -183,6 +189,10 @@ func Generate(seed uint64, cfg ScheduleConfig) Schedule {
 			e.Kind, e.Hold = PostgresKill, dur(2*time.Second, 5*time.Second)
 			took = 3 * time.Second
 			pgDown = append(pgDown, span{at, at + e.Hold + took})
+		case k == 12:
+			// Long enough for every gateway of the region to re-read the policy (every
+			// reload_interval) and say so.
+			e.Kind, e.Region, e.Hold = RedisEvicting, pick(rng, cfg.Regions), dur(7*time.Second, 9*time.Second)
 		default:
 			g := cfg.Gateways[rng.IntN(len(cfg.Gateways))]
 			e.Kind, e.Gateway, e.Region = GatewayRestart, g.ID, g.Region
@@ -223,14 +233,20 @@ func Generate(seed uint64, cfg ScheduleConfig) Schedule {
 		}
 		t := cfg.Tenants[rng.IntN(len(cfg.Tenants))]
 		e := Event{At: at, Tenant: t.ID}
-		switch k := rng.IntN(8); {
-		case k < 3: // rule up or down: capacity x{1/2, 1, 2}, refill x{1/4, 1, 4}
+		switch k := rng.IntN(9); {
+		case k < 3: // rule up or down: capacity x{1/2, 1, 2}, refill x{1/4, 1, 4}, within the bounds
 			e.Kind = RuleChange
-			e.Capacity = max(40, t.Capacity*[]int64{1, 2, 4}[rng.IntN(3)]/2)
-			e.Refill = t.Refill * []float64{0.25, 1, 4}[rng.IntN(3)]
+			e.Capacity = min(regions.MaxCapacity, max(min(40, t.Capacity), t.Capacity*[]int64{1, 2, 4}[rng.IntN(3)]/2))
+			e.Refill = min(regions.MaxRefillPerSecond, t.Refill*[]float64{0.25, 1, 4}[rng.IntN(3)])
 			state[t.ID].Capacity, state[t.ID].Refill = e.Capacity, e.Refill
 		case k < 5:
 			e.Kind, e.Shards = ShardChange, []int{1, 4, 8}[rng.IntN(3)]
+		case k == 8: // a rule past a bound, as "unlimited" might be written: refused
+			e.Kind = RuleRefused
+			e.Capacity, e.Refill = []int64{regions.MaxCapacity + 1, math.MaxInt64, t.Capacity}[rng.IntN(3)], t.Refill
+			if e.Capacity == t.Capacity {
+				e.Refill = 2 * regions.MaxRefillPerSecond
+			}
 		case k < 7 || !override[t.ID]:
 			e.Kind = ShareSet
 			first := []float64{0.2, 0.35, 0.5, 0.65, 0.8}[rng.IntN(5)]

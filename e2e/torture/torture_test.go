@@ -1,6 +1,7 @@
 package torture
 
 import (
+	"cmp"
 	"context"
 	"flag"
 	"fmt"
@@ -38,7 +39,15 @@ type row struct {
 	// fallback are the requests the gateways admitted from their fallback, and
 	// redisErrs their Redis call errors, during the run (from /metrics).
 	fallback, redisErrs float64
+	debts               debts
 }
+
+// debts are the fallback's accounting over a run, summed over the gateways: the tokens
+// it admitted (each owed) and what became of them.
+type debts struct{ owed, repaid, writtenOff, dropped float64 }
+
+// settled is what a reply from Redis (or an eviction) accounted for.
+func (d debts) settled() float64 { return d.repaid + d.writtenOff + d.dropped }
 
 // fleetScrape is every running gateway's /metrics (a gateway that does not answer is
 // left out).
@@ -53,16 +62,16 @@ func fleetScrape(ctx context.Context, env *Env) map[string]faults.Scrape {
 }
 
 // fleetDelta is the increase of a counter summed over the gateways (from 0 for one that
-// restarted in between).
+// restarted in between: another process_start_time_seconds).
 func fleetDelta(before, after map[string]faults.Scrape, name string, match ...string) float64 {
 	sum := 0.0
 	for id, a := range after {
-		x, b := a.Sum(name, match...), before[id].Sum(name, match...)
-		if x < b {
-			sum += x
-		} else {
-			sum += x - b
+		b, ok := before[id]
+		if !ok || a.Sum("process_start_time_seconds") != b.Sum("process_start_time_seconds") {
+			sum += a.Sum(name, match...)
+			continue
 		}
+		sum += a.Sum(name, match...) - b.Sum(name, match...)
 	}
 	return sum
 }
@@ -129,19 +138,33 @@ type tenantPlan struct {
 	capacity int64
 	refill   float64
 	rate     float64
+	// bulk sends the tenant's requests to stack.BulkRoute (stack.BulkCost tokens each)
+	// instead of stack.Route; hostile sends them with a forged tenant header (Flow).
+	bulk, hostile bool
+	// unthrottled: the rule is at the bounds, so the tenant must never see a 429 (a rule
+	// past what the limiter can count would fail open or be enforced as 1 token).
+	unthrottled bool
 	// pinned sets a 50/50 share override before the keys are waited for, and waits for
 	// the pinned regional capacity on every gateway the tenant is loaded on.
 	pinned bool
 }
 
 // seedTenants: three trickle tenants (a lost bucket shows: their refill is far below
-// what they are offered, so they are at their limit within seconds) and one with a
-// normal refill.
+// what they are offered, so they are at their limit within seconds), one with a normal
+// refill, and one for each of issue 14's items 4 and 5: a small rule (5 tokens: a
+// share of 0.2 is 1 token for 2 instances, so the fallback's budget rounds to the
+// one-token floor, and a share of 0.5 to 1 each, never round(1.5) = 2), a costly route
+// (5 tokens a request against fallback buckets of 2 to 8: a cost above one is refused,
+// never clipped), and a rule at the capacity and refill bounds. Item 7: two of them send
+// forged tenant headers on every request.
 var seedTenants = []tenantPlan{
 	{prefix: "trickle-a", capacity: 40, refill: 0.05, rate: 4},
-	{prefix: "trickle-b", capacity: 60, refill: 0.5, rate: 3},
+	{prefix: "trickle-b", capacity: 60, refill: 0.5, rate: 3, hostile: true},
 	{prefix: "trickle-c", capacity: 40, refill: 1, rate: 3},
-	{prefix: "normal", capacity: 100, refill: 20, rate: 8},
+	{prefix: "normal", capacity: 100, refill: 20, rate: 8, hostile: true},
+	{prefix: "small", capacity: 5, refill: 0.05, rate: 2},
+	{prefix: "bulk", capacity: 40, refill: 1, rate: 2, bulk: true},
+	{prefix: "bound", capacity: regions.MaxCapacity, refill: regions.MaxRefillPerSecond, rate: 2, hostile: true, unthrottled: true},
 }
 
 // setup is a run's tenants, once every gateway knows their keys, and the observer of
@@ -152,19 +175,31 @@ type setup struct {
 	flows []Flow
 	rules map[string]regions.Rule
 	specs []TenantSpec
+	// unthrottled are the tenants that must never see a 429 (tenantPlan.unthrottled).
+	unthrottled []string
 }
 
 func addTenants(t *testing.T, ctx context.Context, env *Env, plans []tenantPlan, gateways []string) setup {
 	t.Helper()
 	s := setup{rules: map[string]regions.Rule{}}
+	routes := map[string]string{}
 	for _, p := range plans {
-		id, key, err := env.AddTenant(ctx, p.prefix, p.capacity, p.refill)
+		route, flow := stack.Route, Flow{Rate: p.rate, Gateways: gateways, Hostile: p.hostile}
+		if p.bulk {
+			route, flow.Path, flow.Cost = stack.BulkRoute, "/bulk", stack.BulkCost
+		}
+		id, key, err := env.AddTenant(ctx, p.prefix, route, p.capacity, p.refill)
 		if err != nil {
 			t.Fatal(err)
 		}
+		flow.Tenant, flow.Key = id, key
+		routes[id] = route
 		s.ids = append(s.ids, id)
-		s.flows = append(s.flows, Flow{Tenant: id, Key: key, Rate: p.rate, Gateways: gateways})
-		s.rules[id] = regions.Rule{Tenant: id, Route: stack.Route, Capacity: p.capacity, RefillPerSecond: p.refill, Shards: 1}
+		s.flows = append(s.flows, flow)
+		if p.unthrottled {
+			s.unthrottled = append(s.unthrottled, id)
+		}
+		s.rules[id] = regions.Rule{Tenant: id, Route: route, Capacity: p.capacity, RefillPerSecond: p.refill, Shards: 1}
 		s.specs = append(s.specs, TenantSpec{ID: id, Capacity: p.capacity, Refill: p.refill})
 		if p.pinned {
 			if err := env.Store.SetOverride(ctx, regions.Scope{Tenant: id, Route: regions.Wildcard}, half(env.Regions), "torture", "pin for a scenario", 0); err != nil {
@@ -175,7 +210,7 @@ func addTenants(t *testing.T, ctx context.Context, env *Env, plans []tenantPlan,
 	// The limits in force are observed from now on. What a gateway enforced before the
 	// first read (the rebalancer may already have moved a new tenant's shares) may be
 	// enforced until one lag after it, so the load starts no sooner than that.
-	obs, err := env.Observe(ctx, s.ids)
+	obs, err := env.Observe(ctx, routes)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -194,7 +229,7 @@ func addTenants(t *testing.T, ctx context.Context, env *Env, plans []tenantPlan,
 			if len(gateways) > 0 && !slices.Contains(gateways, g.ID) {
 				continue
 			}
-			waitHeader(t, ctx, g, f.Key, func(status int, lim string) bool {
+			waitHeader(t, ctx, g, f, func(status int, lim string) bool {
 				return status != http.StatusUnauthorized && (want == "" || lim == want)
 			})
 		}
@@ -214,17 +249,18 @@ func half(regions []string) map[string]float64 {
 
 var probeClient = &http.Client{Timeout: 5 * time.Second}
 
-// waitHeader probes g with key until ok(status, X-RateLimit-Limit) holds (at most 20 s).
-func waitHeader(t *testing.T, ctx context.Context, g *stack.Gateway, key string, ok func(int, string) bool) {
+// waitHeader probes g with f's key and path until ok(status, X-RateLimit-Limit) holds
+// (at most 20 s).
+func waitHeader(t *testing.T, ctx context.Context, g *stack.Gateway, f Flow, ok func(int, string) bool) {
 	t.Helper()
 	deadline := time.Now().Add(20 * time.Second)
 	var last string
 	for time.Now().Before(deadline) && ctx.Err() == nil {
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, g.URL+"/orders", nil)
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, g.URL+cmp.Or(f.Path, "/orders"), nil)
 		if err != nil {
 			t.Fatal(err)
 		}
-		req.Header.Set("X-Api-Key", key)
+		req.Header.Set("X-Api-Key", f.Key)
 		resp, err := probeClient.Do(req)
 		if err == nil {
 			resp.Body.Close()
@@ -271,13 +307,18 @@ func runSchedule(t *testing.T, ctx context.Context, env *Env, name string, su se
 	waitFor(ctx, start.Add(sched.Length+3*time.Second)) // a tail after the last event
 	load.Stop()
 	states := obs.Stop(ctx)
-	res := Check(Input{Lag: Lag, States: states, Admitted: rec.Admitted(), RedisRestarts: x.RedisRestarts(), Outages: x.Outages()})
+	res := Check(Input{Lag: Lag, States: states, Admitted: rec.Admitted(), RedisRestarts: x.RedisRestarts(), Outages: x.Outages(), Instances: env.instances()})
 	sum := rec.Summary()
 	r := report(t, name, x, sum, res, states, rec)
+	for _, id := range su.unthrottled {
+		if n := sum.Codes[id][http.StatusTooManyRequests]; n > 0 || sum.Codes[id][http.StatusOK] == 0 {
+			t.Errorf("%s has a rule at the bounds (capacity %d, refill %g): %d throttled, %d admitted; want none throttled", id, int64(regions.MaxCapacity), float64(regions.MaxRefillPerSecond), n, sum.Codes[id][http.StatusOK])
+		}
+	}
+	fleetCounters(t, ctx, env, before, &r)
 	if t.Failed() {
 		t.Logf("FAILED %s; replay with:\n  %s\n%s\nwhat ran:\n  %s", name, replay, sched, strings.Join(x.Log(), "\n  "))
 	}
-	r.fallback, r.redisErrs = fleetCounters(t, ctx, env, before)
 	r.events = eventCounts(sched.Events)
 	if r.events == "" {
 		r.events = "none"
@@ -299,6 +340,10 @@ func report(t *testing.T, name string, x *Executor, sum Summary, res Result, sta
 	}
 	if sum.ClientErrors != 0 {
 		t.Errorf("%d requests without an answer; first: %s", sum.ClientErrors, strings.Join(sum.Errors, "; "))
+	}
+	if sum.Undecided != 0 || sum.Identity != 0 {
+		t.Errorf("%d answers without a decision (no X-RateLimit-Limit: failed open), %d with a tenant header other than the caller's own at the upstream; first:\n  %s",
+			sum.Undecided, sum.Identity, strings.Join(sum.Problems, "\n  "))
 	}
 	if x != nil {
 		for _, err := range x.Errors() {
@@ -323,22 +368,39 @@ func report(t *testing.T, name string, x *Executor, sum Summary, res Result, sta
 		}
 	}
 	for _, m := range rec.Admitted() {
-		for _, a := range m {
-			r.admitted += len(a)
+		for _, as := range m {
+			for _, a := range as {
+				r.admitted += a.Tokens()
+			}
 		}
 	}
 	t.Logf("%s: max admitted/bound %.3f (regional), %.3f (regions together)", name, r.worst.Ratio(), r.global.Ratio())
 	return r
 }
 
-// fleetCounters reads and logs the fallback's admissions and the Redis errors since
-// before.
-func fleetCounters(t *testing.T, ctx context.Context, env *Env, before map[string]faults.Scrape) (fallback, redisErrs float64) {
+// fleetCounters reads the fallback's admissions, its debts and the Redis errors since
+// before into r, and checks the debts (issue 14 item 6): what the gateways count as
+// repaid, written off and dropped is never more than the tokens their fallbacks admitted
+// (the repaid metric counts what the script charged, once per reply read, not what was
+// sent). A gateway restarted in the run lost its counters and its debts with them, so
+// its delta starts at its restart.
+func fleetCounters(t *testing.T, ctx context.Context, env *Env, before map[string]faults.Scrape, r *row) {
+	t.Helper()
 	after := fleetScrape(ctx, env)
-	fallback = fleetDelta(before, after, "ratelimit_requests_total", "source", "fallback", "decision", "allowed")
-	redisErrs = fleetDelta(before, after, "ratelimit_redis_errors_total")
-	t.Logf("gateways: %.0f requests admitted by the fallback, %.0f Redis errors", fallback, redisErrs)
-	return fallback, redisErrs
+	r.fallback = fleetDelta(before, after, "ratelimit_requests_total", "source", "fallback", "decision", "allowed")
+	r.redisErrs = fleetDelta(before, after, "ratelimit_redis_errors_total")
+	r.debts = debts{
+		owed:       fleetDelta(before, after, "ratelimit_fallback_owed_tokens_total"),
+		repaid:     fleetDelta(before, after, "ratelimit_fallback_repaid_tokens_total"),
+		writtenOff: fleetDelta(before, after, "ratelimit_fallback_debt_written_off_tokens_total"),
+		dropped:    fleetDelta(before, after, "ratelimit_fallback_debt_dropped_tokens_total"),
+	}
+	d := r.debts
+	t.Logf("gateways: %.0f requests admitted by the fallback (%.0f tokens owed: %.0f repaid, %.0f written off, %.0f dropped), %.0f Redis errors",
+		r.fallback, d.owed, d.repaid, d.writtenOff, d.dropped, r.redisErrs)
+	if d.settled() > d.owed+1e-9 {
+		t.Errorf("the fallbacks admitted %.0f tokens, but %.0f are counted as repaid, written off or dropped: a debt was counted twice", d.owed, d.settled())
+	}
 }
 
 func describeStates(m map[string][]State) string {
@@ -367,14 +429,14 @@ func eventCounts(events []Event) string {
 
 func figuresTable(rows []row) string {
 	var b strings.Builder
-	b.WriteString("| run | events | requests | admitted | by the fallback | Redis errors | 5xx | unanswered | max admitted / bound, one region | worst window | max admitted / bound, regions together | pass |\n")
-	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+	b.WriteString("| run | events | requests | admitted (tokens) | by the fallback | fallback tokens owed / repaid | Redis errors | 5xx | unanswered | max admitted / bound, one region | worst window | max admitted / bound, regions together | pass |\n")
+	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, r := range rows {
 		worst := "-"
 		if r.worst.Admitted > 0 {
 			worst = fmt.Sprintf("%s %s, %.1f s: %d of %.1f", r.worst.Tenant[:max(0, strings.LastIndex(r.worst.Tenant, "-"))], r.worst.Region, r.worst.To.Sub(r.worst.From).Seconds(), r.worst.Admitted, r.worst.Bound)
 		}
-		fmt.Fprintf(&b, "| %s | %s | %d | %d | %.0f | %.0f | %d | %d | %.3f | %s | %.3f | %s |\n", r.name, r.events, r.sum.Requests, r.admitted, r.fallback, r.redisErrs, r.sum.Status5xx, r.sum.ClientErrors,
+		fmt.Fprintf(&b, "| %s | %s | %d | %d | %.0f | %.0f / %.0f | %.0f | %d | %d | %.3f | %s | %.3f | %s |\n", r.name, r.events, r.sum.Requests, r.admitted, r.fallback, r.debts.owed, r.debts.repaid, r.redisErrs, r.sum.Status5xx, r.sum.ClientErrors,
 			r.worst.Ratio(), worst, r.global.Ratio(), map[bool]string{true: "yes", false: "**no**"}[r.ok])
 	}
 	fmt.Fprintf(&b, "\nLoad average at the end: %s.\n", testenv.LoadAverage())
