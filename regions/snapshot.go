@@ -54,6 +54,9 @@ type Snapshot struct {
 	nextExpiry time.Time
 	// rebScopes are the distinct scopes with rebalancer rows, sorted by String().
 	rebScopes []Scope
+	// changedAt is, per tenant ("*": all), when its rules or shares last changed as seen
+	// by the holder (Since); nil until Since.
+	changedAt map[string]time.Time
 }
 
 type ruleKey struct{ tenant, route string }
@@ -250,3 +253,72 @@ func (s *Snapshot) RegionalRule(region, tenant, route string) (Rule, Limit, floa
 // LiveInstances is the number of gateways of region whose heartbeat is fresh; 0 when
 // unknown.
 func (s *Snapshot) LiveInstances(region string) int { return s.live[region] }
+
+// globalChange is the changedAt key of a change that applies to every tenant: a rule of
+// tenant "*" or a share of the global scope.
+const globalChange = Wildcard
+
+// Since returns a copy of s that knows, per tenant, when its rules or shares last changed
+// as seen by the holder: now for a tenant whose rules or shares differ from prev's (a
+// value changed, a row added or removed), prev's time for one unchanged since. A change
+// that applies to every tenant (a "*" rule, a global share) counts for all. Without prev
+// (the first snapshot) no change is known.
+//
+// The fallback of the gateway's limiter uses it: a bucket it holds nothing for would
+// read as full at the limit now in force, which, after a raise, is more than the shared
+// bucket in Redis can hold (its rule record grows it at the new refill from the change).
+// ChangedAt lets it start such a bucket from what refilled since the change instead.
+func (s *Snapshot) Since(prev *Snapshot, now time.Time) *Snapshot {
+	c := *s
+	c.changedAt = map[string]time.Time{}
+	if prev == nil {
+		return &c
+	}
+	mark := func(tenant string) { c.changedAt[tenant] = now }
+	for k, r := range s.rules {
+		if p, ok := prev.rules[k]; !ok || p.Capacity != r.Capacity || p.RefillPerSecond != r.RefillPerSecond || p.Shards != r.Shards {
+			mark(k.tenant)
+		}
+	}
+	for k := range prev.rules {
+		if _, ok := s.rules[k]; !ok {
+			mark(k.tenant)
+		}
+	}
+	for k, sh := range s.shares {
+		if p, ok := prev.shares[k]; !ok || p.Share != sh.Share {
+			mark(k.scope.Tenant)
+		}
+	}
+	for k := range prev.shares {
+		if _, ok := s.shares[k]; !ok {
+			mark(k.scope.Tenant)
+		}
+	}
+	if len(prev.changedAt) == 0 {
+		return &c
+	}
+	present := map[string]bool{globalChange: true} // tenants s still names
+	for k := range s.rules {
+		present[k.tenant] = true
+	}
+	for k := range s.shares {
+		present[k.scope.Tenant] = true
+	}
+	for t, at := range prev.changedAt {
+		if _, ok := c.changedAt[t]; !ok && present[t] {
+			c.changedAt[t] = at
+		}
+	}
+	return &c
+}
+
+// ChangedAt is when tenant's rules or shares (or those of every tenant) last changed as
+// seen by the holder of s (see Since); zero when no change is known.
+func (s *Snapshot) ChangedAt(tenant string) time.Time {
+	t, g := s.changedAt[tenant], s.changedAt[globalChange]
+	if g.After(t) {
+		return g
+	}
+	return t
+}

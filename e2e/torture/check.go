@@ -47,6 +47,11 @@ type Input struct {
 	// Outages are the spans in which PostgreSQL was down: a gateway cannot reload then,
 	// so a state replaced shortly before one may be enforced until one lag after it.
 	Outages []Span
+	// First is, per tenant and region, when the first request was sent. A window that
+	// starts before it may find no bucket yet: the bucket is created (full) at a request,
+	// at the capacity in force then, so the capacity term of such a window is the
+	// largest possibly enforced from its start to First.
+	First map[string]map[string]time.Time
 	// Instances is the gateways per region: a regional capacity below it leaves each
 	// instance's fallback bucket the one-token floor, so the region's fallbacks may
 	// admit Instances tokens (the invariant's "one-token floor" slack). 0: no floor term.
@@ -130,7 +135,8 @@ type series struct {
 	integral []float64   // ∫ refill from bps[0] to bps[k]
 	restarts []Span
 	outages  []Span
-	n        int // instances per region (Input.Instances)
+	n        int       // instances per region (Input.Instances)
+	first    time.Time // Input.First of this series' tenant and region
 	// restartCap is, per restart, the largest capacity possibly enforced during it.
 	restartCap []float64
 }
@@ -227,6 +233,22 @@ func (s *series) restartTerm(t0, t1 time.Time) float64 {
 	return sum
 }
 
+// capTerm is the capacity the bucket may hold at t: the largest possibly enforced at t,
+// or, before the first request (the bucket may not exist yet), from t to it.
+func (s *series) capTerm(t time.Time) float64 {
+	c := s.maxAt(t, func(st State) float64 { return st.Capacity })
+	if s.first.IsZero() || !t.Before(s.first) {
+		return c
+	}
+	c = max(c, s.maxAt(s.first, func(st State) float64 { return st.Capacity }))
+	for _, b := range s.bps {
+		if b.After(t) && b.Before(s.first) {
+			c = max(c, s.maxAt(b, func(st State) float64 { return st.Capacity }))
+		}
+	}
+	return c
+}
+
 // floorTerm is the fallback's one-token floor at t: n - capacity for the smallest
 // capacity possibly enforced at t, when it is below n (docs/reliability.md).
 func (s *series) floorTerm(t time.Time) float64 {
@@ -253,7 +275,8 @@ func (s *series) candidates() []time.Time {
 // answered inside it, so it was certainly decided inside it: a count is never more than
 // what the fleet admitted in the window. The bound of a window is
 //
-//	max{ Cap_i : state i possibly enforced at t0 }            (the bucket at t0)
+//	max{ Cap_i : state i possibly enforced at t0 }            (the bucket at t0; before
+//	                                                          the first request, up to it)
 //	+ ∫_{t0}^{t1} max{ Refill_i : state i possibly enforced at t } dt
 //	+ Σ over Redis restarts in (t0, t1] of the capacity then  (a bucket lost with Redis)
 //	+ max{ Instances - Cap_i : state i possibly enforced at t0 } when positive (the floor)
@@ -274,6 +297,7 @@ func Check(in Input) Result {
 		var allSeries []*series
 		for _, region := range sortedKeys(regionsOf) {
 			s := newSeries(in.States[tenant][region], in.Lag, in.RedisRestarts[region], in.Outages, in.Instances)
+			s.first = in.First[tenant][region]
 			adm := in.Admitted[tenant][region]
 			all = append(all, adm...)
 			allSeries = append(allSeries, s)
@@ -315,7 +339,7 @@ func worstWindow(tenant, region string, adm []Admission, ss []*series) (Window, 
 		}
 		capTerm, refill0, floor := 0.0, 0.0, 0.0
 		for _, s := range ss {
-			capTerm += s.maxAt(t0, func(st State) float64 { return st.Capacity })
+			capTerm += s.capTerm(t0)
 			refill0 += s.refillTo(t0)
 			floor += s.floorTerm(t0)
 		}

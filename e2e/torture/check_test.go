@@ -187,3 +187,24 @@ func TestCheckCountsTokensAndTheFloor(t *testing.T) {
 		t.Fatalf("3 admitted against a capacity of 1 over 2 instances: breaches %v, want one with a floor term of 1", b)
 	}
 }
+
+// TestCheckBucketCreatedAtFirstRequest: a share raised from 2 to 20 tokens after the
+// run's limits were first read but before the first request: the bucket is created at
+// the first request, full at 20, so 20 admitted at once is within the bound; the same
+// 20 once the bucket had existed at 2 is a breach.
+func TestCheckBucketCreatedAtFirstRequest(t *testing.T) {
+	states := []State{{From: at(0), Capacity: 2, Refill: 0.05}, {From: at(2), Capacity: 20, Refill: 0.5}}
+	in := one(states, admissions(20, 5, 5.5))
+	in.Lag = 6 * time.Second // the 2-token state may be in force until 8 s
+	if b := Check(in).Breaches(); len(b) == 0 {
+		t.Fatalf("20 admitted at 5 s while 2 tokens may be in force, with no first request given: no breach, want one")
+	}
+	in.First = map[string]map[string]time.Time{"x": {"r": at(5)}}
+	if b := Check(in).Breaches(); len(b) != 0 {
+		t.Fatalf("the same with the first request at 5 s (the bucket created then, at 20 possibly in force): breaches %v, want none", b)
+	}
+	in.First["x"]["r"] = at(1) // a bucket that existed at 1 s held at most 2
+	if b := Check(in).Breaches(); len(b) == 0 {
+		t.Fatalf("first request at 1 s: no breach, want one")
+	}
+}

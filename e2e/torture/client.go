@@ -40,7 +40,6 @@ type Flow struct {
 // Victim is the tenant a hostile request claims to be.
 const Victim = "victim"
 
-
 // maxInFlight bounds the requests one flow has open against one gateway; a tick that
 // finds it reached sends nothing and is counted as skipped (client-side pacing, not a
 // failure).
@@ -56,10 +55,14 @@ const requestTimeout = 10 * time.Second
 type Recorder struct {
 	mu       sync.Mutex
 	admitted map[string]map[string][]Admission
-	codes    map[string]map[int]int
-	errs     []string
-	nErrs    int
-	skipped  int
+	// throttled are the send times of each tenant's 429s; first the send time of each
+	// tenant's first request in each region.
+	throttled map[string][]time.Time
+	first     map[string]map[string]time.Time
+	codes     map[string]map[int]int
+	errs      []string
+	nErrs     int
+	skipped   int
 	// undecided are answers without X-RateLimit-Limit (the gateway failed open), and
 	// identity answers whose upstream saw another tenant header than the flow's own.
 	undecided, identity int
@@ -68,7 +71,7 @@ type Recorder struct {
 
 // NewRecorder returns an empty recorder.
 func NewRecorder() *Recorder {
-	return &Recorder{admitted: map[string]map[string][]Admission{}, codes: map[string]map[int]int{}}
+	return &Recorder{admitted: map[string]map[string][]Admission{}, throttled: map[string][]time.Time{}, first: map[string]map[string]time.Time{}, codes: map[string]map[int]int{}}
 }
 
 // problem records an answer that broke a per-request promise (kind: "undecided" or
@@ -93,6 +96,15 @@ func (r *Recorder) answer(tenant, region string, code, cost int, sent, recv time
 		r.codes[tenant] = map[int]int{}
 	}
 	r.codes[tenant][code]++
+	if r.first[tenant] == nil {
+		r.first[tenant] = map[string]time.Time{}
+	}
+	if f, ok := r.first[tenant][region]; !ok || sent.Before(f) {
+		r.first[tenant][region] = sent
+	}
+	if code == http.StatusTooManyRequests {
+		r.throttled[tenant] = append(r.throttled[tenant], sent)
+	}
 	if code == http.StatusOK {
 		if r.admitted[tenant] == nil {
 			r.admitted[tenant] = map[string][]Admission{}
@@ -128,6 +140,27 @@ func (r *Recorder) Admitted() map[string]map[string][]Admission {
 		}
 	}
 	return out
+}
+
+// First is, per tenant and region, when its first request was sent.
+func (r *Recorder) First() map[string]map[string]time.Time {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := map[string]map[string]time.Time{}
+	for t, m := range r.first {
+		out[t] = map[string]time.Time{}
+		for reg, at := range m {
+			out[t][reg] = at
+		}
+	}
+	return out
+}
+
+// Throttled are the send times of tenant's 429s.
+func (r *Recorder) Throttled(tenant string) []time.Time {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]time.Time(nil), r.throttled[tenant]...)
 }
 
 // Total is the tokens admitted to tenant (all regions: requests x their cost), optionally

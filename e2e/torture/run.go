@@ -25,6 +25,7 @@ type Executor struct {
 
 	mu       sync.Mutex
 	log      []string
+	ran      []ran
 	restarts map[string][]Span
 	outages  []Span
 	errs     []error
@@ -57,6 +58,7 @@ func (x *Executor) Run(ctx context.Context, start time.Time, events []Event) {
 				began := time.Now()
 				err := x.do(ctx, e)
 				x.mu.Lock()
+				x.ran = append(x.ran, ran{e, began})
 				line := fmt.Sprintf("%8.3fs %s (took %v)", began.Sub(start).Seconds(), e, time.Since(began).Round(time.Millisecond))
 				if err != nil {
 					line += " ERROR " + err.Error()
@@ -68,6 +70,25 @@ func (x *Executor) Run(ctx context.Context, start time.Time, events []Event) {
 		})
 	}
 	wg.Wait()
+}
+
+// ran is an event and when it began.
+type ran struct {
+	Event
+	began time.Time
+}
+
+// Began are the times at which the events of kind for tenant began.
+func (x *Executor) Began(kind Kind, tenant string) []time.Time {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	var out []time.Time
+	for _, r := range x.ran {
+		if r.Kind == kind && r.Tenant == tenant {
+			out = append(out, r.began)
+		}
+	}
+	return out
 }
 
 // Log is what ran, when, and how long it took.

@@ -41,7 +41,7 @@ func scenarioRun(t *testing.T, ctx context.Context, env *Env, name string, plan 
 	load.Stop()
 	end := time.Now()
 	states := obs.Stop(ctx)
-	res := Check(Input{Lag: Lag, States: states, Admitted: rec.Admitted(), Instances: env.instances()})
+	res := Check(Input{Lag: Lag, States: states, Admitted: rec.Admitted(), First: rec.First(), Instances: env.instances()})
 	r := report(t, "scenario "+name, nil, rec.Summary(), res, states, rec)
 	fleetCounters(t, ctx, env, before, &r)
 	r.events = name

@@ -2,6 +2,7 @@ package limiter
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"testing"
@@ -168,5 +169,44 @@ func TestDroppedDebtIsCounted(t *testing.T) {
 	}
 	if owed := metricValue(t, reg, "ratelimit_fallback_owed_tokens_total", nil); owed != 1000 {
 		t.Fatalf("ratelimit_fallback_owed_tokens_total %v, want the 1000 tokens the fallback admitted", owed)
+	}
+}
+
+// TestFallbackAfterRaiseStartsFromTheChange: the torture checker's find. A cost-5 route
+// in a region at 2 tokens over 2 instances: every request is refused before Redis is
+// asked (no bucket of 2 can hold 5), so the fallback holds nothing for the key, and a
+// missing bucket reads as full. The share is then raised to 12 tokens while Redis
+// cannot be reached: the missing bucket used to read as full at the new size, 6, and
+// each instance admitted a cost-5 request, 10 tokens where Redis held 2. With the
+// change's time (Request.Since) it starts from what refilled since.
+func TestFallbackAfterRaiseStartsFromTheChange(t *testing.T) {
+	p := testenv.Redis(t)
+	bh := startBlackHole(t, p.Addr())
+	clock := newFakeClock()
+	l := newTestRedis(t, newClient(t, &testenv.Process{Host: "127.0.0.1", Port: bh.port()}), Options{
+		Region: "test", Now: clock.Now, Timeout: 100 * time.Millisecond, Breaker: BreakerOptions{Failures: 1 << 30},
+		Instances: func() int { return 2 },
+	})
+	ctx := context.Background()
+	if err := l.Load(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r := Request{Tenant: "t", Route: "r", Limit: regions.Limit{Capacity: 2, RefillPerSecond: 0.05}, Cost: 5}
+	if _, err := l.Decide(ctx, r); !errors.Is(err, ErrInvalidRequest) {
+		t.Fatalf("cost 5 against a capacity of 2: %v, want ErrInvalidRequest", err)
+	}
+	bh.set(true)
+	r.Limit, r.Since = regions.Limit{Capacity: 12, RefillPerSecond: 0.29}, clock.Now()
+	clock.Advance(time.Second)
+	if d := mustDecide(t, l, r); d.Source != SourceFallback || d.Allowed {
+		t.Fatalf("a cost-5 request 1 s after a raise to 12 tokens (6 per instance, 0.145/s): %+v; want the fallback to refuse it", d)
+	}
+	clock.Advance(40 * time.Second) // 5.8 tokens have refilled since the change
+	if d := mustDecide(t, l, r); !d.Allowed {
+		t.Fatalf("a cost-5 request 41 s after the raise: %+v; want it admitted", d)
+	}
+	r.Tenant, r.Since = "u", time.Time{} // a tenant whose limits did not change: full, as before
+	if d := mustDecide(t, l, r); !d.Allowed {
+		t.Fatalf("a cost-5 request of an unchanged tenant: %+v; want it admitted from a full bucket", d)
 	}
 }

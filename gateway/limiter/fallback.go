@@ -87,6 +87,13 @@ func (f *fallback) decide(r Request, cost int64) Decision {
 	now := f.local.now()
 	var d Decision
 	f.local.update(now, idOf(r), lim, func(e entry, owed int64) (entry, int64, bool) {
+		if e.b.last == 0 && !r.Since.IsZero() {
+			// A bucket this instance holds nothing for reads as full, at the limit in
+			// force now. After a raise that is more than the shared bucket holds (its
+			// rule record grows it at the new refill from the change), so it starts from
+			// what refilled since the change, which is never more.
+			e.b.lower(now, lim.Capacity, lim.RefillPerSecond, lim.RefillPerSecond*max(0, now.Sub(r.Since).Seconds()))
+		}
 		d = e.b.Take(now, lim.Capacity, lim.RefillPerSecond, cost)
 		if d.Allowed {
 			owed += cost
