@@ -207,6 +207,15 @@ func (x *Executor) do(ctx context.Context, e Event) error {
 			return fmt.Errorf("no gateway %s", e.Gateway)
 		}
 		derr := x.load.Drain(g.ID, 15*time.Second)
+		if sc, err := faults.ScrapeURL(ctx, g.Admin); err == nil {
+			// What its fallback admitted and no Redis reply has settled (still owed, or
+			// voided by the fallback's own refill) is lost with the process.
+			open := sc.Sum("ratelimit_fallback_owed_tokens_total") - sc.Sum("ratelimit_fallback_repaid_tokens_total") -
+				sc.Sum("ratelimit_fallback_debt_written_off_tokens_total") - sc.Sum("ratelimit_fallback_debt_dropped_tokens_total")
+			x.mu.Lock()
+			x.log = append(x.log, fmt.Sprintf("          %s stops with %.0f fallback tokens not settled since its start", g.ID, open))
+			x.mu.Unlock()
+		}
 		hctx, cancel := healCtx()
 		defer cancel()
 		err := g.Process.Restart(hctx)

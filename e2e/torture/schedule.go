@@ -120,7 +120,9 @@ type ScheduleConfig struct {
 	// Quiet is how long after a gateway restart no fault hits the Redis of its region
 	// (default 8s): the fallback divides a region's budget by the live instance count,
 	// which lags a restart by a heartbeat TTL and a reload; keeping the two apart keeps
-	// the "N lags" slack of the invariant at 0 (docs/reliability.md).
+	// the "N lags" slack of the invariant at 0 (docs/reliability.md). It is also how long
+	// after a Redis fault no gateway of its region restarts, which keeps the "a gateway
+	// stopped while it owes" slack at 0.
 	Quiet time.Duration
 	// PostgresMargin keeps changes this far from a PostgreSQL kill (default 7s: a
 	// reload interval and a second), so that no change waits in the database for a
@@ -168,6 +170,7 @@ func Generate(seed uint64, cfg ScheduleConfig) Schedule {
 	type span struct{ from, to time.Duration }
 	var pgDown []span
 	lastRestart := map[string]time.Duration{} // region -> end of its last gateway restart
+	lastFault := map[string]time.Duration{}   // region -> end of its last Redis fault
 	at := dur(2*time.Second, 4*time.Second)
 	for at < cfg.Length {
 		e := Event{At: at}
@@ -197,7 +200,6 @@ func Generate(seed uint64, cfg ScheduleConfig) Schedule {
 			g := cfg.Gateways[rng.IntN(len(cfg.Gateways))]
 			e.Kind, e.Gateway, e.Region = GatewayRestart, g.ID, g.Region
 			took = 3 * time.Second
-			lastRestart[g.Region] = at + took
 		}
 		if e.Kind != GatewayRestart && e.Kind != PostgresKill {
 			if end, ok := lastRestart[e.Region]; ok && at < end+cfg.Quiet {
@@ -207,7 +209,16 @@ func Generate(seed uint64, cfg ScheduleConfig) Schedule {
 			}
 		}
 		if e.Kind == GatewayRestart {
+			if end, ok := lastFault[e.Region]; ok && at < end+cfg.Quiet {
+				// Too soon after a Redis fault of this region: a gateway stopped while its
+				// fallback still owes loses the debt. Move on.
+				at = end + cfg.Quiet
+				continue
+			}
+			lastRestart[e.Region] = at + took
 			e.Region = "" // printed by gateway only
+		} else if e.Kind != PostgresKill {
+			lastFault[e.Region] = at + e.Hold + took
 		}
 		s.Events = append(s.Events, e)
 		at += e.Hold + took + dur(time.Second, 3*time.Second)

@@ -316,6 +316,8 @@ func runSchedule(t *testing.T, ctx context.Context, env *Env, name string, su se
 	fleetCounters(t, ctx, env, before, &r)
 	if t.Failed() {
 		t.Logf("FAILED %s; replay with:\n  %s\n%s\nwhat ran:\n  %s", name, replay, sched, strings.Join(x.Log(), "\n  "))
+	} else {
+		t.Logf("what ran:\n  %s", strings.Join(x.Log(), "\n  "))
 	}
 	r.events = eventCounts(sched.Events)
 	if r.events == "" {
