@@ -54,9 +54,9 @@ type Snapshot struct {
 	nextExpiry time.Time
 	// rebScopes are the distinct scopes with rebalancer rows, sorted by String().
 	rebScopes []Scope
-	// changedAt is, per tenant ("*": all), when its rules or shares last changed as seen
-	// by the holder (Since); nil until Since.
-	changedAt map[string]time.Time
+	// changedAt is, per region and tenant ("*": all), when a change that may have raised
+	// its capacity was seen by the holder (Since); nil until Since.
+	changedAt map[raiseKey]time.Time
 }
 
 type ruleKey struct{ tenant, route string }
@@ -254,15 +254,20 @@ func (s *Snapshot) RegionalRule(region, tenant, route string) (Rule, Limit, floa
 // unknown.
 func (s *Snapshot) LiveInstances(region string) int { return s.live[region] }
 
-// globalChange is the changedAt key of a change that applies to every tenant: a rule of
-// tenant "*" or a share of the global scope.
+// globalChange is the tenant of a change that applies to every tenant: a rule of tenant
+// "*" or a share of the global scope.
 const globalChange = Wildcard
 
-// Since returns a copy of s that knows, per tenant, when its rules or shares last changed
-// as seen by the holder: now for a tenant whose rules or shares differ from prev's (a
-// value changed, a row added or removed), prev's time for one unchanged since. A change
-// that applies to every tenant (a "*" rule, a global share) counts for all. Without prev
-// (the first snapshot) no change is known.
+// raiseKey names a tenant ("*": all) in a region, for changedAt.
+type raiseKey struct{ region, tenant string }
+
+// Since returns a copy of s that knows, per region and tenant, when a change that may
+// have raised the tenant's regional capacity was first seen by the holder: now for a
+// rule whose capacity grew or that was added or removed (another rule applies then), and
+// for a share that grew in a region or was added or removed there; prev's time where
+// nothing of the kind happened since. A "*" rule or a global share counts for every
+// tenant. A change that can only lower a capacity is not marked. Without prev (the first
+// snapshot) no change is known.
 //
 // The fallback of the gateway's limiter uses it: a bucket it holds nothing for would
 // read as full at the limit now in force, which, after a raise, is more than the shared
@@ -270,29 +275,33 @@ const globalChange = Wildcard
 // ChangedAt lets it start such a bucket from what refilled since the change instead.
 func (s *Snapshot) Since(prev *Snapshot, now time.Time) *Snapshot {
 	c := *s
-	c.changedAt = map[string]time.Time{}
+	c.changedAt = map[raiseKey]time.Time{}
 	if prev == nil {
 		return &c
 	}
-	mark := func(tenant string) { c.changedAt[tenant] = now }
+	everywhere := func(tenant string) {
+		for _, r := range s.regions {
+			c.changedAt[raiseKey{r, tenant}] = now
+		}
+	}
 	for k, r := range s.rules {
-		if p, ok := prev.rules[k]; !ok || p.Capacity != r.Capacity || p.RefillPerSecond != r.RefillPerSecond || p.Shards != r.Shards {
-			mark(k.tenant)
+		if p, ok := prev.rules[k]; !ok || r.Capacity > p.Capacity {
+			everywhere(k.tenant)
 		}
 	}
 	for k := range prev.rules {
 		if _, ok := s.rules[k]; !ok {
-			mark(k.tenant)
+			everywhere(k.tenant)
 		}
 	}
 	for k, sh := range s.shares {
-		if p, ok := prev.shares[k]; !ok || p.Share != sh.Share {
-			mark(k.scope.Tenant)
+		if p, ok := prev.shares[k]; !ok || sh.Share > p.Share {
+			c.changedAt[raiseKey{k.region, k.scope.Tenant}] = now
 		}
 	}
 	for k := range prev.shares {
 		if _, ok := s.shares[k]; !ok {
-			mark(k.scope.Tenant)
+			c.changedAt[raiseKey{k.region, k.scope.Tenant}] = now
 		}
 	}
 	if len(prev.changedAt) == 0 {
@@ -305,18 +314,18 @@ func (s *Snapshot) Since(prev *Snapshot, now time.Time) *Snapshot {
 	for k := range s.shares {
 		present[k.scope.Tenant] = true
 	}
-	for t, at := range prev.changedAt {
-		if _, ok := c.changedAt[t]; !ok && present[t] {
-			c.changedAt[t] = at
+	for k, at := range prev.changedAt {
+		if _, ok := c.changedAt[k]; !ok && present[k.tenant] {
+			c.changedAt[k] = at
 		}
 	}
 	return &c
 }
 
-// ChangedAt is when tenant's rules or shares (or those of every tenant) last changed as
-// seen by the holder of s (see Since); zero when no change is known.
-func (s *Snapshot) ChangedAt(tenant string) time.Time {
-	t, g := s.changedAt[tenant], s.changedAt[globalChange]
+// ChangedAt is when a change that may have raised tenant's capacity in region was last
+// seen by the holder of s (see Since); zero when none is known.
+func (s *Snapshot) ChangedAt(region, tenant string) time.Time {
+	t, g := s.changedAt[raiseKey{region, tenant}], s.changedAt[raiseKey{region, globalChange}]
 	if g.After(t) {
 		return g
 	}

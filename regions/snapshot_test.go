@@ -267,39 +267,45 @@ func BenchmarkSnapshotHotPath(b *testing.B) {
 	}
 }
 
-// TestSinceStampsChangedTenants: Since marks a tenant whose rule or share changed, was
-// added or removed with the holder's now, keeps an earlier mark while the tenant is
-// unchanged, and marks every tenant for a change to a "*" rule or a global share.
-func TestSinceStampsChangedTenants(t *testing.T) {
+// TestSinceStampsRaises: Since marks, per region, a tenant whose capacity may have been
+// raised (a rule's capacity grown, a rule or share added or removed, a share grown) with
+// the holder's now, keeps an earlier mark while nothing of the kind happens, leaves a
+// lowering unmarked, and marks every tenant for a "*" rule or a global share.
+func TestSinceStampsRaises(t *testing.T) {
 	t1, t2, t3 := t0.Add(time.Minute), t0.Add(2*time.Minute), t0.Add(3*time.Minute)
+	const us, eu = "us-east", "eu-west"
 	rule := func(tenant string, c int64) Rule {
 		return Rule{Tenant: tenant, Route: "r", Capacity: c, RefillPerSecond: 1, Shards: 1}
 	}
 	share := func(tenant string, v float64) Share {
-		return Share{Scope: Scope{Tenant: tenant, Route: Wildcard}, Region: "us-east", Share: v, Source: SourceOverride}
+		return Share{Scope: Scope{Tenant: tenant, Route: Wildcard}, Region: us, Share: v, Source: SourceOverride}
 	}
 	snap := func(rules []Rule, shares []Share) *Snapshot {
-		return mustSnapshot(t, SnapshotData{Regions: []string{"us-east", "eu-west"}, Rules: append(rules, defaultRule()), Shares: shares, LoadedAt: t0})
+		return mustSnapshot(t, SnapshotData{Regions: []string{us, eu}, Rules: append(rules, defaultRule()), Shares: shares, LoadedAt: t0})
 	}
+	check := func(name string, s *Snapshot, want map[[2]string]time.Time) {
+		t.Helper()
+		for k, w := range want {
+			if got := s.ChangedAt(k[0], k[1]); !got.Equal(w) {
+				t.Errorf("%s: ChangedAt(%s, %s) = %v, want %v", name, k[0], k[1], got, w)
+			}
+		}
+	}
+	var zero time.Time
 	a := snap([]Rule{rule("a", 10), rule("b", 10)}, []Share{share("c", 0.5)}).Since(nil, t0)
-	for _, x := range []string{"a", "b", "c"} {
-		if !a.ChangedAt(x).IsZero() {
-			t.Errorf("first snapshot: ChangedAt(%s) = %v, want zero (no change known)", x, a.ChangedAt(x))
-		}
-	}
-	b := snap([]Rule{rule("a", 20), rule("b", 10)}, []Share{share("c", 0.5), share("d", 0.3)}).Since(a, t1)
-	if !b.ChangedAt("a").Equal(t1) || !b.ChangedAt("b").IsZero() || !b.ChangedAt("c").IsZero() || !b.ChangedAt("d").Equal(t1) {
-		t.Errorf("a raised, d's share added: a %v b %v c %v d %v; want a and d at %v, b and c zero", b.ChangedAt("a"), b.ChangedAt("b"), b.ChangedAt("c"), b.ChangedAt("d"), t1)
-	}
-	c := snap([]Rule{rule("a", 20), rule("b", 10)}, []Share{share("d", 0.3)}).Since(b, t2)
-	if !c.ChangedAt("a").Equal(t1) || !c.ChangedAt("c").Equal(t2) {
-		t.Errorf("c's override cleared: a %v (want %v, kept), c %v (want %v)", c.ChangedAt("a"), t1, c.ChangedAt("c"), t2)
-	}
-	global := Share{Scope: GlobalScope, Region: "us-east", Share: 0.6, Source: SourceOverride}
-	d := snap([]Rule{rule("a", 20), rule("b", 10)}, []Share{share("d", 0.3), global}).Since(c, t3)
-	for _, x := range []string{"a", "b", "z"} {
-		if !d.ChangedAt(x).Equal(t3) {
-			t.Errorf("a global share set: ChangedAt(%s) = %v, want %v", x, d.ChangedAt(x), t3)
-		}
-	}
+	check("first snapshot", a, map[[2]string]time.Time{{us, "a"}: zero, {eu, "b"}: zero, {us, "c"}: zero})
+
+	b := snap([]Rule{rule("a", 20), rule("b", 5)}, []Share{share("c", 0.5), share("d", 0.3)}).Since(a, t1)
+	check("a raised, b lowered, d's share added in us-east", b, map[[2]string]time.Time{
+		{us, "a"}: t1, {eu, "a"}: t1, {us, "b"}: zero, {eu, "b"}: zero, {us, "c"}: zero, {us, "d"}: t1, {eu, "d"}: zero,
+	})
+	c := snap([]Rule{rule("a", 20), rule("b", 5)}, []Share{share("d", 0.2)}).Since(b, t2)
+	check("c's override cleared, d's lowered", c, map[[2]string]time.Time{
+		{us, "a"}: t1, {us, "c"}: t2, {eu, "c"}: zero, {us, "d"}: t1,
+	})
+	global := Share{Scope: GlobalScope, Region: us, Share: 0.6, Source: SourceOverride}
+	d := snap([]Rule{rule("a", 20), rule("b", 5)}, []Share{share("d", 0.2), global}).Since(c, t3)
+	check("a global share set in us-east", d, map[[2]string]time.Time{
+		{us, "a"}: t3, {us, "b"}: t3, {us, "z"}: t3, {eu, "b"}: zero, {eu, "a"}: t1,
+	})
 }
