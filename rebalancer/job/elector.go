@@ -28,6 +28,12 @@ var ErrNotLeader = errors.New("not the leader")
 // PostgreSQL: Run counts such a tick as skipped_database, not not_leader.
 var ErrDatabaseUnavailable = errors.New("database unavailable")
 
+// ErrLockLost is wrapped, besides ErrNotLeader, when the leader found the connection that
+// held its lock gone (idle_session_timeout after a stall, a terminated backend, a
+// PostgreSQL restart): leadership ended, and the next tick tries to take it again. It
+// is not ErrDatabaseUnavailable: PostgreSQL may well be reachable.
+var ErrLockLost = errors.New("leader lock lost")
+
 // Elector is gocron's distributed elector backed by a PostgreSQL session advisory lock:
 // the leader is the process whose dedicated connection holds pg_try_advisory_lock(key).
 // The lock lives as long as that connection, so when the leader dies (or its connection
@@ -142,7 +148,7 @@ func (e *Elector) IsLeader(ctx context.Context) error {
 		// The session still holds the lock as long as it is alive.
 		if _, err := e.conn.Exec(ctx, "SELECT 1"); err != nil {
 			e.dropConn()
-			return fmt.Errorf("%w: %w: lock connection lost: %w", ErrNotLeader, ErrDatabaseUnavailable, err)
+			return fmt.Errorf("%w: %w: its connection ended: %w", ErrNotLeader, ErrLockLost, err)
 		}
 		return nil
 	}

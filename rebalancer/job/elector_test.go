@@ -113,8 +113,8 @@ func TestElectorReleasedWhenConnectionDies(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	if err := a.IsLeader(t.Context()); !errors.Is(err, job.ErrNotLeader) {
-		t.Fatalf("old leader after its session died: %v, want ErrNotLeader", err)
+	if err := a.IsLeader(t.Context()); !errors.Is(err, job.ErrNotLeader) || !errors.Is(err, job.ErrLockLost) || errors.Is(err, job.ErrDatabaseUnavailable) {
+		t.Fatalf("old leader after its session died: %v, want ErrNotLeader and ErrLockLost, not ErrDatabaseUnavailable (PostgreSQL is up)", err)
 	}
 	if a.Leader() || !b.Leader() {
 		t.Errorf("Leader(): a %v b %v, want false true", a.Leader(), b.Leader())

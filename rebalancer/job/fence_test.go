@@ -182,6 +182,10 @@ func TestSplitBrainIsFenced(t *testing.T) {
 	if n := metric(t, regA, "ratelimit_rebalancer_runs_total", "result", job.ResultFenced); n != 1 {
 		t.Errorf("A's fenced runs counted %v, want 1", n)
 	}
+	// A's decrease (eu-west 0.5 -> 0.1) committed before it was fenced: it is a write.
+	if n := metric(t, regA, "ratelimit_rebalancer_share_writes_total"); n != 1 || repA.Written != 1 {
+		t.Errorf("A's committed decrease: share_writes_total %v, report %d; want 1", n, repA.Written)
+	}
 }
 
 // TestStaleIncreaseIsAbandoned (issue 17, item 2): a region removed (--force, which

@@ -390,6 +390,15 @@ func (j *Job) tickLocked(ctx context.Context, k kind) Report {
 		firstDone, err := j.write(ctx, snap, regs, epoch, first, second)
 		if !firstDone {
 			rep.Expired = nil // they go with the first write, so the next run retries them
+		} else {
+			// The first write (the decreases) committed, whatever befalls the second:
+			// count its rows now, or a fenced second write would hide them.
+			for _, c := range first {
+				if !c.Delete && c.New != c.Old { // not a region's current share made a row
+					rep.Written++
+				}
+			}
+			j.m.shareWrites.Add(float64(rep.Written))
 		}
 		j.expired(rep.Expired)
 		if err != nil {
@@ -410,13 +419,8 @@ func (j *Job) tickLocked(ctx context.Context, k kind) Report {
 			}
 			return fail(ResultSkippedDatabase, err)
 		}
-		rep.Written = len(second)
-		for _, c := range first {
-			if !c.Delete && c.New != c.Old { // not a region's current share made a row
-				rep.Written++
-			}
-		}
-		j.m.shareWrites.Add(float64(rep.Written))
+		rep.Written += len(second)
+		j.m.shareWrites.Add(float64(len(second)))
 		for i := range rep.Scopes {
 			rep.Scopes[i].Written = rep.Scopes[i].Skipped == ""
 		}

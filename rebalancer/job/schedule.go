@@ -34,6 +34,9 @@ func (j *Job) Run(ctx context.Context) error {
 			if j.lockDBDown.Swap(false) {
 				j.log.Info("leader lock: postgresql reachable again")
 			}
+			if errors.Is(err, ErrLockLost) {
+				j.log.Warn("leader lock lost: this rebalancer no longer leads; it tries to take the lock again at the next tick", "err", err)
+			}
 			if err != nil {
 				j.m.leader.Set(0)
 				j.m.count(k, ResultNotLeader)
