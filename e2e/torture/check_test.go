@@ -208,3 +208,24 @@ func TestCheckBucketCreatedAtFirstRequest(t *testing.T) {
 		t.Fatalf("first request at 1 s: no breach, want one")
 	}
 }
+
+// TestCheckOverlapTerm: during a Redis fault of the region (and its recovery), one
+// gateway's fallback bucket (capacity / N) plus its share of the refill may overlap the
+// others' Redis answers; outside one, the same admissions are a breach, and a second
+// bucket (the stall of issue 14) is a breach even inside one.
+func TestCheckOverlapTerm(t *testing.T) {
+	states := []State{{From: at(0), Capacity: 20, Refill: 0.01}}
+	in := one(states, append(admissions(20, 10, 10.2), admissions(10, 11, 11.2)...))
+	in.Instances = 2
+	if b := Check(in).Breaches(); len(b) == 0 {
+		t.Fatalf("30 admitted against 20 with no fault: no breach, want one")
+	}
+	in.RedisFaults = map[string][]Span{"r": {{From: at(10.5), To: at(12)}}}
+	if b := Check(in).Breaches(); len(b) != 0 {
+		t.Fatalf("20 + one fallback bucket of 10 during a fault: breaches %v, want none", b)
+	}
+	in.Admitted["x"]["r"] = append(admissions(20, 10, 10.2), admissions(19, 11, 11.2)...)
+	if b := Check(in).Breaches(); len(b) != 1 || b[0].OverlapTerm > 10.1 {
+		t.Fatalf("39 admitted against 20 during a fault (a second bucket): breaches %v, want one with an overlap term of about 10", b)
+	}
+}

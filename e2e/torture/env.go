@@ -25,6 +25,10 @@ const (
 	// itself on a loaded machine. It is the "one reload lag" slack of the invariant,
 	// and covers a share change in flight the same way.
 	Lag = ReloadInterval + PollInterval + time.Second
+	// Recovery is how long after a Redis fault ends a gateway's breaker may still be open
+	// (redis.breaker.open_for, 1 s by default, and a second for a probe on a loaded
+	// machine): the fallback overlap lasts that long.
+	Recovery = 2 * time.Second
 )
 
 // Env is the running stack with a proxy between every gateway and its Redis.

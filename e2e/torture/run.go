@@ -27,13 +27,14 @@ type Executor struct {
 	log      []string
 	ran      []ran
 	restarts map[string][]Span
+	faults   map[string][]Span // region -> Redis faults (stall, kill, black hole, latency)
 	outages  []Span
 	errs     []error
 }
 
 // NewExecutor prepares to run events; rules are the tenants' rules as written.
 func NewExecutor(env *Env, load *Load, rules map[string]regions.Rule) *Executor {
-	return &Executor{env: env, load: load, rules: rules, restarts: map[string][]Span{}}
+	return &Executor{env: env, load: load, rules: rules, restarts: map[string][]Span{}, faults: map[string][]Span{}}
 }
 
 // Run runs the events at their times after start: faults in order on one track, changes
@@ -59,6 +60,10 @@ func (x *Executor) Run(ctx context.Context, start time.Time, events []Event) {
 				err := x.do(ctx, e)
 				x.mu.Lock()
 				x.ran = append(x.ran, ran{e, began})
+				switch e.Kind {
+				case RedisStall, RedisKill, BlackHole, Latency:
+					x.faults[e.Region] = append(x.faults[e.Region], Span{From: began, To: time.Now()})
+				}
 				line := fmt.Sprintf("%8.3fs %s (took %v)", began.Sub(start).Seconds(), e, time.Since(began).Round(time.Millisecond))
 				if err != nil {
 					line += " ERROR " + err.Error()
@@ -111,6 +116,18 @@ func (x *Executor) RedisRestarts() map[string][]Span {
 	defer x.mu.Unlock()
 	out := map[string][]Span{}
 	for r, s := range x.restarts {
+		out[r] = append([]Span(nil), s...)
+	}
+	return out
+}
+
+// RedisFaults are, per region, the spans in which its Redis (or one gateway's way to it)
+// was stalled, killed, black-holed or slowed.
+func (x *Executor) RedisFaults() map[string][]Span {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	out := map[string][]Span{}
+	for r, s := range x.faults {
 		out[r] = append([]Span(nil), s...)
 	}
 	return out
