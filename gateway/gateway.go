@@ -341,8 +341,9 @@ func (g *Gateway) pairShare(tenant, route string) (float64, bool) {
 
 // setSnapshot swaps in a new snapshot and updates the gauges that describe it.
 func (g *Gateway) setSnapshot(s *regions.Snapshot) {
-	// Which tenants' limits changed since the last snapshot, and when: the limiter's
-	// fallback starts a bucket it holds nothing for from the change, not full.
+	// Which tenants' capacities may have been raised since the last snapshot, and when:
+	// the limiter's fallback starts a bucket it holds nothing for from the raise, not
+	// full at the new size (regions.Snapshot.Since).
 	s = s.Since(g.snap.Load(), g.now())
 	g.snap.Store(s)
 	g.m.rulesLoaded.Set(float64(s.RuleCount()))
