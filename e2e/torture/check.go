@@ -47,11 +47,6 @@ type Input struct {
 	// Outages are the spans in which PostgreSQL was down: a gateway cannot reload then,
 	// so a state replaced shortly before one may be enforced until one lag after it.
 	Outages []Span
-	// First is, per tenant and region, when the first request was sent. A window that
-	// starts before it may find no bucket yet: the bucket is created (full) at a request,
-	// at the capacity in force then, so the capacity term of such a window is the
-	// largest possibly enforced from its start to First.
-	First map[string]map[string]time.Time
 	// RedisFaults are, per region, the spans of its Redis faults (a stall, a kill, one
 	// gateway's way to it black-holed or slowed), and Recovery how long after one ends a
 	// gateway's breaker may still be open (the breaker's open interval and a margin).
@@ -143,7 +138,7 @@ type series struct {
 	outages  []Span
 	n        int       // instances per region (Input.Instances)
 	faults   []Span    // the region's Redis faults, each extended by Input.Recovery
-	first    time.Time // Input.First of this series' tenant and region
+	first    time.Time // when the first admission of this series' tenant and region was answered
 	// restartCap is, per restart, the largest capacity possibly enforced during it.
 	restartCap []float64
 }
@@ -241,7 +236,12 @@ func (s *series) restartTerm(t0, t1 time.Time) float64 {
 }
 
 // capTerm is the capacity the bucket may hold at t: the largest possibly enforced at t,
-// or, before the first request (the bucket may not exist yet), from t to it.
+// or, before the first admission, the largest possibly enforced from t to it. A bucket
+// does not exist before a call reaches Redis, and a rule first seen starts full (the
+// documented rule of lua/prelude.lua), so a new bucket admits at its first call: before
+// the first admission there was no bucket, and it was created full at a capacity in
+// force by then. (A request the gateway refuses without asking Redis, a cost above the
+// capacity, creates none.)
 func (s *series) capTerm(t time.Time) float64 {
 	c := s.maxAt(t, func(st State) float64 { return st.Capacity })
 	if s.first.IsZero() || !t.Before(s.first) {
@@ -342,7 +342,11 @@ func Check(in Input) Result {
 		var allSeries []*series
 		for _, region := range sortedKeys(regionsOf) {
 			s := newSeries(in.States[tenant][region], in.Lag, in.RedisRestarts[region], in.Outages, in.Instances)
-			s.first = in.First[tenant][region]
+			for _, a := range in.Admitted[tenant][region] {
+				if s.first.IsZero() || a.Recv.Before(s.first) {
+					s.first = a.Recv
+				}
+			}
 			for _, f := range in.RedisFaults[region] {
 				s.faults = append(s.faults, Span{From: f.From, To: f.To.Add(in.Recovery)})
 			}

@@ -67,7 +67,9 @@ func TestCheckRuleRaised(t *testing.T) {
 	if b := Check(one(states, ok)).Breaches(); len(b) != 0 {
 		t.Fatalf("conserving tokens breached: %v", b)
 	}
-	bad := admissions(1000, 10.1, 12)
+	// The bucket existed before the change (an admission at 1 s): a bucket never used
+	// before the change is created at its first call, full (TestCheckBucketCreatedAtFirstAdmission).
+	bad := append(admissions(1, 1, 1), admissions(1000, 10.1, 12)...)
 	b := Check(one(states, bad)).Breaches()
 	if len(b) != 1 || b[0].CapTerm != 2 {
 		t.Fatalf("breaches %v, want one from before the change with capacity term 2", b)
@@ -188,24 +190,20 @@ func TestCheckCountsTokensAndTheFloor(t *testing.T) {
 	}
 }
 
-// TestCheckBucketCreatedAtFirstRequest: a share raised from 2 to 20 tokens after the
-// run's limits were first read but before the first request: the bucket is created at
-// the first request, full at 20, so 20 admitted at once is within the bound; the same
-// 20 once the bucket had existed at 2 is a breach.
-func TestCheckBucketCreatedAtFirstRequest(t *testing.T) {
+// TestCheckBucketCreatedAtFirstAdmission: a share raised from 2 to 20 tokens before the
+// tenant's first admission: the bucket is created at its first call, full at 20, so 20
+// admitted at once is within the bound; the same 20 after an admission at 1 s (the bucket
+// existed, at 2) is a breach.
+func TestCheckBucketCreatedAtFirstAdmission(t *testing.T) {
 	states := []State{{From: at(0), Capacity: 2, Refill: 0.05}, {From: at(2), Capacity: 20, Refill: 0.5}}
 	in := one(states, admissions(20, 5, 5.5))
 	in.Lag = 6 * time.Second // the 2-token state may be in force until 8 s
-	if b := Check(in).Breaches(); len(b) == 0 {
-		t.Fatalf("20 admitted at 5 s while 2 tokens may be in force, with no first request given: no breach, want one")
-	}
-	in.First = map[string]map[string]time.Time{"x": {"r": at(5)}}
 	if b := Check(in).Breaches(); len(b) != 0 {
-		t.Fatalf("the same with the first request at 5 s (the bucket created then, at 20 possibly in force): breaches %v, want none", b)
+		t.Fatalf("20 admitted at 5 s, the first admissions: breaches %v, want none", b)
 	}
-	in.First["x"]["r"] = at(1) // a bucket that existed at 1 s held at most 2
+	in.Admitted["x"]["r"] = append(admissions(1, 1, 1), admissions(20, 5, 5.5)...)
 	if b := Check(in).Breaches(); len(b) == 0 {
-		t.Fatalf("first request at 1 s: no breach, want one")
+		t.Fatalf("an admission at 1 s, then 20 at 5 s while 2 tokens may be in force: no breach, want one")
 	}
 }
 

@@ -55,10 +55,8 @@ const requestTimeout = 10 * time.Second
 type Recorder struct {
 	mu       sync.Mutex
 	admitted map[string]map[string][]Admission
-	// throttled are the send times of each tenant's 429s; first the send time of each
-	// tenant's first request in each region.
+	// throttled are the send times of each tenant's 429s.
 	throttled map[string][]time.Time
-	first     map[string]map[string]time.Time
 	codes     map[string]map[int]int
 	errs      []string
 	nErrs     int
@@ -71,7 +69,7 @@ type Recorder struct {
 
 // NewRecorder returns an empty recorder.
 func NewRecorder() *Recorder {
-	return &Recorder{admitted: map[string]map[string][]Admission{}, throttled: map[string][]time.Time{}, first: map[string]map[string]time.Time{}, codes: map[string]map[int]int{}}
+	return &Recorder{admitted: map[string]map[string][]Admission{}, throttled: map[string][]time.Time{}, codes: map[string]map[int]int{}}
 }
 
 // problem records an answer that broke a per-request promise (kind: "undecided" or
@@ -96,12 +94,6 @@ func (r *Recorder) answer(tenant, region string, code, cost int, sent, recv time
 		r.codes[tenant] = map[int]int{}
 	}
 	r.codes[tenant][code]++
-	if r.first[tenant] == nil {
-		r.first[tenant] = map[string]time.Time{}
-	}
-	if f, ok := r.first[tenant][region]; !ok || sent.Before(f) {
-		r.first[tenant][region] = sent
-	}
 	if code == http.StatusTooManyRequests {
 		r.throttled[tenant] = append(r.throttled[tenant], sent)
 	}
@@ -137,20 +129,6 @@ func (r *Recorder) Admitted() map[string]map[string][]Admission {
 		out[t] = map[string][]Admission{}
 		for reg, a := range m {
 			out[t][reg] = append([]Admission(nil), a...)
-		}
-	}
-	return out
-}
-
-// First is, per tenant and region, when its first request was sent.
-func (r *Recorder) First() map[string]map[string]time.Time {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	out := map[string]map[string]time.Time{}
-	for t, m := range r.first {
-		out[t] = map[string]time.Time{}
-		for reg, at := range m {
-			out[t][reg] = at
 		}
 	}
 	return out

@@ -21,6 +21,7 @@ var scenarios = []scenario{
 	{"stall-3s", stallScenario},
 	{"reshard-1-4-8", reshardScenario},
 	{"raise-after-ttl", raiseScenario},
+	{"cost-5-stall", costScenario},
 }
 
 // scenarioRun is the part every scenario shares: observe, load, act, stop, check.
@@ -41,7 +42,7 @@ func scenarioRun(t *testing.T, ctx context.Context, env *Env, name string, plan 
 	load.Stop()
 	end := time.Now()
 	states := obs.Stop(ctx)
-	res := Check(Input{Lag: Lag, States: states, Admitted: rec.Admitted(), First: rec.First(), Instances: env.instances()})
+	res := Check(Input{Lag: Lag, States: states, Admitted: rec.Admitted(), Instances: env.instances()})
 	r := report(t, "scenario "+name, nil, rec.Summary(), res, states, rec)
 	fleetCounters(t, ctx, env, before, &r)
 	r.events = name
@@ -79,6 +80,49 @@ func stallScenario(t *testing.T, ctx context.Context, env *Env) row {
 	if d := r.debts; d.owed < 1 || d.settled() < d.owed-1 {
 		t.Errorf("after the stall: the fallback admitted %.0f tokens, %.0f repaid, %.0f written off, %.0f dropped; want some admitted and all but < 1 of them settled",
 			d.owed, d.repaid, d.writtenOff, d.dropped)
+	}
+	return r
+}
+
+// costScenario is issue 14 item 4's cost case: capacity 16 / 4 per s pinned 50/50 (a
+// region holds 8 tokens and refills 2/s; each of its 2 fallback buckets holds 4 and
+// refills 1/s), requests of cost 5 (the stack's /bulk route) at 4 per s on both gateways
+// of one region. The load pauses for 4 s (every bucket refills to full), the region's
+// Redis is stopped, and the load resumes for the 3 s of the stall: no fallback bucket can
+// hold a cost-5 request, so the fallbacks admit none and count the refusals. A fallback
+// that clipped the cost to its bucket admitted one a gateway at once, for 4 tokens.
+func costScenario(t *testing.T, ctx context.Context, env *Env) row {
+	region := env.Regions[0]
+	var ids []string
+	for _, g := range env.GatewaysOf(region) {
+		ids = append(ids, g.ID)
+	}
+	before := fleetScrape(ctx, env)
+	r, _, _, _, _ := scenarioRun(t, ctx, env, "cost-5-stall", tenantPlan{prefix: "cost", capacity: 16, refill: 4, rate: 4, bulk: true}, ids, func(_ string, load *Load) {
+		hold(ctx, 2*time.Second)
+		for _, id := range ids {
+			if err := load.Drain(id, 15*time.Second); err != nil {
+				t.Error(err)
+			}
+		}
+		hold(ctx, 4*time.Second)
+		if err := env.Redis[region].Pause(); err != nil {
+			t.Error(err)
+		}
+		for _, id := range ids {
+			load.Route(id)
+		}
+		hold(ctx, 3*time.Second)
+		if err := env.Redis[region].Resume(); err != nil {
+			t.Error(err)
+		}
+		hold(ctx, 2*time.Second)
+	})
+	rejected := fleetDelta(before, fleetScrape(ctx, env), "ratelimit_fallback_cost_rejections_total")
+	if r.fallback > 0 || rejected == 0 {
+		t.Errorf("cost-5 requests through a 3 s stall, fallback buckets of 4: %.0f admitted by the fallback (want 0), %.0f fallback cost rejections (want some)", r.fallback, rejected)
+	} else {
+		t.Logf("cost-5 requests through a 3 s stall, fallback buckets of 4: none admitted by the fallback, %.0f refused by it", rejected)
 	}
 	return r
 }
