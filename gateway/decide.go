@@ -46,7 +46,6 @@ func (g *Gateway) decide(ctx context.Context, a ask) (v verdict, ok bool) {
 	start := time.Now()
 	d, err := g.lim.Decide(ctx, limiter.Request{
 		Tenant: a.tenant, Route: a.rt.id, Limit: lim, Cost: a.cost, Shards: rule.Shards, Value: a.value,
-		Since: a.snap.ChangedAt(g.cfg.Region, a.tenant),
 	})
 	elapsed := time.Since(start)
 	switch {

@@ -243,6 +243,7 @@ func (g *Gateway) newLimiter() error {
 		},
 		Instances:         g.fallbackInstances,
 		ExpectedInstances: g.cfg.ExpectedInstances,
+		ChangedAt:         g.changedAt,
 		Registerer:        g.registerer,
 		Logger:            g.log,
 	}
@@ -589,21 +590,37 @@ func (g *Gateway) warmRedis(ctx context.Context) {
 	}
 }
 
+// changedAt is the limiter's Options.ChangedAt: when the snapshot in force first saw a
+// change that may have raised tenant's capacity in this region.
+func (g *Gateway) changedAt(tenant string) time.Time {
+	if s := g.snap.Load(); s != nil {
+		return s.ChangedAt(g.cfg.Region, tenant)
+	}
+	return time.Time{}
+}
+
 // watchRedisPolicy re-reads Redis's maxmemory-policy every reload_interval, so that a
 // policy changed with CONFIG SET (or a Redis restarted with another configuration)
 // shows in ratelimit_redis_evicting_policy and the log without a gateway restart.
 func (g *Gateway) watchRedisPolicy(ctx context.Context) {
-	t := time.NewTicker(g.cfg.ReloadInterval)
+	every(ctx, g.cfg.ReloadInterval, func() {
+		cctx, cancel := context.WithTimeout(ctx, time.Second)
+		defer cancel()
+		g.checkEviction(cctx)
+	})
+}
+
+// every runs f every d until ctx ends.
+func every(ctx context.Context, d time.Duration, f func()) {
+	t := time.NewTicker(d)
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+			f()
 		}
-		cctx, cancel := context.WithTimeout(ctx, time.Second)
-		g.checkEviction(cctx)
-		cancel()
 	}
 }
 
@@ -701,14 +718,5 @@ func (g *Gateway) removeInstance(ctx context.Context) {
 
 // rotateTenants lets the busiest untracked pairs into the per-tenant series.
 func (g *Gateway) rotateTenants(ctx context.Context) {
-	t := time.NewTicker(g.cfg.Metrics.TenantInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			g.tenants.rotate()
-		}
-	}
+	every(ctx, g.cfg.Metrics.TenantInterval, g.tenants.rotate)
 }

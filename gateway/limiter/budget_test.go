@@ -178,14 +178,16 @@ func TestDroppedDebtIsCounted(t *testing.T) {
 // missing bucket reads as full. The share is then raised to 12 tokens while Redis
 // cannot be reached: the missing bucket used to read as full at the new size, 6, and
 // each instance admitted a cost-5 request, 10 tokens where Redis held 2. With the
-// change's time (Request.Since) it starts from what refilled since.
+// change's time (Options.ChangedAt) it starts from what refilled since.
 func TestFallbackAfterRaiseStartsFromTheChange(t *testing.T) {
 	p := testenv.Redis(t)
 	bh := startBlackHole(t, p.Addr())
 	clock := newFakeClock()
+	changed := map[string]time.Time{} // tenant -> when a raise was seen (Options.ChangedAt)
 	l := newTestRedis(t, newClient(t, &testenv.Process{Host: "127.0.0.1", Port: bh.port()}), Options{
 		Region: "test", Now: clock.Now, Timeout: 100 * time.Millisecond, Breaker: BreakerOptions{Failures: 1 << 30},
 		Instances: func() int { return 2 },
+		ChangedAt: func(tenant string) time.Time { return changed[tenant] },
 	})
 	ctx := context.Background()
 	if err := l.Load(ctx); err != nil {
@@ -196,7 +198,7 @@ func TestFallbackAfterRaiseStartsFromTheChange(t *testing.T) {
 		t.Fatalf("cost 5 against a capacity of 2: %v, want ErrInvalidRequest", err)
 	}
 	bh.set(true)
-	r.Limit, r.Since = regions.Limit{Capacity: 12, RefillPerSecond: 0.29}, clock.Now()
+	r.Limit, changed["t"] = regions.Limit{Capacity: 12, RefillPerSecond: 0.29}, clock.Now()
 	clock.Advance(time.Second)
 	if d := mustDecide(t, l, r); d.Source != SourceFallback || d.Allowed {
 		t.Fatalf("a cost-5 request 1 s after a raise to 12 tokens (6 per instance, 0.145/s): %+v; want the fallback to refuse it", d)
@@ -205,7 +207,7 @@ func TestFallbackAfterRaiseStartsFromTheChange(t *testing.T) {
 	if d := mustDecide(t, l, r); !d.Allowed {
 		t.Fatalf("a cost-5 request 41 s after the raise: %+v; want it admitted", d)
 	}
-	r.Tenant, r.Since = "u", time.Time{} // a tenant whose limits did not change: full, as before
+	r.Tenant = "u" // a tenant whose limits did not change: full, as before
 	if d := mustDecide(t, l, r); !d.Allowed {
 		t.Fatalf("a cost-5 request of an unchanged tenant: %+v; want it admitted from a full bucket", d)
 	}

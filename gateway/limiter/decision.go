@@ -90,11 +90,6 @@ type Request struct {
 	// value's length). The Local limiter and the fallback key by it too. Any length hashes
 	// to the same key size; the gateway refuses values above MaxValueLen before asking.
 	Value string
-	// Since is when the tenant's limits last changed as this instance saw it
-	// (regions.Snapshot.ChangedAt; zero: no change known). The fallback starts a bucket it
-	// holds nothing for from what refilled since then, not full at a limit that may just
-	// have been raised (docs/reliability.md).
-	Since time.Time
 }
 
 // ErrInvalidRequest is wrapped by the error of a request no bucket can answer: a

@@ -34,7 +34,8 @@ type fallback struct {
 	local     *Local
 	instances func() int
 	expected  int
-	openFor   time.Duration // the breaker's open interval: the RetryAfter of a cost no fallback bucket holds
+	openFor   time.Duration                 // the breaker's open interval: the RetryAfter of a cost no fallback bucket holds
+	changedAt func(tenant string) time.Time // Options.ChangedAt; nil: no raise is known
 	m         *redisMetrics
 }
 
@@ -44,6 +45,7 @@ func newFallback(o Options, m *redisMetrics) *fallback {
 		instances: o.Instances,
 		expected:  o.ExpectedInstances,
 		openFor:   o.Breaker.OpenFor,
+		changedAt: o.ChangedAt,
 		m:         m,
 	}
 }
@@ -87,12 +89,14 @@ func (f *fallback) decide(r Request, cost int64) Decision {
 	now := f.local.now()
 	var d Decision
 	f.local.update(now, idOf(r), lim, func(e entry, owed int64) (entry, int64, bool) {
-		if e.b.last == 0 && !r.Since.IsZero() {
+		if e.b.last == 0 && f.changedAt != nil {
 			// A bucket this instance holds nothing for reads as full, at the limit in
 			// force now. After a raise that is more than the shared bucket holds (its
 			// rule record grows it at the new refill from the change), so it starts from
 			// what refilled since the change, which is never more.
-			e.b.lower(now, lim.Capacity, lim.RefillPerSecond, lim.RefillPerSecond*max(0, now.Sub(r.Since).Seconds()))
+			if since := f.changedAt(r.Tenant); !since.IsZero() {
+				e.b.lower(now, lim.Capacity, lim.RefillPerSecond, lim.RefillPerSecond*max(0, now.Sub(since).Seconds()))
+			}
 		}
 		d = e.b.Take(now, lim.Capacity, lim.RefillPerSecond, cost)
 		if d.Allowed {

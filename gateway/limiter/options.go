@@ -48,6 +48,13 @@ type Options struct {
 	Instances func() int
 	// ExpectedInstances is N while Instances does not know (default 1).
 	ExpectedInstances int
+	// ChangedAt returns when a change that may have raised tenant's capacity in this
+	// region was first seen (regions.Snapshot.ChangedAt; zero: none known; nil: never).
+	// The fallback asks it only for a bucket it holds nothing for, which reads as full at
+	// the limit in force: after a raise that is more than the shared bucket holds (its rule
+	// record grows it at the new refill from the change), so such a bucket starts from what
+	// refilled since then. Off the hot path: Redis-decided requests never call it.
+	ChangedAt func(tenant string) time.Time
 	// Now is the clock of the fallback buckets, of leases (rates, expiry) and of the
 	// breaker's failure span; nil means time.Now. The shared bucket itself runs on
 	// Redis TIME.
