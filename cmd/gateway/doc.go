@@ -1,6 +1,7 @@
 // Command gateway runs one region gateway: an authenticated, rate-limited reverse proxy.
 //
 //	gateway --config FILE [--listen ADDR] [--region NAME] [--check]
+//	gateway healthcheck [URL]     (exit 0 when URL, default the admin port's /readyz, answers 2xx)
 //
 // RATELIMIT_DATABASE_URL and RATELIMIT_REDIS_URL override the file's URLs; see
 // docs/configuration.md. It is wiring only (flags, signals, logger, registry, exit code):

@@ -16,6 +16,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/quotaplane/quotaplane/gateway"
+	"github.com/quotaplane/quotaplane/internal/healthcheck"
 	"github.com/quotaplane/quotaplane/internal/version"
 )
 
@@ -36,6 +37,10 @@ func main() {
 // lookupEnv is os.LookupEnv: a URL variable that is set but empty is refused, not read
 // as "no database" or "no Redis".
 func run(ctx context.Context, args []string, lookupEnv func(string) (string, bool)) error {
+	if len(args) > 0 && args[0] == healthcheck.Name {
+		// `gateway healthcheck [URL]`: for images without a shell (compose.yaml).
+		return healthcheck.Run(ctx, "gateway", args[1:], "http://"+gateway.DefaultAdminListen+"/readyz", os.Stdout, os.Stderr)
+	}
 	fs := flag.NewFlagSet("gateway", flag.ContinueOnError)
 	fs.SetOutput(os.Stderr)
 	configPath := fs.String("config", "", "configuration file (YAML; see docs/configuration.md)")
@@ -67,7 +72,7 @@ func run(ctx context.Context, args []string, lookupEnv func(string) (string, boo
 	redis.SetLogger(redisLogger{log})
 
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), version.Get().Collector())
 	g, err := gateway.New(cfg, gateway.Options{Logger: log, Registerer: reg})
 	if err != nil {
 		return err

@@ -7,5 +7,8 @@
 // It starts while PostgreSQL is down (the store is opened lazily and every tick retries,
 // counted as skipped_database), so the admin port is up regardless.
 //
+// `rebalancer healthcheck [URL]` exits 0 when URL (default http://127.0.0.1:9102/readyz)
+// answers 2xx: the check of an image that has no shell.
+//
 // It is wiring only: flags, logging, the admin server and the exit code.
 package main

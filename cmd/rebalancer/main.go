@@ -21,6 +21,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/quotaplane/quotaplane/internal/healthcheck"
 	"github.com/quotaplane/quotaplane/internal/version"
 	"github.com/quotaplane/quotaplane/rebalancer/demand"
 	"github.com/quotaplane/quotaplane/rebalancer/job"
@@ -43,6 +44,9 @@ func main() {
 
 // EnvDatabaseURL is the environment variable behind --database-url's default.
 const EnvDatabaseURL = "RATELIMIT_DATABASE_URL"
+
+// defaultAdminListen is --admin-listen's default, and where `rebalancer healthcheck` looks.
+const defaultAdminListen = "127.0.0.1:9102"
 
 // urlList is a repeatable string flag.
 type urlList []string
@@ -95,7 +99,7 @@ func parseFlags(args []string, lookupEnv func(string) (string, bool), stderr io.
 	fs.DurationVar(&o.leaderTimeout, "leader-timeout", 0, "a leader that has not used its lock connection for this long (stopped, cut off) loses its session and the lock; another replica takes over within this plus one check interval (default: 2 x the shorter of --interval and --check-interval, plus --reload-wait, plus 10s)")
 	fs.BoolVar(&o.once, "once", false, "run once and exit: takes the leader lock (fails while another rebalancer holds it); non-zero if the run was skipped")
 	fs.BoolVar(&o.dryRun, "dry-run", false, "compute and log the shares, write nothing")
-	fs.StringVar(&o.adminListen, "admin-listen", "127.0.0.1:9102", "admin address for /metrics, /healthz, /readyz and the status page (/ and /status.json); empty disables it")
+	fs.StringVar(&o.adminListen, "admin-listen", defaultAdminListen, "admin address for /metrics, /healthz, /readyz and the status page (/ and /status.json); empty disables it")
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.BoolVar(&o.version, "version", false, "print the version and exit")
 	if err := fs.Parse(args); err != nil {
@@ -143,6 +147,10 @@ func parseFlags(args []string, lookupEnv func(string) (string, bool), stderr io.
 // lazily and every tick retries (counted as skipped_database until it is back); only a
 // malformed --database-url fails at start.
 func run(ctx context.Context, args []string, lookupEnv func(string) (string, bool), stderr io.Writer) error {
+	if len(args) > 0 && args[0] == healthcheck.Name {
+		// `rebalancer healthcheck [URL]`: for images without a shell (compose.yaml).
+		return healthcheck.Run(ctx, "rebalancer", args[1:], "http://"+defaultAdminListen+"/readyz", os.Stdout, stderr)
+	}
 	o, err := parseFlags(args, lookupEnv, stderr)
 	if err != nil {
 		return err
@@ -173,7 +181,7 @@ func run(ctx context.Context, args []string, lookupEnv func(string) (string, boo
 	defer st.Close()
 
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), version.Get().Collector())
 	cfg := job.Config{
 		Interval: o.interval, CheckInterval: o.checkInterval, ReloadWait: o.reloadWait,
 		InstanceTTL: o.instanceTTL, ExpireAfterRuns: o.expireAfter, DryRun: o.dryRun, Logger: log, Registerer: reg,

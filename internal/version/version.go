@@ -9,13 +9,19 @@
 //
 // (the Makefile and Dockerfile do). Without -X, Get falls back to debug.ReadBuildInfo: the
 // module version of `go install ...@v0.1.0`, the VCS revision and time of a build inside a
-// git checkout. It imports nothing from this module.
+// git checkout.
+//
+// The same stamp is on every binary's /metrics as quotaplane_build_info (Info.Collector),
+// so a dashboard or an alert can tell which build a series came from. It imports nothing
+// from this module.
 package version
 
 import (
 	"fmt"
 	"runtime"
 	"runtime/debug"
+
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // Set with -ldflags -X (see the package comment). Strings only: -X cannot set other types.
@@ -86,4 +92,18 @@ func (i Info) String() string {
 		c += "+modified"
 	}
 	return fmt.Sprintf("%s (commit %s, built %s, %s %s)", i.Version, c, i.Date, i.GoVersion, i.Platform)
+}
+
+// BuildInfoMetric is the name of the series Collector exports.
+const BuildInfoMetric = "quotaplane_build_info"
+
+// Collector is the gauge quotaplane_build_info, always 1, labelled with this build's
+// version, commit and goversion (the <program>_build_info convention: join on it, or
+// count it by version during a rollout). Register it on the registry /metrics serves.
+func (i Info) Collector() prometheus.Collector {
+	return prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name:        BuildInfoMetric,
+		Help:        "A metric with a constant '1' value labelled by the version, commit and Go version this binary was built from.",
+		ConstLabels: prometheus.Labels{"version": i.Version, "commit": i.Commit, "goversion": i.GoVersion},
+	}, func() float64 { return 1 })
 }

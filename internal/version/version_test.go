@@ -1,12 +1,20 @@
 package version
 
 import (
+	"io"
+	"net"
+	"net/http"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
 	"runtime/debug"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
 func TestBuild(t *testing.T) {
@@ -62,6 +70,101 @@ func TestLdflags(t *testing.T) {
 			if out, err := exec.Command(bin, "--help").CombinedOutput(); err != nil || !strings.Contains(string(out), "-version") {
 				t.Errorf("%s --help: %v, output %q", name, err, out)
 			}
+			if args := serveArgs[name]; args != nil {
+				checkServed(t, bin, args)
+			}
 		})
+	}
+}
+
+// serveArgs starts each server binary with its admin port on ADMIN (replaced by a free
+// port) and nothing else it could need: the gateway in static mode, the rebalancer in dry
+// run against a database and a Prometheus that are not there (it starts regardless).
+var serveArgs = map[string]func(dir, admin string) []string{
+	"gateway": func(dir, admin string) []string {
+		cfg := filepath.Join(dir, "gateway-static.yaml")
+		_ = os.WriteFile(cfg, []byte("region: eu-west\nlisten: 127.0.0.1:0\nadmin_listen: "+admin+"\n"+
+			"routes: [{id: all, match: \"/\", upstream: \"http://127.0.0.1:9\"}]\n"+
+			"tenants: [{id: dev, keys: [{secret: dev-key}]}]\n"), 0o600)
+		return []string{"--config", cfg}
+	},
+	"rebalancer": func(_, admin string) []string {
+		return []string{"--dry-run", "--admin-listen", admin, "--interval", "1h",
+			"--database-url", "postgres://nobody@127.0.0.1:1/none", "--prometheus-url", "http://127.0.0.1:1"}
+	},
+}
+
+// checkServed runs bin, waits for its `healthcheck` subcommand to pass on /healthz, and
+// reads quotaplane_build_info with the -X stamp from its /metrics; the subcommand fails
+// against a port nothing listens on.
+func checkServed(t *testing.T, bin string, args func(dir, admin string) []string) {
+	t.Helper()
+	admin := freeAddr(t)
+	cmd := exec.Command(bin, args(t.TempDir(), admin)...)
+	var logs strings.Builder
+	cmd.Stdout, cmd.Stderr = &logs, &logs
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		_ = cmd.Process.Signal(os.Interrupt)
+		_ = cmd.Wait()
+		if t.Failed() {
+			t.Logf("%s log:\n%s", filepath.Base(bin), logs.String())
+		}
+	}()
+	// Bounded wait for an external process to listen: the healthcheck subcommand polls.
+	health := "http://" + admin + "/healthz"
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		out, err := exec.Command(bin, "healthcheck", health).CombinedOutput()
+		if err == nil {
+			if !strings.Contains(string(out), "200 OK") {
+				t.Errorf("healthcheck passed saying %q", out)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s healthcheck %s did not pass within 30s: %v %s", bin, health, err, out)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	resp, err := http.Get("http://" + admin + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	want := BuildInfoMetric + `{commit="0123456789abcdef0123",goversion="` + runtime.Version() + `",version="v9.8.7"} 1`
+	if !strings.Contains(string(body), want) {
+		t.Errorf("/metrics lacks %s", want)
+	}
+	out, err := exec.Command(bin, "healthcheck", "http://"+freeAddr(t)+"/readyz").CombinedOutput()
+	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 1 || !strings.Contains(string(out), "healthcheck:") {
+		t.Errorf("healthcheck of a closed port: %v %q, want exit status 1 and the reason", err, out)
+	}
+}
+
+// freeAddr is a loopback address nothing listens on now.
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+func TestCollector(t *testing.T) {
+	i := Info{Version: "v0.1.0", Commit: "c0ffee", Date: "2026-11-30T00:00:00Z", GoVersion: "go1.26.8", Platform: "linux/amd64"}
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(i.Collector())
+	want := `# HELP quotaplane_build_info A metric with a constant '1' value labelled by the version, commit and Go version this binary was built from.
+# TYPE quotaplane_build_info gauge
+quotaplane_build_info{commit="c0ffee",goversion="go1.26.8",version="v0.1.0"} 1
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), BuildInfoMetric); err != nil {
+		t.Error(err)
 	}
 }
