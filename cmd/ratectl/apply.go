@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -276,10 +277,11 @@ func ruleWarnings(changes []store.Change, routes map[string]bool) []string {
 
 func newApplyCmd(a *app) *cobra.Command {
 	var (
-		file     string
-		write    bool
-		reason   string
-		gwConfig []string
+		file        string
+		write       bool
+		onlyMissing bool
+		reason      string
+		gwConfig    []string
 	)
 	cmd := &cobra.Command{
 		Use:   "apply -f FILE [--apply]",
@@ -291,14 +293,24 @@ recomputed inside it), one audit entry per change, actor from --actor and reason
 
 A section left out of the file (regions, rules, overrides, keys) is not touched; a section
 present, even empty, is the whole truth: what it does not list is deleted (keys are
-revoked). ratectl export prints a file this command takes back. See docs/ratectl.md.`,
+revoked). ratectl export prints a file this command takes back. See docs/ratectl.md.
+
+With --only-missing it only adds the file's regions and rules that the database lacks,
+and changes and deletes nothing: a seed that may run again and again, as compose.yaml's
+setup does on every start, without undoing what was changed with ratectl since.`,
 		Args: noArgs,
 		RunE: runE(func(cmd *cobra.Command, _ []string) error {
 			cfg, routes, err := a.readLimitsFile(cmd, file, gwConfig)
 			if err != nil {
 				return err
 			}
+			if onlyMissing && (cfg.Overrides != nil || cfg.Keys != nil) {
+				return usagef("--only-missing adds regions and rules only: leave the overrides and keys sections out of %s", file)
+			}
 			return a.withStore(cmd, func(ctx context.Context, st *store.Store) error {
+				if onlyMissing {
+					return a.applyOnlyMissing(ctx, cmd, st, cfg, routes, write, reasonOr(reason, cmd))
+				}
 				if !write {
 					changes, err := st.Plan(ctx, cfg)
 					if err != nil {
@@ -321,9 +333,79 @@ revoked). ratectl export prints a file this command takes back. See docs/ratectl
 	f := cmd.Flags()
 	f.StringVarP(&file, "file", "f", "", "the limits file (YAML; - for stdin)")
 	f.BoolVar(&write, "apply", false, "write the changes (without it: print the plan only)")
+	f.BoolVar(&onlyMissing, "only-missing", false, "only add the regions and rules the database lacks; change and delete nothing")
 	f.StringVar(&reason, "reason", "", "why, for the audit log (default: the command)")
 	f.StringSliceVar(&gwConfig, "gateway-config", nil, "gateway config files whose route ids rules must use (warn otherwise); repeat or comma-separate")
 	return cmd
+}
+
+// applyOnlyMissing is apply --only-missing: the plan of adding cfg's regions and rules that
+// the database lacks (cfg's sections merged onto the database's, so the store plans adds
+// only), printed, or with write made by AddRegion and SetRule one at a time. Nothing is
+// ever changed or deleted: an object that appeared meanwhile is skipped, not overwritten.
+func (a *app) applyOnlyMissing(ctx context.Context, cmd *cobra.Command, st *store.Store, cfg store.Config, routes map[string]bool, write bool, reason string) error {
+	cur, err := st.Export(ctx)
+	if err != nil {
+		return err
+	}
+	var merged store.Config
+	if cfg.Regions != nil {
+		rs := slices.Clone(*cur.Regions)
+		for _, r := range *cfg.Regions {
+			if !slices.Contains(rs, r) {
+				rs = append(rs, r)
+			}
+		}
+		merged.Regions = &rs
+	}
+	rules := map[string]regions.Rule{}
+	if cfg.Rules != nil {
+		rs := slices.Clone(*cur.Rules)
+		for _, r := range *cfg.Rules {
+			rules[r.Tenant+"/"+r.Route] = r
+			if !slices.ContainsFunc(rs, func(have regions.Rule) bool { return have.Tenant == r.Tenant && have.Route == r.Route }) {
+				rs = append(rs, r)
+			}
+		}
+		merged.Rules = &rs
+	}
+	changes, err := st.Plan(ctx, merged)
+	if err != nil {
+		return err
+	}
+	if !write {
+		return a.renderPlan(cmd, changePlanJSON{Changes: changes, Warnings: ruleWarnings(changes, routes)})
+	}
+	actx, _, err := a.auditCtx(ctx, reason)
+	if err != nil {
+		return err
+	}
+	done := []store.Change{}
+	for _, c := range changes {
+		switch r, isRule := rules[c.ID]; {
+		case c.Action != store.ActionAdd:
+			return fmt.Errorf("--only-missing planned to %s %s %s", c.Action, c.Object, c.ID) // merged holds everything stored
+		case c.Object == "region":
+			if err := st.AddRegion(actx, c.ID); errors.Is(err, store.ErrExists) {
+				continue
+			} else if err != nil {
+				return fmt.Errorf("add region %s: %w", c.ID, err)
+			}
+		case c.Object == "rule" && isRule:
+			if have, err := st.Rules(ctx, r.Tenant, r.Route); err != nil {
+				return err
+			} else if len(have) > 0 {
+				continue
+			}
+			if err := st.SetRule(actx, r); err != nil {
+				return fmt.Errorf("set rule %s: %w", c.ID, err)
+			}
+		default:
+			return fmt.Errorf("--only-missing planned to add %s %s, which the file does not hold", c.Object, c.ID)
+		}
+		done = append(done, c)
+	}
+	return a.renderPlan(cmd, changePlanJSON{Changes: done, Warnings: ruleWarnings(done, routes), Applied: true})
 }
 
 func newDiffCmd(a *app) *cobra.Command {

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -184,13 +185,47 @@ func TestActor(t *testing.T) {
 	checkError(t, c.run("regions", "add", "r3", "--actor", " "), exitUsage, "must not be blank", "")
 }
 
-// TestComposeLimitsFile: the limits compose.yaml's setup service applies are valid and
-// apply cleanly to a new database.
+// TestComposeLimitsFile: the limits compose.yaml's setup service seeds apply cleanly to a
+// new database; seeding again changes nothing, and never undoes what ratectl did since: a
+// region, another tenant's rule and a changed shop-a rule stay, a deleted one comes back.
 func TestComposeLimitsFile(t *testing.T) {
 	t.Parallel()
-	c, _ := newDB(t)
-	c.ok("apply", "-f", "../../deploy/compose/limits.yaml", "--apply", "--gateway-config", "../../deploy/compose/gateway-us-east.yaml")
-	if r := c.ok("apply", "-f", "../../deploy/compose/limits.yaml"); !strings.Contains(r.stdout, "No changes") {
-		t.Errorf("second plan:\n%s", r.stdout)
+	c, url := newDB(t)
+	const file = "../../deploy/compose/limits.yaml"
+	plan := []string{"apply", "-f", file, "--only-missing", "--gateway-config", "../../deploy/compose/gateway-us-east.yaml"}
+	seed := append(slices.Clone(plan), "--apply", "--actor", "compose", "--reason", "compose setup")
+	r := c.ok(seed...)
+	for _, want := range []string{"+ region us-east", "+ region eu-west", "+ rule shop-a/*", "+ rule shop-a/search"} {
+		if !strings.Contains(r.stdout, want) {
+			t.Errorf("first seed: no %q in\n%s", want, r.stdout)
+		}
 	}
+	if r := c.ok(seed...); !strings.Contains(r.stdout, "No changes") {
+		t.Errorf("second seed:\n%s", r.stdout)
+	}
+	c.ok("regions", "add", "ap-south")
+	c.ok("rules", "set", "--tenant", "shop-b", "--route", "*", "--capacity", "7", "--refill", "1", "--apply")
+	c.ok("rules", "set", "--tenant", "shop-a", "--route", "search", "--capacity", "9", "--apply")
+	c.ok("rules", "delete", "--tenant", "shop-a", "--route", "*", "--apply")
+	before := sqlInt(t, url, `SELECT count(*) FROM audit_log`)
+	if r := c.ok(plan...); !strings.Contains(r.stdout, "+ rule shop-a/*") || strings.Count("\n"+r.stdout, "\n+ ") != 1 {
+		t.Errorf("the plan of a seed after ratectl's changes, want only the deleted rule back:\n%s", r.stdout)
+	}
+	if got := sqlInt(t, url, `SELECT count(*) FROM audit_log`); got != before {
+		t.Errorf("a plan wrote %d audit rows", got-before)
+	}
+	c.ok(seed...)
+	for q, want := range map[string]int{
+		`SELECT count(*) FROM region WHERE name = 'ap-south'`:                                     1,
+		`SELECT count(*) FROM rate_limit_rule WHERE tenant_id = 'shop-b'`:                         1,
+		`SELECT capacity FROM rate_limit_rule WHERE tenant_id = 'shop-a' AND route_id = 'search'`: 9,
+		`SELECT capacity FROM rate_limit_rule WHERE tenant_id = 'shop-a' AND route_id = '*'`:      100,
+		// Two regions and two rules first, nothing second, the deleted rule third.
+		`SELECT count(*) FROM audit_log WHERE actor = 'compose' AND reason = 'compose setup'`: 5,
+	} {
+		if got := sqlInt(t, url, q); got != want {
+			t.Errorf("%s = %d, want %d", q, got, want)
+		}
+	}
+	checkError(t, c.run("apply", "-f", "testdata/apply/limits.yaml", "--only-missing"), exitUsage, "--only-missing adds regions and rules only", "")
 }
