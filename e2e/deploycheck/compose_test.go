@@ -17,7 +17,15 @@ import (
 // composeFile is the part of compose.yaml the checks read.
 type composeFile struct {
 	Services map[string]struct {
-		Image       string            `yaml:"image"`
+		Image string `yaml:"image"`
+		Build struct {
+			Context string `yaml:"context"`
+			Target  string `yaml:"target"`
+		} `yaml:"build"`
+		Profiles    []string `yaml:"profiles"`
+		Healthcheck struct {
+			Test []string `yaml:"test"`
+		} `yaml:"healthcheck"`
 		Command     []string          `yaml:"command"`
 		Environment map[string]string `yaml:"environment"`
 		Volumes     []string          `yaml:"volumes"`
@@ -28,9 +36,12 @@ type composeFile struct {
 }
 
 // TestCompose checks compose.yaml without a container engine: its quotaplane images are the
-// Dockerfile's targets under the overlays' names, every mounted file exists, the gateway
-// configs load for their regions, the Prometheus configs pass promtool, and the start order
-// is migrate, then setup (ratectl apply), then gateways and rebalancer.
+// Dockerfile's targets under the overlays' names and are built from this checkout, every
+// long-running service has a healthcheck (the quotaplane images their own `healthcheck`
+// subcommand on their admin port), every mounted file exists, the gateway configs load for
+// their regions, the Prometheus configs pass promtool with the rule files they mount, and
+// the start order is migrate, then setup (ratectl apply --only-missing, which never
+// deletes: cmd/ratectl's TestComposeLimitsFile), then gateways and rebalancer.
 func TestCompose(t *testing.T) {
 	root := filepath.Join(DeployDir(), "..")
 	data, err := os.ReadFile(filepath.Join(root, "compose.yaml"))
@@ -58,12 +69,40 @@ func TestCompose(t *testing.T) {
 		t.Error("the Dockerfile's images are not FROM scratch")
 	}
 
+	// One-shot services: what others wait for to complete, and the CLI (profile tools).
+	oneShot := map[string]bool{}
+	for _, s := range c.Services {
+		for dep, d := range s.DependsOn {
+			if d.Condition == "service_completed_successfully" {
+				oneShot[dep] = true
+			}
+			if d.Condition == "service_healthy" && len(c.Services[dep].Healthcheck.Test) == 0 {
+				t.Errorf("a service waits for %s to be healthy, which has no healthcheck", dep)
+			}
+		}
+	}
 	gateways := 0
 	for name, s := range c.Services {
-		if img, ok := strings.CutPrefix(s.Image, "ghcr.io/quotaplane/"); ok {
+		img, ours := strings.CutPrefix(s.Image, "ghcr.io/quotaplane/")
+		if ours {
 			target, tag, _ := strings.Cut(img, ":")
 			if !targets[target] || tag != "0.1.0" {
 				t.Errorf("service %s: image %s is no Dockerfile target at tag 0.1.0", name, s.Image)
+			}
+			if s.Build.Context != "." || s.Build.Target != target {
+				t.Errorf("service %s: build %+v, want context . and target %s (an unpublished image must build)", name, s.Build, target)
+			}
+		}
+		hc := s.Healthcheck.Test
+		switch {
+		case oneShot[name] || slices.Contains(s.Profiles, "tools"):
+		case len(hc) < 2 || hc[0] != "CMD":
+			t.Errorf("service %s runs on but has no healthcheck [\"CMD\", ...] (test %q)", name, hc)
+		case ours:
+			// A FROM scratch image has no shell or curl: the binary checks itself.
+			target, _, _ := strings.Cut(img, ":")
+			if len(hc) != 4 || hc[1] != "/usr/local/bin/"+target || hc[2] != "healthcheck" || !strings.HasSuffix(hc[3], "/readyz") {
+				t.Errorf("service %s: healthcheck %q, want /usr/local/bin/%s healthcheck http://127.0.0.1:PORT/readyz", name, hc, target)
 			}
 		}
 		for _, v := range s.Volumes {
@@ -100,6 +139,22 @@ func TestCompose(t *testing.T) {
 	if !slices.Equal(c.Services["migrate"].Command, []string{"migrate", "up"}) {
 		t.Errorf("migrate runs %v", c.Services["migrate"].Command)
 	}
+	// setup runs on every `up`: it must add what is missing and never delete what ratectl
+	// added since (a plain apply of a section deletes what the section does not list).
+	if cmd := c.Services["setup"].Command; !slices.Contains(cmd, "--only-missing") || !slices.Contains(cmd, "--apply") {
+		t.Errorf("setup runs %v: want apply --only-missing --apply", cmd)
+	}
+	// The gateways' healthchecks ask the admin port their config listens on.
+	for _, region := range []string{"us-east", "eu-west"} {
+		cfg, err := gateway.LoadConfig(filepath.Join(root, "deploy", "compose", "gateway-"+region+".yaml"), gateway.Overrides{DatabaseURL: "postgres://x@db.invalid/x", RedisURL: "redis://r.invalid:6379/0"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, port, _ := strings.Cut(cfg.AdminListen, ":")
+		if hc := c.Services["gateway-"+region].Healthcheck.Test; len(hc) != 4 || hc[3] != "http://127.0.0.1:"+port+"/readyz" {
+			t.Errorf("gateway-%s healthcheck %q, want http://127.0.0.1:%s/readyz (admin_listen %s)", region, hc, port, cfg.AdminListen)
+		}
+	}
 
 	for _, region := range []string{"us-east", "eu-west"} {
 		// promtool resolves rule_files from the config; lay them out as mounted.
@@ -112,12 +167,32 @@ func TestCompose(t *testing.T) {
 		if err := os.MkdirAll(filepath.Join(dir, "rules"), 0o755); err != nil {
 			t.Fatal(err)
 		}
-		rules, _ := os.ReadFile(filepath.Join(DeployDir(), "prometheus", "rules.yml"))
-		_ = os.WriteFile(filepath.Join(dir, "rules", "rules.yml"), rules, 0o644)
+		mounted := 0
+		for _, v := range c.Services["prometheus-"+region].Volumes {
+			src, dst, _ := strings.Cut(strings.TrimSuffix(v, ":ro"), ":")
+			name, ok := strings.CutPrefix(dst, "/etc/prometheus/rules/")
+			if !ok {
+				continue
+			}
+			rules, err := os.ReadFile(filepath.Join(root, src))
+			if err != nil {
+				t.Fatal(err)
+			}
+			_ = os.WriteFile(filepath.Join(dir, "rules", name), rules, 0o644)
+			mounted++
+		}
+		// The rebalancer's rules fire when it is absent: only where it is scraped.
+		scrapes := strings.Contains(string(cfg), "job_name: rebalancer")
+		if hasRules := slices.Contains(c.Services["prometheus-"+region].Volumes, "./deploy/prometheus/rebalancer-rules.yml:/etc/prometheus/rules/rebalancer-rules.yml:ro"); hasRules != scrapes {
+			t.Errorf("prometheus-%s: scrapes the rebalancer %v but mounts its rules %v", region, scrapes, hasRules)
+		}
 		_ = os.WriteFile(filepath.Join(dir, "prometheus.yml"), cfg, 0o644)
 		out, err := exec.Command(promtool(t), "check", "config", filepath.Join(dir, "prometheus.yml")).CombinedOutput()
 		if err != nil {
 			t.Errorf("promtool check config prometheus-%s.yml: %v\n%s", region, err, out)
+		}
+		if n := strings.Count(string(out), "rules found"); n != mounted || n == 0 {
+			t.Errorf("prometheus-%s: promtool checked %d rule files, %d are mounted:\n%s", region, n, mounted, out)
 		}
 	}
 }

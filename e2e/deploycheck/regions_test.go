@@ -128,10 +128,6 @@ func TestPrometheusConfigs(t *testing.T) {
 	if err != nil {
 		t.Fatal("promtool not found: install the Debian package prometheus (make deps)")
 	}
-	rules, err := os.ReadFile(filepath.Join(DeployDir(), "prometheus", "rules.yml"))
-	if err != nil {
-		t.Fatal(err)
-	}
 	for _, region := range regionDirs(t) {
 		t.Run(region, func(t *testing.T) {
 			path := filepath.Join(DeployDir(), "regions", region, "prometheus.yml")
@@ -139,14 +135,32 @@ func TestPrometheusConfigs(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			var c promConfig
+			if err := yaml.Unmarshal(data, &c); err != nil {
+				t.Fatal(err)
+			}
+			// The rule files as deployed under rules/: rules.yml everywhere, and
+			// rebalancer-rules.yml where the rebalancer is scraped (it fires elsewhere).
+			files := []string{"rules.yml"}
+			for _, sc := range c.ScrapeConfigs {
+				if sc.JobName == "rebalancer" {
+					files = append(files, "rebalancer-rules.yml")
+				}
+			}
 
 			// promtool resolves rule_files relative to the config: lay it out as deployed.
 			dir := t.TempDir()
 			if err := os.MkdirAll(filepath.Join(dir, "rules"), 0o755); err != nil {
 				t.Fatal(err)
 			}
-			if err := os.WriteFile(filepath.Join(dir, "rules", "quotaplane.yml"), rules, 0o644); err != nil {
-				t.Fatal(err)
+			for _, f := range files {
+				rules, err := os.ReadFile(filepath.Join(DeployDir(), "prometheus", f))
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := os.WriteFile(filepath.Join(dir, "rules", f), rules, 0o644); err != nil {
+					t.Fatal(err)
+				}
 			}
 			if err := os.WriteFile(filepath.Join(dir, "prometheus.yml"), data, 0o644); err != nil {
 				t.Fatal(err)
@@ -155,15 +169,11 @@ func TestPrometheusConfigs(t *testing.T) {
 			if err != nil {
 				t.Fatalf("promtool check config %s: %v\n%s", path, err, out)
 			}
-			// The rules must have been found and checked, not silently matched by nothing.
-			if !regexp.MustCompile(`SUCCESS: [1-9][0-9]* rules found`).Match(out) {
-				t.Errorf("promtool checked no alert rules through rule_files:\n%s", out)
+			// Every rule file must have been found and checked, not silently matched by nothing.
+			if n := len(regexp.MustCompile(`SUCCESS: [1-9][0-9]* rules found`).FindAll(out, -1)); n != len(files) {
+				t.Errorf("promtool checked %d rule files through rule_files, want %d (%v):\n%s", n, len(files), files, out)
 			}
 
-			var c promConfig
-			if err := yaml.Unmarshal(data, &c); err != nil {
-				t.Fatal(err)
-			}
 			if got := c.Global.ExternalLabels["region"]; got != region {
 				t.Errorf("global.external_labels.region: %q, want %q", got, region)
 			}

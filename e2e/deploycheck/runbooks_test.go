@@ -6,8 +6,6 @@ import (
 	"regexp"
 	"strings"
 	"testing"
-
-	"github.com/goccy/go-yaml"
 )
 
 // runbookBase is where every alert's runbook_url points: the operations guide on the
@@ -19,49 +17,36 @@ const runbookBase = "https://github.com/quotaplane/quotaplane/blob/main/docs/ope
 // a heading of that file (as GitHub makes anchors), and no alert keeps the old relative
 // "runbook" annotation.
 func TestAlertRunbooks(t *testing.T) {
-	data, err := os.ReadFile(filepath.Join(DeployDir(), "prometheus", "rules.yml"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var rf struct {
-		Groups []struct {
-			Rules []struct {
-				Alert       string            `yaml:"alert"`
-				Annotations map[string]string `yaml:"annotations"`
-			} `yaml:"rules"`
-		} `yaml:"groups"`
-	}
-	if err := yaml.Unmarshal(data, &rf); err != nil {
-		t.Fatal(err)
-	}
 	doc, err := os.ReadFile(filepath.Join(DeployDir(), "..", "docs", "operations.md"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	anchors := headingAnchors(string(doc))
 	alerts := 0
-	for _, g := range rf.Groups {
-		for _, r := range g.Rules {
-			if r.Alert == "" {
-				continue
-			}
-			alerts++
-			if _, ok := r.Annotations["runbook"]; ok {
-				t.Errorf("%s: a relative runbook annotation; use runbook_url", r.Alert)
-			}
-			u := r.Annotations["runbook_url"]
-			anchor, ok := strings.CutPrefix(u, runbookBase)
-			if !ok {
-				t.Errorf("%s: runbook_url %q does not start with %s", r.Alert, u, runbookBase)
-				continue
-			}
-			if !anchors[anchor] {
-				t.Errorf("%s: runbook_url anchor #%s is no heading of docs/operations.md", r.Alert, anchor)
+	for _, f := range ruleFiles {
+		for _, g := range readRules(t, f).Groups {
+			for _, r := range g.Rules {
+				if r.Alert == "" {
+					continue
+				}
+				alerts++
+				if _, ok := r.Annotations["runbook"]; ok {
+					t.Errorf("%s: a relative runbook annotation; use runbook_url", r.Alert)
+				}
+				u := r.Annotations["runbook_url"]
+				anchor, ok := strings.CutPrefix(u, runbookBase)
+				if !ok {
+					t.Errorf("%s: runbook_url %q does not start with %s", r.Alert, u, runbookBase)
+					continue
+				}
+				if !anchors[anchor] {
+					t.Errorf("%s: runbook_url anchor #%s is no heading of docs/operations.md", r.Alert, anchor)
+				}
 			}
 		}
 	}
-	if alerts < 9 {
-		t.Errorf("%d alerts in rules.yml; expected the fail-open and upstream alerts too", alerts)
+	if alerts < 10 {
+		t.Errorf("%d alerts in %v; expected the fail-open, upstream and rebalancer alerts too", alerts, ruleFiles)
 	}
 }
 
