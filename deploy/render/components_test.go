@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"flag"
+	"fmt"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -14,7 +15,7 @@ import (
 	"sigs.k8s.io/yaml"
 )
 
-var update = flag.Bool("update", false, "rewrite deploy/components/monitoring/prometheusrule.yaml from deploy/prometheus/rules.yml")
+var update = flag.Bool("update", false, "rewrite the components' prometheusrule.yaml from deploy/prometheus's rule files")
 
 // monitoringNamespace is the namespace the NetworkPolicies let reach the admin ports.
 const monitoringNamespace = "monitoring"
@@ -234,7 +235,8 @@ type hpa struct {
 }
 
 // checkHPA: the HPA scales this region's gateway Deployment and never below its planned
-// count (expected_instances, the fallback's floor for N, and the Deployment's replicas).
+// count (expected_instances, the fallback's floor for N), and the Deployment leaves the
+// count to it (no replicas, which every apply would reset).
 func checkHPA(t *testing.T, r *rendered) {
 	hs := r.ofKind("HorizontalPodAutoscaler")
 	if len(hs) != 1 {
@@ -262,8 +264,8 @@ func checkHPA(t *testing.T, r *rendered) {
 		t.Error("HPA minReplicas unset (1): below the planned gateway count")
 	case *h.Spec.MinReplicas < cfg.ExpectedInstances:
 		t.Errorf("HPA minReplicas %d < expected_instances %d", *h.Spec.MinReplicas, cfg.ExpectedInstances)
-	case d.Spec.Replicas != nil && *h.Spec.MinReplicas < *d.Spec.Replicas:
-		t.Errorf("HPA minReplicas %d < the Deployment's replicas %d", *h.Spec.MinReplicas, *d.Spec.Replicas)
+	case d.Spec.Replicas != nil:
+		t.Errorf("Deployment gateway-%s sets replicas %d beside the HPA: every apply resets the count the HPA set", r.region, *d.Spec.Replicas)
 	case h.Spec.MaxReplicas <= *h.Spec.MinReplicas:
 		t.Errorf("HPA maxReplicas %d <= minReplicas %d: it cannot scale", h.Spec.MaxReplicas, *h.Spec.MinReplicas)
 	}
@@ -335,9 +337,19 @@ func checkMigrateJob(t *testing.T, r *rendered) {
 	}
 }
 
-func rulesFileGroups(t *testing.T) any {
+// ruleSets pairs each rule file of deploy/prometheus with the component that carries it as
+// a PrometheusRule: every region's rules with monitoring, the rebalancer's (which fire when
+// it is absent) with rebalancer-monitoring, in the home region only.
+var ruleSets = []struct {
+	rules, component, name string
+}{
+	{"rules.yml", "monitoring", "quotaplane"},
+	{"rebalancer-rules.yml", "rebalancer-monitoring", "quotaplane-rebalancer"},
+}
+
+func rulesFileGroups(t *testing.T, file string) any {
 	t.Helper()
-	data, err := os.ReadFile(filepath.Join("..", "prometheus", "rules.yml"))
+	data, err := os.ReadFile(filepath.Join("..", "prometheus", file))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -348,76 +360,101 @@ func rulesFileGroups(t *testing.T) any {
 		t.Fatal(err)
 	}
 	if f.Groups == nil {
-		t.Fatal("rules.yml has no groups")
+		t.Fatalf("%s has no groups", file)
 	}
 	return f.Groups
 }
 
-// checkPrometheusRule: the PrometheusRule carries exactly the groups of rules.yml (the file
-// promtool tests), so the Operator evaluates what the tests cover.
+// checkPrometheusRule: each PrometheusRule carries exactly the groups of its rule file (the
+// file promtool tests), so the Operator evaluates what the tests cover; the home region has
+// the rebalancer's too, the others only the regions'.
 func checkPrometheusRule(t *testing.T, r *rendered) {
-	rs := r.ofKind("PrometheusRule")
-	if len(rs) != 1 {
-		t.Fatalf("%d PrometheusRules, want 1", len(rs))
+	want := 1
+	if r.region == homeRegion {
+		want = 2
 	}
-	var pr struct {
-		Spec struct {
-			Groups any `json:"groups"`
-		} `json:"spec"`
+	if rs := r.ofKind("PrometheusRule"); len(rs) != want {
+		t.Errorf("%d PrometheusRules, want %d", len(rs), want)
 	}
-	if err := json.Unmarshal(rs[0].raw, &pr); err != nil {
-		t.Fatal(err)
-	}
-	if !reflect.DeepEqual(pr.Spec.Groups, rulesFileGroups(t)) {
-		t.Error("PrometheusRule groups differ from deploy/prometheus/rules.yml: run cd deploy/render && go test -run TestPrometheusRuleMatchesRulesFile -update ./...")
+	for _, set := range ruleSets[:want] {
+		var pr struct {
+			Spec struct {
+				Groups any `json:"groups"`
+			} `json:"spec"`
+		}
+		o := r.must(t, "PrometheusRule", set.name+"-"+r.region, &pr)
+		if !reflect.DeepEqual(pr.Spec.Groups, rulesFileGroups(t, set.rules)) {
+			t.Errorf("PrometheusRule %s: groups differ from deploy/prometheus/%s: run cd deploy/render && go test -run TestPrometheusRuleMatchesRulesFile -update ./...", o.Metadata.Name, set.rules)
+		}
+		checkSelectable(t, o)
 	}
 }
 
-const prometheusRuleFile = "../components/monitoring/prometheusrule.yaml"
+// operatorRelease is the label kube-prometheus-stack's Prometheus selects ServiceMonitors
+// and PrometheusRules by, by default: release=<Helm release name>, as installed with
+// `helm install kube-prometheus-stack prometheus-community/kube-prometheus-stack`.
+const operatorRelease = "kube-prometheus-stack"
 
-// TestPrometheusRuleMatchesRulesFile compares the component's file with rules.yml, or
-// rewrites it with -update: rules.yml's groups, indented under spec, comments kept.
+// checkSelectable: a Prometheus Operator object carries the label kube-prometheus-stack
+// selects by default (TestReleaseLabelPatch checks that the documented patch changes it).
+func checkSelectable(t *testing.T, o object) {
+	t.Helper()
+	if got := o.Metadata.Labels["release"]; got != operatorRelease {
+		t.Errorf("%s %s: label release=%q, want %q (kube-prometheus-stack's default selector)", o.Kind, o.Metadata.Name, got, operatorRelease)
+	}
+}
+
+// TestPrometheusRuleMatchesRulesFile compares each component's prometheusrule.yaml with its
+// rule file, or rewrites it with -update: the file's groups, indented under spec,
+// comments kept.
 func TestPrometheusRuleMatchesRulesFile(t *testing.T) {
-	src, err := os.ReadFile(filepath.Join("..", "prometheus", "rules.yml"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	i := bytes.Index(src, []byte("\ngroups:\n"))
-	if i < 0 {
-		t.Fatal("rules.yml: no top-level groups: line")
-	}
-	var b bytes.Buffer
-	b.WriteString(`# GENERATED from deploy/prometheus/rules.yml (the file promtool tests): do not edit.
+	for _, set := range ruleSets {
+		t.Run(set.rules, func(t *testing.T) {
+			src, err := os.ReadFile(filepath.Join("..", "prometheus", set.rules))
+			if err != nil {
+				t.Fatal(err)
+			}
+			i := bytes.Index(src, []byte("\ngroups:\n"))
+			if i < 0 {
+				t.Fatalf("%s: no top-level groups: line", set.rules)
+			}
+			var b bytes.Buffer
+			fmt.Fprintf(&b, `# GENERATED from deploy/prometheus/%s (the file promtool tests): do not edit.
 # Regenerate: cd deploy/render && go test -run TestPrometheusRuleMatchesRulesFile -update ./...
-# The Prometheus Operator picks it up when its ruleSelector matches these labels (for
-# kube-prometheus-stack, add the label release: <your release name> with a patch).
+# The release label is what kube-prometheus-stack's ruleSelector matches by default; for
+# another Helm release name or selector, see docs/operations.md ("Monitoring with
+# kube-prometheus-stack").
 apiVersion: monitoring.coreos.com/v1
 kind: PrometheusRule
 metadata:
-  name: quotaplane
+  name: %s
   labels:
     app.kubernetes.io/name: quotaplane
     app.kubernetes.io/component: monitoring
+    release: %s
 spec:
-`)
-	for _, line := range strings.SplitAfter(string(src[i+1:]), "\n") {
-		if strings.TrimSpace(line) == "" {
-			b.WriteString(line)
-			continue
-		}
-		b.WriteString("  " + line)
-	}
-	if *update {
-		if err := os.WriteFile(prometheusRuleFile, b.Bytes(), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		return
-	}
-	got, err := os.ReadFile(prometheusRuleFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !bytes.Equal(got, b.Bytes()) {
-		t.Errorf("%s is not rules.yml's groups: rerun with -update", prometheusRuleFile)
+`, set.rules, set.name, operatorRelease)
+			for _, line := range strings.SplitAfter(string(src[i+1:]), "\n") {
+				if strings.TrimSpace(line) == "" {
+					b.WriteString(line)
+					continue
+				}
+				b.WriteString("  " + line)
+			}
+			path := filepath.Join("..", "components", set.component, "prometheusrule.yaml")
+			if *update {
+				if err := os.WriteFile(path, b.Bytes(), 0o644); err != nil {
+					t.Fatal(err)
+				}
+				return
+			}
+			got, err := os.ReadFile(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(got, b.Bytes()) {
+				t.Errorf("%s is not %s's groups: rerun with -update", path, set.rules)
+			}
+		})
 	}
 }

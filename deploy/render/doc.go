@@ -4,13 +4,18 @@
 // PodDisruptionBudget, the ServiceMonitors, the rebalancer in the home region only, that
 // each region's prometheus.yml finds the Services the overlay renders, and the components
 // of deploy/components: the NetworkPolicies (admin ports from the monitoring namespace
-// only), the HPA (never below expected_instances), the migration Job (home region only),
-// the PrometheusRule (equal to deploy/prometheus/rules.yml's groups), the images, and that
-// the base alone needs no CRD. Every rendered kind must have a check.
+// only), the HPA (never below expected_instances, and no replicas beside it), the migration
+// Job (home region only), the PrometheusRules (equal to deploy/prometheus's rule files; the
+// rebalancer's in the home region only) and the ServiceMonitors with the label
+// kube-prometheus-stack selects, the images, and that the base alone needs no CRD. Every
+// rendered kind must have a check. It also runs what the docs tell a team to run on a copy
+// of the tree: `kustomize edit set image` (with the kustomize CLI's code) must make every
+// container run the team's image, and the release-label patch must relabel every
+// Prometheus Operator object.
 //
 // It is its own Go module (deploy/render/go.mod) so that kustomize and its dependencies
 // stay out of the module graph of the binaries; the main module's `go list ./...` does not
 // see it. Run its tests with `cd deploy/render && go test ./...`.
 //
-// It must not import the main module: it reads the deploy/ files from disk only.
+// It must not import the main module: it reads the deploy/ files (and the docs) from disk.
 package render

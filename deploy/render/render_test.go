@@ -526,11 +526,12 @@ func checkGateway(t *testing.T, r *rendered) {
 		t.Errorf("container port http %d does not match listen %s", n, cfg.Listen)
 	}
 
-	// The fallback divides by expected_instances until heartbeats load: the planned count.
-	if d.Spec.Replicas == nil {
-		t.Errorf("replicas unset, want expected_instances %d from gateway.yaml", cfg.ExpectedInstances)
-	} else if *d.Spec.Replicas != cfg.ExpectedInstances {
-		t.Errorf("replicas %d, want expected_instances %d from gateway.yaml", *d.Spec.Replicas, cfg.ExpectedInstances)
+	// The fallback divides by expected_instances until heartbeats load: the planned count,
+	// which the HPA keeps (checkHPA) or, without one, replicas.
+	if len(r.ofKind("HorizontalPodAutoscaler")) == 0 {
+		if d.Spec.Replicas == nil || *d.Spec.Replicas != cfg.ExpectedInstances {
+			t.Errorf("no HPA and replicas %v, want expected_instances %d from gateway.yaml", d.Spec.Replicas, cfg.ExpectedInstances)
+		}
 	}
 	// The pod gets preStop + drain_timeout before SIGKILL.
 	drain, err := time.ParseDuration(cfg.DrainTimeout)
@@ -604,6 +605,7 @@ func checkServiceMonitors(t *testing.T, r *rendered) {
 		if o.APIVersion != "monitoring.coreos.com/v1" {
 			t.Errorf("ServiceMonitor %s: apiVersion %s", o.Metadata.Name, o.APIVersion)
 		}
+		checkSelectable(t, o)
 		if sm.Spec.Selector.MatchLabels[regionKey] != r.region {
 			t.Errorf("ServiceMonitor %s: selector %v lacks %s=%s", o.Metadata.Name, sm.Spec.Selector.MatchLabels, regionKey, r.region)
 		}
