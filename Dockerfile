@@ -8,8 +8,17 @@
 #
 # or `make image`, which builds all three with docker, podman or buildah, whichever is
 # present, and stamps VERSION, COMMIT and DATE (shown by --version). GO_IMAGE is the build
-# stage's image: any image with Go 1.26 and a POSIX shell (`make image` on a machine
-# without registry access builds one from the local Go toolchain: make builder-image).
+# stage's image: any image with Go 1.26 and a POSIX shell. On a machine that cannot pull
+# it, `make image GO_IMAGE=local` builds one from the local Go toolchain
+# (deploy/image/builder.sh, with buildah).
+#
+# The build stage downloads the Go modules (go mod download), so it needs a Go module
+# proxy it can reach: GOPROXY, the public proxy by default. Offline, run one on your
+# network and build with GO_IMAGE=local: its image carries this machine's `go env GOPROXY`.
+#
+# No HEALTHCHECK here (OCI images do not keep one, and Kubernetes probes over HTTP): the
+# binaries check themselves, `gateway healthcheck` and `rebalancer healthcheck`, as
+# compose.yaml does.
 
 ARG GO_IMAGE=golang:1.26-bookworm
 

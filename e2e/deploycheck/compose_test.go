@@ -196,3 +196,30 @@ func TestCompose(t *testing.T) {
 		}
 	}
 }
+
+// TestMakeTargetsNamed: every `make TARGET` that the deployment files and docs name is a
+// target of the Makefile (the Dockerfile once named a make builder-image that was not).
+func TestMakeTargetsNamed(t *testing.T) {
+	root := filepath.Join(DeployDir(), "..")
+	mk, err := os.ReadFile(filepath.Join(root, "Makefile"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	targets := map[string]bool{}
+	for _, m := range regexp.MustCompile(`(?m)^([a-z][a-z0-9-]*):`).FindAllStringSubmatch(string(mk), -1) {
+		targets[m[1]] = true
+	}
+	named := regexp.MustCompile("(?:^|[\\s`(])make ([a-z][a-z0-9-]*)")
+	english := map[string]bool{"a": true, "an": true, "the": true, "it": true, "its": true, "them": true, "this": true, "that": true, "sure": true, "every": true}
+	for _, f := range []string{"Dockerfile", "compose.yaml", "docs/operations.md", "deploy/base/README.md", "deploy/image/build.sh", "deploy/image/builder.sh"} {
+		data, err := os.ReadFile(filepath.Join(root, f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range named.FindAllStringSubmatch(string(data), -1) {
+			if !targets[m[1]] && !english[m[1]] {
+				t.Errorf("%s names `make %s`, which the Makefile does not define", f, m[1])
+			}
+		}
+	}
+}
