@@ -45,13 +45,49 @@ func storageDriver() string {
 	return "vfs"
 }
 
+// buildah runs buildah on a storage of its own (a storage.conf whose graph and run roots,
+// and the TMPDIR that holds the build's cache mounts, are under dir): whatever the test
+// builds, the build stage and its caches included, goes when dir goes, and images of
+// other builds on this machine are neither reused nor touched.
 type buildah struct {
 	t   *testing.T
 	bin string
+	env []string // CONTAINERS_STORAGE_CONF and TMPDIR
+}
+
+func newBuildah(t *testing.T, bin string) buildah {
+	dir, err := os.MkdirTemp("", "quotaplane-image-test-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	conf := filepath.Join(dir, "storage.conf")
+	tmp := filepath.Join(dir, "tmp")
+	data := fmt.Sprintf("[storage]\ndriver = %q\ngraphroot = %q\nrunroot = %q\n", storageDriver(), filepath.Join(dir, "graph"), filepath.Join(dir, "run"))
+	if err := os.WriteFile(conf, []byte(data), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(tmp, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	b := buildah{t: t, bin: bin, env: []string{"CONTAINERS_STORAGE_CONF=" + conf, "TMPDIR=" + tmp}}
+	t.Cleanup(func() {
+		// Containers, then images, then the storage itself: nothing is left behind.
+		for _, args := range [][]string{{"rm", "--all"}, {"rmi", "--all", "--force"}} {
+			if out, err := b.cmd(context.Background(), args...).CombinedOutput(); err != nil {
+				t.Errorf("cleanup: buildah %s: %v\n%s", strings.Join(args, " "), err, out)
+			}
+		}
+		if err := os.RemoveAll(dir); err != nil {
+			t.Errorf("cleanup: %v", err)
+		}
+	})
+	return b
 }
 
 func (b buildah) cmd(ctx context.Context, args ...string) *exec.Cmd {
-	return exec.CommandContext(ctx, b.bin, append([]string{"--storage-driver", storageDriver()}, args...)...)
+	c := exec.CommandContext(ctx, b.bin, append([]string{"--storage-driver", storageDriver()}, args...)...)
+	c.Env = append(os.Environ(), b.env...)
+	return c
 }
 
 func (b buildah) out(args ...string) string {
@@ -75,13 +111,13 @@ func TestGatewayImage(t *testing.T) {
 	if err != nil {
 		t.Fatal("buildah not found: install the Debian packages buildah and busybox-static (make deps)")
 	}
-	b := buildah{t: t, bin: bin}
+	b := newBuildah(t, bin)
 
 	// Build as `make image` does, from the local Go toolchain.
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
 	build := exec.CommandContext(ctx, filepath.Join(repoRoot(), "deploy", "image", "build.sh"), "gateway")
-	build.Env = append(os.Environ(), "CONTAINER_TOOL=buildah", "GO_IMAGE=local", "TAG=e2e",
+	build.Env = append(append(os.Environ(), b.env...), "CONTAINER_TOOL=buildah", "GO_IMAGE=local", "TAG=e2e",
 		"VERSION="+version, "COMMIT=0123456789abcdef0123456789abcdef01234567", "DATE=2026-11-30T21:00:00Z",
 		"STORAGE_DRIVER="+storageDriver())
 	start := time.Now()
@@ -256,6 +292,13 @@ routes:
 		time.Sleep(100 * time.Millisecond)
 	}
 
+	// The image's own healthcheck (compose.yaml's): no shell or curl, the binary asks.
+	hc, err := b.cmd(context.Background(), "run", "--isolation", "chroot", ctr, "--",
+		"/usr/local/bin/gateway", "healthcheck", admin+"/readyz").CombinedOutput()
+	if err != nil || !strings.Contains(string(hc), "200 OK: ready") {
+		t.Errorf("gateway healthcheck in the image: %v %q, want exit 0 and 200 OK: ready", err, hc)
+	}
+
 	var codes []int
 	for range 5 {
 		req, _ := http.NewRequest(http.MethodGet, fmt.Sprintf("http://127.0.0.1:%d/v1/search", proxyPort), nil)
@@ -280,6 +323,9 @@ routes:
 	}
 	metrics, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
+	if want := `quotaplane_build_info{commit="0123456789abcdef0123456789abcdef01234567",goversion="` + runtime.Version() + `",version="` + version + `"} 1`; !strings.Contains(string(metrics), want) {
+		t.Errorf("/metrics lacks %s:\n%s", want, grepLines(string(metrics), "build_info"))
+	}
 	if !strings.Contains(string(metrics), `source="redis"} 3`) && !strings.Contains(string(metrics), `decision="allowed",region="us-east",route="api",source="redis"} 3`) {
 		t.Errorf("no 3 allowed decisions by Redis in /metrics:\n%s", grepLines(string(metrics), "ratelimit_requests_total"))
 	}
