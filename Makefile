@@ -45,7 +45,9 @@ image:
 	REGISTRY=$(REGISTRY) TAG=$(TAG) GO_IMAGE=$(GO_IMAGE) ./deploy/image/build.sh
 
 ## image-test: build the gateway image with buildah (from the local Go toolchain, so no
-## registry is needed) and run it against a test Redis and PostgreSQL (about 4 min cold).
+## registry is needed) and run it against a test Redis and PostgreSQL (about 4 min: a cold
+## build each time, on a buildah storage of its own that is removed, images, build stage
+## and caches with it, so it leaves nothing behind). The Go modules come from GOPROXY.
 image-test: deps
 	$(GO) test -count=1 -timeout 20m ./e2e/image/
 
@@ -103,6 +105,8 @@ bench: deps
 bench-rls: deps
 	$(GO) run ./cmd/rlsbench
 
-## demo: the local two-region stack (see README); DURATION=60s runs unattended.
+## demo: the local two-region stack (see README); DURATION=60s runs unattended. Built, then
+## run (not `go run`, which exits 1 when interrupted): Ctrl-C stops it with exit status 0.
 demo: deps
-	$(GO) run ./cmd/demo $(if $(DURATION),--duration $(DURATION))
+	@$(GO) build -o bin/demo ./cmd/demo
+	@./bin/demo $(if $(DURATION),--duration $(DURATION))

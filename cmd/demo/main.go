@@ -1,6 +1,7 @@
 // Command demo runs the local two-region stack (e2e/stack) with a load generator and a
-// live per-region table: `make demo`, or `make demo DURATION=60s` to run unattended and
-// exit with a summary of whether the shares followed the demand.
+// live table of one tenant's traffic per region: `make demo`, or `make demo DURATION=60s`
+// to run unattended and exit with a summary of whether that tenant's shares followed its
+// demand. Ctrl-C stops it (and the stack) with exit status 0.
 package main
 
 import (
@@ -30,11 +31,18 @@ import (
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, os.Args[1:], os.Stdout); err != nil {
-		if !errors.Is(err, flag.ErrHelp) {
-			fmt.Fprintln(os.Stderr, "demo:", err)
-		}
-		stop()
+	err := run(ctx, os.Args[1:], os.Stdout)
+	interrupted := ctx.Err() != nil
+	stop()
+	switch {
+	case errors.Is(err, flag.ErrHelp):
+		os.Exit(0)
+	case interrupted:
+		// Ctrl-C (or SIGTERM) is how a person ends the demo, not a failure: whatever was
+		// still starting or running is stopped and removed by now.
+		fmt.Fprintln(os.Stdout, "demo: stopped; the stack is shut down and its data removed")
+	case err != nil:
+		fmt.Fprintln(os.Stderr, "demo:", err)
 		os.Exit(1)
 	}
 }
@@ -62,13 +70,14 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 	}
 
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
-	fmt.Fprintln(out, "starting the two-region stack (PostgreSQL, 2 Redis, 4 gateways, Prometheus, rebalancer)...")
+	fmt.Fprintln(out, "starting the two-region stack (PostgreSQL, 2 Redis, 4 gateways, Prometheus, rebalancer); Ctrl-C stops it...")
 	s, err := stack.Start(ctx, stack.Options{RebalanceInterval: *interval, Logger: log})
 	if err != nil {
 		return err
 	}
 	defer s.Close()
 	printWhere(out, s)
+	printStory(out, s, half, *interval)
 
 	streams := demoLoad(s, half)
 	live := &loadgen.Counts{}
@@ -92,8 +101,12 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 		case <-ctx.Done():
 			fmt.Fprintln(out, "\nstopping...")
 			<-loadDone
-			return nil
+			return ctx.Err()
 		case err := <-loadDone:
+			if ctx.Err() != nil { // interrupted: the load stopped because of it
+				fmt.Fprintln(out, "\nstopping...")
+				return ctx.Err()
+			}
 			if err != nil {
 				return err
 			}
@@ -146,7 +159,38 @@ func printWhere(out io.Writer, s *stack.Stack) {
 	for _, g := range s.Gateways {
 		fmt.Fprintf(out, "gateway %-10s %s (admin %s)\n", g.ID, g.URL, g.Admin)
 	}
-	fmt.Fprintf(out, "try:          curl -i -X POST -H 'X-Api-Key: %s' %s/orders\n\n", s.Keys["shop-b"], s.Gateways[0].URL)
+	fmt.Fprintf(out, "%s\n\n", tryLine(s.Keys, s.Gateways[0].URL))
+}
+
+// tryLine is a request to paste, with the key of the tenant the table follows, so that it
+// counts in the table's figures.
+func tryLine(keys map[string]string, gateway string) string {
+	return fmt.Sprintf("try:          curl -i -X POST -H 'X-Api-Key: %s' %s/orders   # as %s", keys[shifting], gateway, shifting)
+}
+
+// printStory says what the load is and what the table shows, before the first table.
+func printStory(out io.Writer, s *stack.Stack, half, interval time.Duration) {
+	limit := followedRule().RefillPerSecond
+	a, b := s.Regions[0], s.Regions[1]
+	fmt.Fprintf(out, `The table follows tenant %[1]s: %.0f requests/s, 1.5x its global limit of %.0f/s,
+70%% to %[4]s and 30%% to %[5]s, turning to 30/70 after %[6]s. Every %[7]s the rebalancer
+moves %[1]s's shares of its limit towards where its demand is. Columns: %[1]s's own requests
+per region (offered = allowed + throttled, rates over the last 10s, so they follow the
+load a few seconds late), its share, and the regional limit that share gives (limit x
+share): allowed/s settles at limit/s. Two other tenants send load too; they are not in
+the table.
+
+`, shifting, 1.5*limit, limit, a, b, half.Round(time.Second), interval)
+}
+
+// followedRule is the rule of the tenant the table follows.
+func followedRule() stack.Tenant {
+	for _, t := range stack.DemoTenants() {
+		if t.ID == shifting {
+			return t
+		}
+	}
+	return stack.Tenant{ID: shifting}
 }
 
 func share(ctx context.Context, s *stack.Stack, region string) float64 {
@@ -159,10 +203,11 @@ func share(ctx context.Context, s *stack.Stack, region string) float64 {
 }
 
 func printTable(ctx context.Context, out io.Writer, s *stack.Stack, api promv1.API, el time.Duration, shifted bool) {
-	// The rebalancer's own offered-demand query, so the table shows what it acts on;
-	// a failed query shows zeros, as the table is only a live view.
+	// The rebalancer's own per-tenant offered-demand query, for the followed tenant only,
+	// so the table shows what the rebalancer acts on for it; a failed query shows zeros,
+	// as the table is only a live view.
 	rates := map[string]demand.Rates{}
-	if v, _, _, err := api.Query(ctx, demand.RegionOfferedQuery(10*time.Second, ""), time.Now()); err == nil {
+	if v, _, _, err := api.Query(ctx, demand.TenantOfferedQuery(10*time.Second, "", shifting), time.Now()); err == nil {
 		if vec, ok := v.(model.Vector); ok {
 			for _, smp := range vec {
 				region := string(smp.Metric["region"])
@@ -177,19 +222,23 @@ func printTable(ctx context.Context, out io.Writer, s *stack.Stack, api promv1.A
 	if shifted {
 		phase = "30/70"
 	}
-	fmt.Fprintf(out, "t=%-4s  %s demand %s\n", el.Truncate(time.Second), shifting, phase)
+	fmt.Fprintf(out, "t=%-4s  %s's demand %s %s/%s\n", el.Truncate(time.Second), shifting, phase, s.Regions[0], s.Regions[1])
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "region\toffered/s\tallowed/s\tthrottled/s\tshare "+shifting+"\tsource\tdefault share\t")
+	fmt.Fprintln(tw, "region\toffered/s\tallowed/s\tthrottled/s\tshare\tlimit/s\tshare from\t")
 	for _, r := range s.Regions {
-		sh, src, def := 0.0, regions.Source("?"), 0.0
+		sh, src, limit := 0.0, regions.Source("?"), 0.0
 		if snap != nil {
-			sh, src = snap.Share(r, shifting, stack.Route)
-			def, _ = snap.Share(r, regions.Wildcard, regions.Wildcard)
+			_, l, v := snap.RegionalRule(r, shifting, stack.Route)
+			_, src = snap.Share(r, shifting, stack.Route)
+			sh, limit = v, l.RefillPerSecond
 		}
 		rt := rates[r]
-		fmt.Fprintf(tw, "%s\t%.1f\t%.1f\t%.1f\t%.3f\t%s\t%.3f\t\n", r, rt.Offered(), rt.Allowed, rt.Throttled, sh, src, def)
+		fmt.Fprintf(tw, "%s\t%.1f\t%.1f\t%.1f\t%.3f\t%.1f\t%s\t\n", r, rt.Offered(), rt.Allowed, rt.Throttled, sh, limit, src)
 	}
 	_ = tw.Flush()
+	if len(rates) == 0 {
+		fmt.Fprintln(out, "(no samples yet: Prometheus needs two scrapes for a rate)")
+	}
 	fmt.Fprintln(out)
 }
 
