@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Builds the images of the Dockerfile (`make image`): with docker if its engine answers,
 # else podman, else buildah (CONTAINER_TOOL overrides), each target tagged
-# $REGISTRY/<target>:$TAG as the kustomize overlays name them, with version, commit and
-# date stamped into the binaries.
+# $REGISTRY/<target>:$TAG (the overlays' images: lists default to ghcr.io/quotaplane/NAME:0.1.0;
+# `kustomize edit set image` points them at yours: docs/operations.md step 1), with
+# version, commit and date stamped into the binaries. The build stage downloads the Go
+# modules: it needs a Go module proxy it can reach (GOPROXY).
 #
 #   deploy/image/build.sh                  # gateway, rebalancer, ratectl
 #   deploy/image/build.sh gateway          # one target
