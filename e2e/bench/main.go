@@ -50,6 +50,7 @@ func parseOptions(args []string, root string) (options, error) {
 	resultsFile := fs.String("results", "", "the results file to write (with -render, to read); default docs/bench/results.json for a full run, else $TMPDIR/quotaplane-bench-*.json")
 	out := fs.String("out", "", "the document to render (default docs/BENCHMARKS.md with the committed results, else the results file with .md)")
 	readme := fs.String("readme", "", "a README whose bench section is rewritten (default README.md with the committed results, else none)")
+	rls := fs.String("rls", "", "the make bench-rls results to render with (default docs/bench/rls.json with the committed results, else none)")
 	profiles := fs.String("profiles", "", "directory for profile summaries (default docs/profiles with the committed results, else the work directory)")
 	phases := fs.String("phases", strings.Join(allPhases, ","), "comma-separated phases to run: "+strings.Join(allPhases, ", "))
 	timeout := fs.Duration("timeout", 30*time.Minute, "bound on the whole run")
@@ -93,12 +94,15 @@ func parseOptions(args []string, root string) (options, error) {
 		if *readme != "" {
 			o.files.Readme = *readme
 		}
+		if *rls != "" {
+			o.files.RLS = *rls
+		}
 		if o.profiles == "" && !o.render {
 			o.profiles = filepath.Join(root, "docs", "profiles")
 		}
 		return o, nil
 	}
-	o.files = results.Files{Results: *resultsFile, Benchmarks: *out, Readme: *readme}
+	o.files = results.Files{Results: *resultsFile, Benchmarks: *out, Readme: *readme, RLS: *rls}
 	if o.files.Results == "" && o.render {
 		return options{}, errors.New("-render with -out: give -results, the file to render from")
 	}

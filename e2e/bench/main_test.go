@@ -114,18 +114,20 @@ func TestOptions(t *testing.T) {
 		args                 []string
 		results, doc, readme string
 		err                  string
+		rls                  string
 	}{
-		{"full run: the committed files", nil, "/repo/docs/bench/results.json", "/repo/docs/BENCHMARKS.md", "/repo/README.md", ""},
-		{"render: the committed files", []string{"-render"}, "/repo/docs/bench/results.json", "/repo/docs/BENCHMARKS.md", "/repo/README.md", ""},
-		{"quick: temporary files", []string{"-quick"}, tmp + "/quotaplane-bench-quick.json", tmp + "/quotaplane-bench-quick.md", "", ""},
-		{"part of the suite: temporary files", []string{"-phases", "engine"}, tmp + "/quotaplane-bench-partial.json", tmp + "/quotaplane-bench-partial.md", "", ""},
-		{"-out names the results beside it", []string{"-out", "/x/b.md"}, "/x/b.json", "/x/b.md", "", ""},
-		{"render a file of its own", []string{"-render", "-results", "/x/r.json"}, "/x/r.json", "/x/r.md", "", ""},
-		{"render needs its results", []string{"-render", "-out", "/x/b.md"}, "", "", "", "give -results"},
-		{"render measures nothing", []string{"-render", "-quick"}, "", "", "", "measures nothing"},
-		{"unknown phase", []string{"-phases", "nope"}, "", "", "", `unknown phase "nope"`},
-		{"same file twice", []string{"-results", "/x/a", "-out", "/x/a"}, "", "", "", "same file"},
-		{"runs out of range", []string{"-runs", "10"}, "", "", "", "want 1..9"},
+		{"full run: the committed files", nil, "/repo/docs/bench/results.json", "/repo/docs/BENCHMARKS.md", "/repo/README.md", "", "/repo/docs/bench/rls.json"},
+		{"render: the committed files", []string{"-render"}, "/repo/docs/bench/results.json", "/repo/docs/BENCHMARKS.md", "/repo/README.md", "", "/repo/docs/bench/rls.json"},
+		{"quick: temporary files", []string{"-quick"}, tmp + "/quotaplane-bench-quick.json", tmp + "/quotaplane-bench-quick.md", "", "", ""},
+		{"part of the suite: temporary files", []string{"-phases", "engine"}, tmp + "/quotaplane-bench-partial.json", tmp + "/quotaplane-bench-partial.md", "", "", ""},
+		{"-out names the results beside it", []string{"-out", "/x/b.md"}, "/x/b.json", "/x/b.md", "", "", ""},
+		{"render a file of its own", []string{"-render", "-results", "/x/r.json"}, "/x/r.json", "/x/r.md", "", "", ""},
+		{"render with RLS results", []string{"-render", "-results", "/x/r.json", "-rls", "/x/rls.json"}, "/x/r.json", "/x/r.md", "", "", "/x/rls.json"},
+		{"render needs its results", []string{"-render", "-out", "/x/b.md"}, "", "", "", "give -results", ""},
+		{"render measures nothing", []string{"-render", "-quick"}, "", "", "", "measures nothing", ""},
+		{"unknown phase", []string{"-phases", "nope"}, "", "", "", `unknown phase "nope"`, ""},
+		{"same file twice", []string{"-results", "/x/a", "-out", "/x/a"}, "", "", "", "same file", ""},
+		{"runs out of range", []string{"-runs", "10"}, "", "", "", "want 1..9", ""},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			o, err := parseOptions(c.args, root)
@@ -138,8 +140,8 @@ func TestOptions(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if o.files.Results != c.results || o.files.Benchmarks != c.doc || o.files.Readme != c.readme {
-				t.Errorf("files %+v, want results %s, document %s, readme %q", o.files, c.results, c.doc, c.readme)
+			if o.files.Results != c.results || o.files.Benchmarks != c.doc || o.files.Readme != c.readme || o.files.RLS != c.rls {
+				t.Errorf("files %+v, want results %s, document %s, readme %q, rls %q", o.files, c.results, c.doc, c.readme, c.rls)
 			}
 		})
 	}

@@ -306,8 +306,8 @@ tenants:
 	return g, err
 }
 
-// sources sums the gateway's RLS decisions by source from /metrics (nil when it cannot
-// be read).
+// sources sums the gateway's RLS decisions by source from /metrics, the sources that
+// decided any (nil when it cannot be read).
 func (g *gateway) sources(ctx context.Context) map[string]float64 {
 	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+g.admn+"/metrics", nil)
 	resp, err := http.DefaultClient.Do(req)
@@ -330,8 +330,9 @@ func (g *gateway) sources(ctx context.Context) map[string]float64 {
 		}
 		src := line[i+8:]
 		src = src[:strings.IndexByte(src, '"')]
-		v, _ := strconv.ParseFloat(line[j+1:], 64)
-		sums[src] += v
+		if v, _ := strconv.ParseFloat(line[j+1:], 64); v > 0 {
+			sums[src] += v
+		}
 	}
 	return sums
 }

@@ -3,9 +3,7 @@ package results
 import (
 	"bytes"
 	"embed"
-	"errors"
 	"fmt"
-	"io/fs"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -115,7 +113,7 @@ type Rendered struct {
 	Benchmarks, Readme, Proxies string
 }
 
-// Load reads the results files of f (the RLS file may be absent: no RLS results).
+// Load reads the results files of f (no RLS file named: no RLS results).
 func Load(f Files) (*Bench, *RLS, error) {
 	var b Bench
 	if err := ReadFile(f.Results, &b); err != nil {
@@ -125,9 +123,7 @@ func Load(f Files) (*Bench, *RLS, error) {
 		return &b, nil, nil
 	}
 	var r RLS
-	if err := ReadFile(f.RLS, &r); errors.Is(err, fs.ErrNotExist) {
-		return &b, nil, nil
-	} else if err != nil {
+	if err := ReadFile(f.RLS, &r); err != nil {
 		return nil, nil, err
 	}
 	return &b, &r, nil
