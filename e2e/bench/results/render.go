@@ -3,7 +3,9 @@ package results
 import (
 	"bytes"
 	"embed"
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -88,6 +90,9 @@ type Files struct {
 	Proxies    string // docs/proxies.md, its "rls" section
 	// Root, when set, is the directory the documents name the results files relative to.
 	Root string
+	// RLSOptional: a missing RLS file means no RLS results (the committed files, before
+	// the first make bench-rls); otherwise a named RLS file must exist.
+	RLSOptional bool
 }
 
 // Committed are the committed files of the module at root.
@@ -99,6 +104,8 @@ func Committed(root string) Files {
 		Benchmarks: filepath.Join(root, "docs", "BENCHMARKS.md"),
 		Readme:     filepath.Join(root, "README.md"),
 		Proxies:    filepath.Join(root, "docs", "proxies.md"),
+
+		RLSOptional: true,
 	}
 }
 
@@ -113,7 +120,7 @@ type Rendered struct {
 	Benchmarks, Readme, Proxies string
 }
 
-// Load reads the results files of f (no RLS file named: no RLS results).
+// Load reads the results files of f (no RLS file: no RLS results, see RLSOptional).
 func Load(f Files) (*Bench, *RLS, error) {
 	var b Bench
 	if err := ReadFile(f.Results, &b); err != nil {
@@ -123,7 +130,9 @@ func Load(f Files) (*Bench, *RLS, error) {
 		return &b, nil, nil
 	}
 	var r RLS
-	if err := ReadFile(f.RLS, &r); err != nil {
+	if err := ReadFile(f.RLS, &r); f.RLSOptional && errors.Is(err, fs.ErrNotExist) {
+		return &b, nil, nil
+	} else if err != nil {
 		return nil, nil, err
 	}
 	return &b, &r, nil

@@ -268,3 +268,26 @@ func TestStatOf(t *testing.T) {
 		t.Errorf("empty stat shows %q", got)
 	}
 }
+
+// TestLoadRLS: a named RLS file must exist, unless it is the committed one not yet
+// written by a first make bench-rls.
+func TestLoadRLS(t *testing.T) {
+	dir := t.TempDir()
+	bench := filepath.Join(dir, "results.json")
+	if err := WriteFile(bench, &Bench{}); err != nil {
+		t.Fatal(err)
+	}
+	missing := filepath.Join(dir, "rls.json")
+	if _, _, err := Load(Files{Results: bench, RLS: missing}); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("a missing named RLS file: %v", err)
+	}
+	if _, r, err := Load(Files{Results: bench, RLS: missing, RLSOptional: true}); err != nil || r != nil {
+		t.Errorf("a missing optional RLS file: %v, %v", r, err)
+	}
+	if err := WriteFile(missing, &RLS{LoadStart: "0.5 0.5 0.5"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, r, err := Load(Files{Results: bench, RLS: missing, RLSOptional: true}); err != nil || r == nil || r.LoadStart != "0.5 0.5 0.5" {
+		t.Errorf("an RLS file: %+v, %v", r, err)
+	}
+}
