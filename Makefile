@@ -14,7 +14,7 @@ REGISTRY ?= ghcr.io/quotaplane
 TAG      ?= 0.1.0
 GO_IMAGE ?=
 
-.PHONY: test demo bench bench-rls lint deps unit faults reliability-figures torture soak fuzz fuzz-run image image-test build
+.PHONY: test demo bench bench-rls bench-render lint deps unit faults reliability-figures torture soak fuzz fuzz-run image image-test build
 
 # Version stamp of `make build` (the images stamp the same in the Dockerfile).
 VERSION_PKG = github.com/quotaplane/quotaplane/internal/version
@@ -96,14 +96,20 @@ fuzz-run:
 	$(GO) test -run '^$$' -fuzz '^FuzzParseTrace$$' -fuzztime $(FUZZTIME) ./rebalancer/sim/
 	$(GO) test -run '^$$' -fuzz '^FuzzAllocate$$' -fuzztime $(FUZZTIME) ./rebalancer/
 
-## bench: the benchmark suite (about 12 min); rewrites docs/BENCHMARKS.md and the README headline.
+## bench: the benchmark suite (about 14 min): writes docs/bench/results.json, renders
+## docs/BENCHMARKS.md, the README headline and docs/proxies.md from it, then runs bench-rls.
 bench: deps
 	$(GO) run ./cmd/bench -runs 3
 	$(MAKE) --no-print-directory bench-rls
 
-## bench-rls: the gateway's RLS door vs envoyproxy/ratelimit, and nginx + /v1/check (about 2 min); rewrites the figures in docs/proxies.md.
+## bench-rls: the gateway's RLS door vs envoyproxy/ratelimit, and nginx + /v1/check (about 2 min,
+## after waiting up to 2 min for a quiet machine): writes docs/bench/rls.json and renders the documents.
 bench-rls: deps
 	$(GO) run ./cmd/rlsbench
+
+## bench-render: render the benchmark documents again from docs/bench/*.json alone (after a template change).
+bench-render:
+	$(GO) run ./cmd/bench -render
 
 ## demo: the local two-region stack (see README); DURATION=60s runs unattended. Built, then
 ## run (not `go run`, which exits 1 when interrupted): Ctrl-C stops it with exit status 0.

@@ -1,7 +1,10 @@
-// Command bench runs the benchmark suite (e2e/bench) and rewrites docs/BENCHMARKS.md and
-// the README's headline table. `make bench` runs it with -runs 3.
+// Command bench runs the benchmark suite (e2e/bench): it writes docs/bench/results.json
+// and renders docs/BENCHMARKS.md, the README's headline and docs/proxies.md's figures
+// from the results files (e2e/bench/results). `make bench` runs it with -runs 3; -render
+// renders the documents again without measuring (`make bench-render`).
 //
-//	go run ./cmd/bench [-runs 3] [-quick] [-out FILE] [-phases overhead,engine,...]
+//	go run ./cmd/bench [-runs 3] [-quick] [-phases overhead,engine,...] [-results FILE] [-out FILE]
+//	go run ./cmd/bench -render [-results FILE -out FILE]
 package main
 
 import (

@@ -1,7 +1,8 @@
 // Command rlsbench is `make bench-rls`: the gateway's Envoy rate-limit service side by
-// side with envoyproxy/ratelimit, and nginx + /v1/check vs nginx alone (e2e/rlsbench).
+// side with envoyproxy/ratelimit, and nginx + /v1/check vs nginx alone (e2e/rlsbench): it
+// writes docs/bench/rls.json and renders the benchmark documents again.
 //
-//	go run ./cmd/rlsbench [-duration 10s] [-keys 100000] [-callers 16,64] [-out docs/BENCHMARKS.md]
+//	go run ./cmd/rlsbench [-duration 10s] [-keys 100000] [-callers 16,64] [-quiet 2m] [-out docs/bench/rls.json]
 package main
 
 import (

@@ -8,12 +8,15 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/httputil"
 	"net/http/pprof"
+	"net/url"
 	"os"
 	"os/signal"
 	"path/filepath"
 	"runtime"
 	"strconv"
+	"sync"
 	"syscall"
 	"time"
 
@@ -27,9 +30,10 @@ import (
 // The benchmark binary is also its own child processes: the echo upstream, and a gateway
 // with a pprof listener. The parent selects one with these variables.
 const (
-	envChild  = "QUOTAPLANE_BENCH_CHILD"  // "echo" or "gateway"
-	envListen = "QUOTAPLANE_BENCH_LISTEN" // echo: the address to serve on; gateway: the pprof address
-	envConfig = "QUOTAPLANE_BENCH_CONFIG" // gateway: its configuration file
+	envChild    = "QUOTAPLANE_BENCH_CHILD"    // "echo", "proxy" or "gateway"
+	envListen   = "QUOTAPLANE_BENCH_LISTEN"   // echo, proxy: the address to serve on; gateway: the pprof address
+	envConfig   = "QUOTAPLANE_BENCH_CONFIG"   // gateway: its configuration file
+	envUpstream = "QUOTAPLANE_BENCH_UPSTREAM" // proxy: the upstream's base URL
 )
 
 // runChild runs one child until SIGTERM.
@@ -39,11 +43,49 @@ func runChild(kind string) error {
 	switch kind {
 	case "echo":
 		return serveUntil(ctx, os.Getenv(envListen), http.HandlerFunc(echo))
+	case "proxy":
+		h, err := bareProxy(os.Getenv(envUpstream))
+		if err != nil {
+			return err
+		}
+		return serveUntil(ctx, os.Getenv(envListen), h)
 	case "gateway":
 		return profiledGateway(ctx, os.Getenv(envConfig), os.Getenv(envListen))
 	}
-	return fmt.Errorf("%s=%q: want echo or gateway", envChild, kind)
+	return fmt.Errorf("%s=%q: want echo, proxy or gateway", envChild, kind)
 }
+
+// bareProxy is the standard library's reverse proxy to upstream and nothing else: the
+// floor a gateway's own work is measured against. It is configured as the gateway
+// configures its proxy (gateway/handler.go: a transport with 1,024 idle connections,
+// 256 per host; pooled 32 KB copy buffers), so that the two differ only in what the
+// gateway does around the proxy.
+func bareProxy(upstream string) (http.Handler, error) {
+	u, err := url.Parse(upstream)
+	if err != nil || u.Host == "" {
+		return nil, fmt.Errorf("%s=%q: not an upstream URL", envUpstream, upstream)
+	}
+	transport := http.DefaultTransport.(*http.Transport).Clone()
+	transport.MaxIdleConns = 1024
+	transport.MaxIdleConnsPerHost = 256
+	return &httputil.ReverseProxy{
+		Rewrite:    func(r *httputil.ProxyRequest) { r.SetURL(u) },
+		Transport:  transport,
+		BufferPool: &proxyBuffers{},
+	}, nil
+}
+
+// proxyBuffers is an httputil.BufferPool of 32 KB buffers.
+type proxyBuffers struct{ pool sync.Pool }
+
+func (p *proxyBuffers) Get() []byte {
+	if b, ok := p.pool.Get().(*[]byte); ok {
+		return *b
+	}
+	return make([]byte, 32<<10)
+}
+
+func (p *proxyBuffers) Put(b []byte) { p.pool.Put(&b) }
 
 // echo is the fast upstream: a small JSON answer, as e2e/stack's upstream gives.
 func echo(w http.ResponseWriter, r *http.Request) {
@@ -119,6 +161,17 @@ func (b *bench) startChild(ctx context.Context, kind, name string, port int, rea
 		return nil, fmt.Errorf("start %s: %w", name, err)
 	}
 	return p, nil
+}
+
+// startProxy starts the bare reverse proxy to upstream and returns it with its base URL.
+func (b *bench) startProxy(ctx context.Context, name, upstream string) (*testenv.Process, string, error) {
+	port, err := testenv.FreePort()
+	if err != nil {
+		return nil, "", err
+	}
+	base := "http://127.0.0.1:" + strconv.Itoa(port)
+	p, err := b.startChild(ctx, "proxy", name, port, base+"/", envListen+"=127.0.0.1:"+strconv.Itoa(port), envUpstream+"="+upstream)
+	return p, base, err
 }
 
 // startEcho starts the echo upstream and returns it with its base URL.

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/quotaplane/quotaplane/e2e/bench/results"
 	"github.com/quotaplane/quotaplane/internal/testenv"
 )
 
@@ -28,16 +29,16 @@ func RunChild(kind string) error { return runChild(kind) }
 func Run(ctx context.Context, args []string, stdout io.Writer) error { return run(ctx, args, stdout) }
 
 // The phases, in the order they run.
-var allPhases = []string{"overhead", "engine", "memory", "accuracy", "profile"}
+var allPhases = []string{"overhead", "engine", "scripts", "memory", "accuracy", "profile"}
 
 // options are the command line.
 type options struct {
 	runs     int
 	quick    bool
-	out      string // the generated document
-	readme   string // the README whose headline table is rewritten; "" leaves it
-	profiles string // where profile summaries go; "" keeps them in the work directory
+	render   bool // only render the documents from the results files
 	phases   []string
+	files    results.Files // the results file written (read, with -render) and the documents rendered
+	profiles string        // where profile summaries go
 	timeout  time.Duration
 }
 
@@ -45,9 +46,12 @@ func parseOptions(args []string, root string) (options, error) {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	runs := fs.Int("runs", 0, "runs of every measurement; the document shows medians and min-max (default 3, 1 with -quick)")
 	quick := fs.Bool("quick", false, "seconds instead of minutes: short loads, small data sets (a smoke test, not numbers to publish)")
-	out := fs.String("out", "", "the document to write (default docs/BENCHMARKS.md; with -quick, $TMPDIR/quotaplane-bench-quick.md)")
-	readme := fs.String("readme", "", "the README whose headline table (between bench markers) is rewritten (default README.md; none with -quick or -phases)")
-	profiles := fs.String("profiles", "", "directory for profile summaries (default docs/profiles; with -quick, the work directory)")
+	render := fs.Bool("render", false, "measure nothing: render the documents again from the results files (default the committed ones)")
+	resultsFile := fs.String("results", "", "the results file to write (with -render, to read); default docs/bench/results.json for a full run, else $TMPDIR/quotaplane-bench-*.json")
+	out := fs.String("out", "", "the document to render (default docs/BENCHMARKS.md with the committed results, else the results file with .md)")
+	readme := fs.String("readme", "", "a README whose bench section is rewritten (default README.md with the committed results, else none)")
+	rls := fs.String("rls", "", "the make bench-rls results to render with (default docs/bench/rls.json with the committed results, else none)")
+	profiles := fs.String("profiles", "", "directory for profile summaries (default docs/profiles with the committed results, else the work directory)")
 	phases := fs.String("phases", strings.Join(allPhases, ","), "comma-separated phases to run: "+strings.Join(allPhases, ", "))
 	timeout := fs.Duration("timeout", 30*time.Minute, "bound on the whole run")
 	if err := fs.Parse(args); err != nil {
@@ -56,7 +60,7 @@ func parseOptions(args []string, root string) (options, error) {
 	if fs.NArg() > 0 {
 		return options{}, fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
-	o := options{runs: *runs, quick: *quick, out: *out, readme: *readme, profiles: *profiles, timeout: *timeout}
+	o := options{runs: *runs, quick: *quick, render: *render, profiles: *profiles, timeout: *timeout}
 	if o.runs == 0 {
 		o.runs = 3
 		if o.quick {
@@ -80,23 +84,63 @@ func parseOptions(args []string, root string) (options, error) {
 		return options{}, errors.New("-phases: none given")
 	}
 	partial := len(o.phases) < len(allPhases)
-	if !o.quick && !partial {
-		if o.out == "" {
-			o.out = filepath.Join(root, "docs", "BENCHMARKS.md")
+	if o.render && (o.quick || partial || *runs != 0) {
+		return options{}, errors.New("-render measures nothing: it takes no -quick, -phases or -runs")
+	}
+	// The committed files: a full run, or -render, without files of its own.
+	committed := *resultsFile == "" && *out == "" && (o.render || (!o.quick && !partial))
+	if committed {
+		o.files = results.Committed(root)
+		if *readme != "" {
+			o.files.Readme = *readme
 		}
-		if o.readme == "" {
-			o.readme = filepath.Join(root, "README.md")
+		if *rls != "" {
+			o.files.RLS = *rls
 		}
-		if o.profiles == "" {
+		if o.profiles == "" && !o.render {
 			o.profiles = filepath.Join(root, "docs", "profiles")
 		}
-	} else if o.out == "" && !o.quick {
-		return options{}, errors.New("-phases runs part of the suite: give -out, the full document is only rewritten by a full run")
+		return o, nil
+	}
+	o.files = results.Files{Results: *resultsFile, Benchmarks: *out, Readme: *readme, RLS: *rls}
+	if o.files.Results == "" && o.render {
+		return options{}, errors.New("-render with -out: give -results, the file to render from")
+	}
+	if o.files.Results == "" && o.files.Benchmarks != "" {
+		o.files.Results = strings.TrimSuffix(o.files.Benchmarks, filepath.Ext(o.files.Benchmarks)) + ".json"
+	}
+	if o.files.Results == "" {
+		kind := "run"
+		switch {
+		case o.quick:
+			kind = "quick"
+		case partial:
+			kind = "partial"
+		}
+		o.files.Results = filepath.Join(os.TempDir(), "quotaplane-bench-"+kind+".json")
+	}
+	if o.files.Benchmarks == "" {
+		o.files.Benchmarks = strings.TrimSuffix(o.files.Results, filepath.Ext(o.files.Results)) + ".md"
+	}
+	if o.files.Results == o.files.Benchmarks {
+		return options{}, fmt.Errorf("-results and -out are the same file %s", o.files.Results)
 	}
 	return o, nil
 }
 
 func (o options) has(phase string) bool { return slices.Contains(o.phases, phase) }
+
+// command is the command line the run is, for the results file.
+func (o options) command() string {
+	cmd := fmt.Sprintf("go run ./cmd/bench -runs %d", o.runs)
+	if o.quick {
+		cmd += " -quick"
+	}
+	if len(o.phases) < len(allPhases) {
+		cmd += " -phases " + strings.Join(o.phases, ",")
+	}
+	return cmd
+}
 
 // run is the whole suite.
 func run(ctx context.Context, args []string, stdout io.Writer) error {
@@ -108,6 +152,13 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
+	if opts.render {
+		if err := results.WriteDocuments(opts.files); err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "bench: rendered %s from %s\n", strings.Join(opts.files.Outputs(), ", "), strings.Join(opts.files.Inputs(), ", "))
+		return nil
+	}
 	ctx, cancel := context.WithTimeout(ctx, opts.timeout)
 	defer cancel()
 	work, err := os.MkdirTemp("", "quotaplane-bench-*")
@@ -115,35 +166,28 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 		return fmt.Errorf("work directory: %w", err)
 	}
 	defer os.RemoveAll(work)
-	if opts.quick && opts.out == "" {
-		opts.out = filepath.Join(os.TempDir(), "quotaplane-bench-quick.md")
-	}
 	if opts.profiles == "" {
 		opts.profiles = filepath.Join(work, "profiles")
 	}
 	b := &bench{opts: opts, root: root, work: work, log: stdout, rep: newReport()}
-	b.rep.start = time.Now()
-	b.rep.machine = readMachine(ctx)
-	b.logf("bench: %d run(s), phases %s, machine %s, load average %s", opts.runs, strings.Join(opts.phases, ","), b.rep.machine.cpu, b.rep.machine.loadStart)
+	meta := results.Run{Command: opts.command(), Runs: opts.runs, Quick: opts.quick, Phases: opts.phases,
+		Commit: commit(ctx, root), Start: time.Now().UTC(), Machine: readMachine(ctx)}
+	b.logf("bench: %d run(s), phases %s, commit %s, machine %s, load average %s", opts.runs, strings.Join(opts.phases, ","), meta.Commit, meta.Machine.CPU, meta.Machine.LoadStart)
 	if err := b.build(ctx); err != nil {
 		return err
 	}
 	if err := b.runPhases(ctx); err != nil {
 		return err
 	}
-	b.rep.end = time.Now()
-	b.rep.machine.loadEnd = testenv.LoadAverage()
-	doc := b.rep.render(opts)
-	if err := os.WriteFile(opts.out, []byte(doc), 0o644); err != nil {
-		return fmt.Errorf("write %s: %w", opts.out, err)
+	meta.End = time.Now().UTC()
+	meta.Machine.LoadEnd = testenv.LoadAverage()
+	if err := results.WriteFile(opts.files.Results, b.collect(meta)); err != nil {
+		return err
 	}
-	b.logf("bench: wrote %s (%s)", opts.out, b.rep.end.Sub(b.rep.start).Round(time.Second))
-	if opts.readme != "" {
-		if err := updateReadme(opts.readme, b.rep.headline(true)); err != nil {
-			return err
-		}
-		b.logf("bench: updated the headline table of %s", opts.readme)
+	if err := results.WriteDocuments(opts.files); err != nil {
+		return err
 	}
+	b.logf("bench: wrote %s; rendered %s (%s)", opts.files.Results, strings.Join(opts.files.Outputs(), ", "), meta.End.Sub(meta.Start).Round(time.Second))
 	return nil
 }
 
@@ -154,6 +198,8 @@ type bench struct {
 	work string // temporary files
 	log  io.Writer
 	rep  *report
+
+	scripts *scriptsPhase // the script phase's calls and figures
 
 	gatewayBin string // cmd/gateway
 	self       string // this program, built, for the child processes
@@ -229,6 +275,11 @@ func (b *bench) runPhases(ctx context.Context) error {
 		}
 		if b.opts.has("engine") {
 			if err := b.engineRun(ctx, i); err != nil {
+				return err
+			}
+		}
+		if b.opts.has("scripts") {
+			if err := b.scriptsRun(ctx, i); err != nil {
 				return err
 			}
 		}

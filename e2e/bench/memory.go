@@ -14,7 +14,6 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/quotaplane/quotaplane/internal/testenv"
-	"github.com/quotaplane/quotaplane/lua"
 	"github.com/quotaplane/quotaplane/regions"
 	"github.com/quotaplane/quotaplane/regions/store"
 )
@@ -44,32 +43,23 @@ func (b *bench) redisMemoryRun(ctx context.Context, run int) error {
 	defer rd.Kill()
 	rdb := redis.NewClient(&redis.Options{Addr: rd.Addr()})
 	defer rdb.Close()
-	tb := lua.NewTokenBucket(rdb)
-	if err := tb.Load(ctx); err != nil {
+	if err := loadScripts(ctx, rdb); err != nil {
 		return fmt.Errorf("redis memory: %w", err)
 	}
 	const capacity, refill = 100, 0.01 // 100 s to refill one token: a TTL of 200 s
 	m := redisMemory{perBucket: map[int64]float64{}}
-	keys := lua.Keys{}
 	for i, k := range []struct{ tenant, route string }{
 		{"tenant-000001", "create-order"},
 		{strings.Repeat("t", 64), strings.Repeat("r", 64)},
 	} {
-		key := keys.Bucket(k.tenant, k.route)
-		if _, err := tb.Take(ctx, key, capacity, refill, 1); err != nil {
-			return fmt.Errorf("redis memory: %w", err)
-		}
-		usage, err := rdb.MemoryUsage(ctx, key.Key).Result()
+		usage, err := memoryUsage(ctx, rdb, k.tenant, k.route, capacity, refill)
 		if err != nil {
-			return fmt.Errorf("redis memory: MEMORY USAGE: %w", err)
+			return fmt.Errorf("redis memory: %w", err)
 		}
 		if i == 0 {
 			m.typical = usage
 		} else {
 			m.longest = usage
-		}
-		if err := rdb.Del(ctx, key.Key, key.Record).Err(); err != nil {
-			return err
 		}
 	}
 	before, err := usedMemory(ctx, rdb)
@@ -83,7 +73,7 @@ func (b *bench) redisMemoryRun(ctx context.Context, run int) error {
 			pipe := rdb.Pipeline()
 			cmds := make([]*redis.Cmd, 0, batch)
 			for j := filled; j < filled+batch; j++ {
-				c := lua.ScriptTake.EvalShaCmd(ctx, keys.Bucket(fmt.Sprintf("tenant-%07d", j), "create-order"), capacity, refill, 1, 0)
+				c := memoryBucket(ctx, fmt.Sprintf("tenant-%07d", j), "create-order", capacity, refill)
 				_ = pipe.Process(ctx, c)
 				cmds = append(cmds, c)
 			}
@@ -91,14 +81,13 @@ func (b *bench) redisMemoryRun(ctx context.Context, run int) error {
 				return fmt.Errorf("redis memory: fill: %w", err)
 			}
 			for _, c := range cmds {
-				if r, err := lua.TakeReply(c); err != nil || !r.Allowed {
-					return fmt.Errorf("redis memory: fill: %v (allowed %v)", err, r.Allowed)
+				if err := memoryBucketOK(c); err != nil {
+					return fmt.Errorf("redis memory: fill: %w", err)
 				}
 			}
 		}
-		// A bucket and its rule record per tenant/route (lua/prelude.lua).
-		if got := rdb.DBSize(ctx).Val(); got != 2*n {
-			return fmt.Errorf("redis memory: DBSIZE %d, want %d: a bucket and its rule record each (did buckets expire?)", got, 2*n)
+		if got := rdb.DBSize(ctx).Val(); got != keysPerBucket*n {
+			return fmt.Errorf("redis memory: DBSIZE %d, want %d: %d keys per bucket (did buckets expire?)", got, keysPerBucket*n, keysPerBucket)
 		}
 		after, err := usedMemory(ctx, rdb)
 		if err != nil {

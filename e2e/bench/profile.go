@@ -24,44 +24,32 @@ import (
 // of whose patterns matches a frame of its stack (classes are tried in order, so the
 // specific ones come first).
 type costClass struct {
-	name    string
-	match   *regexp.Regexp
-	doneAbo string // what was done about it (the document's last column)
+	id, name string // templates/profile.tmpl says, by id, what was done about each
+	match    *regexp.Regexp
 }
 
 // costClasses name what a gateway process spends its time and memory on while serving.
-// The notes say what has been done about each and are kept with the code they describe.
 var costClasses = []costClass{
-	{"garbage collection (background marking, assists, sweeping)",
-		regexp.MustCompile(`runtime\.gcBgMarkWorker|runtime\.gcAssistAlloc|runtime\.bgsweep|runtime\.bgscavenge|runtime\.gcDrain|runtime\.markroot`),
-		"Follows the bytes allocated. The largest allocation per request, the proxy's 32 KB copy buffer (about 80% of the bytes), now comes from a pool (gateway/handler.go); what remains is spread over net/http and go-redis."},
-	{"metrics (Prometheus counters, the decision histogram, per-tenant series)",
-		regexp.MustCompile(`prometheus/client_golang|gateway\.\(\*tenantTracker\)`),
-		"Counters are resolved per route, decision and source once at start (no WithLabelValues per request); a tracked tenant costs a lock-free map lookup and two atomic adds, an untracked one a lock on one of 8 candidate parts; per-tenant series are capped (metrics.max_tenants)."},
-	{"API-key hash (SHA-256)",
-		regexp.MustCompile(`crypto/sha256|crypto/internal/fips140/sha256`),
-		"One SHA-256 of the key from a stack buffer (hashKey), no heap copy; the hash is the snapshot's map key, so there is no second lookup."},
-	{"rate-limit headers",
-		regexp.MustCompile(`gateway\.newRateHeaders|gateway\.rateHeaders\.write|gateway\.stripUpstreamRateHeaders`),
-		"Every value formatted into one string and one backing array: two allocations (headers.go); upstream rate headers deleted in place."},
-	{"rule and share lookup (snapshot)",
-		regexp.MustCompile(`regions\.\(\*Snapshot\)`),
-		"An immutable snapshot behind an atomic pointer: no lock on the hot path."},
-	{"Redis decision (limiter, pipelining, go-redis, the socket)",
-		regexp.MustCompile(`gateway/limiter\.|redis/go-redis|quotaplane/lua\.|sony/gobreaker`),
-		"Concurrent decisions share pipelines (up to 64 calls, 4 batches out), so syscalls and Redis's own work are paid per batch, not per request. go-redis's command and reply objects remain; the limiter adds a timeout context and the breaker's callback."},
-	{"reverse proxy to the upstream (httputil.ReverseProxy, transport, upstream I/O)",
-		regexp.MustCompile(`net/http/httputil\.|net/http\.\(\*Transport\)|net/http\.\(\*persistConn\)|net/http\.\(\*transferWriter\)|net/http\.persistConnWriter`),
-		"Response bodies are copied through pooled 32 KB buffers (ReverseProxy.BufferPool, gateway/handler.go): BenchmarkServeHTTP/redis/allowed+proxy went from 41,023 to 8,284 B/op. One shared Transport keeps 256 idle connections per upstream host (no dial per request). The header clones and the second HTTP hop are the standard library's; left as they are."},
-	{"gateway handler (routing, authentication, forwarding)",
-		regexp.MustCompile(`quotaplane/gateway\.|net/http\.\(\*ServeMux\)`),
-		"A ServeMux built once; no per-request closures beyond the route's."},
-	{"client connection: HTTP parsing and response writing (net/http server)",
-		regexp.MustCompile(`net/http\.\(\*conn\)|net/http\.\(\*response\)|net/http\.\(\*chunkWriter\)|net/http\.readRequest|net/textproto`),
-		"The standard library server on keep-alive connections; header size bounded (max_header_bytes). No change."},
-	{"scheduler, timers and network poller",
-		regexp.MustCompile(`runtime\.schedule|runtime\.findRunnable|runtime\.netpoll|runtime\.mcall|runtime\.park_m|runtime\.stopm|runtime\.futex`),
-		"The cost of many small goroutines doing I/O on two cores. No change."},
+	{"gc", "garbage collection (background marking, assists, sweeping)",
+		regexp.MustCompile(`runtime\.gcBgMarkWorker|runtime\.gcAssistAlloc|runtime\.bgsweep|runtime\.bgscavenge|runtime\.gcDrain|runtime\.markroot`)},
+	{"metrics", "metrics (Prometheus counters, the decision histogram, per-tenant series)",
+		regexp.MustCompile(`prometheus/client_golang|gateway\.\(\*tenantTracker\)`)},
+	{"keyhash", "API-key hash (SHA-256)",
+		regexp.MustCompile(`crypto/sha256|crypto/internal/fips140/sha256`)},
+	{"headers", "rate-limit headers",
+		regexp.MustCompile(`gateway\.newRateHeaders|gateway\.rateHeaders\.write|gateway\.stripUpstreamRateHeaders`)},
+	{"snapshot", "rule and share lookup (snapshot)",
+		regexp.MustCompile(`regions\.\(\*Snapshot\)`)},
+	{"redis", "Redis decision (limiter, pipelining, go-redis, the socket)",
+		regexp.MustCompile(`gateway/limiter\.|redis/go-redis|quotaplane/lua\.|sony/gobreaker`)},
+	{"proxy", "reverse proxy to the upstream (httputil.ReverseProxy, transport, upstream I/O)",
+		regexp.MustCompile(`net/http/httputil\.|net/http\.\(\*Transport\)|net/http\.\(\*persistConn\)|net/http\.\(\*transferWriter\)|net/http\.persistConnWriter`)},
+	{"handler", "gateway handler (routing, authentication, forwarding)",
+		regexp.MustCompile(`quotaplane/gateway\.|net/http\.\(\*ServeMux\)`)},
+	{"server", "client connection: HTTP parsing and response writing (net/http server)",
+		regexp.MustCompile(`net/http\.\(\*conn\)|net/http\.\(\*response\)|net/http\.\(\*chunkWriter\)|net/http\.readRequest|net/textproto`)},
+	{"scheduler", "scheduler, timers and network poller",
+		regexp.MustCompile(`runtime\.schedule|runtime\.findRunnable|runtime\.netpoll|runtime\.mcall|runtime\.park_m|runtime\.stopm|runtime\.futex`)},
 }
 
 // profileResult is the profile phase's outcome.
@@ -81,7 +69,7 @@ type profileResult struct {
 }
 
 type classShare struct {
-	name, done          string
+	id, name            string
 	cpu, bytes, objects float64 // fractions of the total
 }
 
@@ -228,10 +216,10 @@ func (b *bench) analyse(ctx context.Context, pr *profileResult) error {
 	pr.cpu = time.Duration(cpuTotal)
 	pr.allocB, pr.allocN = bytesTotal, objTotal
 	for i, c := range costClasses {
-		pr.classes = append(pr.classes, classShare{name: c.name, done: c.doneAbo,
+		pr.classes = append(pr.classes, classShare{id: c.id, name: c.name,
 			cpu: frac(cpuBy[i], cpuTotal), bytes: frac(bytesBy[i], bytesTotal), objects: frac(objBy[i], objTotal)})
 	}
-	pr.classes = append(pr.classes, classShare{name: "other (runtime, syscalls not above)",
+	pr.classes = append(pr.classes, classShare{id: "other", name: "other (runtime, syscalls not above)",
 		cpu: frac(cpuBy[-1], cpuTotal), bytes: frac(bytesBy[-1], bytesTotal), objects: frac(objBy[-1], objTotal)})
 	sort.SliceStable(pr.classes, func(i, j int) bool { return pr.classes[i].cpu > pr.classes[j].cpu })
 	if pr.topCPU, err = pprof("-top", "-nodecount=30", pr.cpuFile); err != nil {

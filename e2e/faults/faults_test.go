@@ -12,6 +12,7 @@ import (
 
 	"github.com/quotaplane/quotaplane/e2e/loadgen"
 	"github.com/quotaplane/quotaplane/e2e/stack"
+	"github.com/quotaplane/quotaplane/internal/gendoc"
 	"github.com/quotaplane/quotaplane/internal/testenv"
 )
 
@@ -124,7 +125,7 @@ func TestFaults(t *testing.T) {
 	table := figuresTable(rows, baseline)
 	t.Logf("total %v\n%s", time.Since(began).Round(time.Second), table)
 	if *update {
-		if err := testenv.RewriteBetween("../../docs/reliability.md", beginMark, endMark, fmt.Sprintf("Measured %s.\n\n", time.Now().UTC().Format("2006-01-02 15:04 MST"))+table); err != nil {
+		if err := gendoc.Rewrite("../../docs/reliability.md", reliabilitySection, fmt.Sprintf("Measured %s.\n\n", time.Now().UTC().Format("2006-01-02 15:04 MST"))+table); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -535,7 +536,6 @@ func figuresTable(rows []row, baseline time.Duration) string {
 	return b.String()
 }
 
-const (
-	beginMark = "<!-- faults:begin (go test ./e2e/faults/ -run TestFaults -update) -->"
-	endMark   = "<!-- faults:end -->"
-)
+// reliabilitySection is the generated section of docs/reliability.md that -update
+// rewrites (internal/gendoc).
+const reliabilitySection = "faults"

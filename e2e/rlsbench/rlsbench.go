@@ -2,10 +2,16 @@
 // side with envoyproxy/ratelimit, built from source through the Go module proxy, on the
 // same Redis: decisions per second and latency percentiles at 16 and 64 gRPC callers over
 // 100k keys; and the latency the check endpoint adds to nginx (nginx + auth_request to
-// /v1/check vs nginx alone) at a fixed 1,000 requests per second. It rewrites the
-// figures between the rlsbench markers of docs/BENCHMARKS.md.
+// /v1/check vs nginx alone) at a fixed 1,000 requests per second. It writes its figures
+// to docs/bench/rls.json and renders the documents again from the results files
+// (e2e/bench/results: section 7 of docs/BENCHMARKS.md, the README's headline,
+// docs/proxies.md's rls section).
 //
-//	go run ./cmd/rlsbench [-duration 10s] [-keys 100000] [-callers 16,64] [-out docs/BENCHMARKS.md]
+//	go run ./cmd/rlsbench [-duration 10s] [-keys 100000] [-callers 16,64] [-quiet 2m] [-out docs/bench/rls.json]
+//
+// Its target counts only on a quiet machine, so after the builds it waits (up to
+// -quiet) for the 1-minute load average to fall below results.MaxLoad, and records the
+// load average when measuring starts and at the end.
 //
 // Everything runs on loopback: one redis-server, the gateway binary, the ratelimit
 // service, nginx and an in-process upstream. No code of envoyproxy/ratelimit is part of
@@ -38,6 +44,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/quotaplane/quotaplane/e2e/bench/results"
 	"github.com/quotaplane/quotaplane/internal/testenv"
 )
 
@@ -55,7 +62,11 @@ type options struct {
 	conns    int
 	out      string
 	checkRPS int
+	quiet    time.Duration // the longest wait for a quiet machine
 }
+
+// warmup is the load before each measured row.
+const warmup = 2 * time.Second
 
 func run(ctx context.Context, args []string, stdout io.Writer) error {
 	fs := flag.NewFlagSet("rlsbench", flag.ContinueOnError)
@@ -63,12 +74,13 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	keys := fs.Int("keys", 100_000, "distinct descriptor values (buckets)")
 	callers := fs.String("callers", "16,64", "concurrent gRPC callers, comma-separated")
 	conns := fs.Int("conns", 4, "gRPC connections the callers share (the same for both servers)")
-	out := fs.String("out", "docs/BENCHMARKS.md", "document whose rlsbench section is rewritten; empty prints only")
+	out := fs.String("out", "docs/bench/rls.json", "the results file to write (the committed one also renders the documents again); empty prints only")
 	checkRPS := fs.Int("check-rps", 1000, "request rate of the nginx check-endpoint measurement")
+	quiet := fs.Duration("quiet", 2*time.Minute, "how long to wait after the builds for a 1-minute load average below 2 (0: do not wait)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	o := options{duration: *duration, keys: *keys, conns: *conns, out: *out, checkRPS: *checkRPS}
+	o := options{duration: *duration, keys: *keys, conns: *conns, out: *out, checkRPS: *checkRPS, quiet: *quiet}
 	for s := range strings.SplitSeq(*callers, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(s))
 		if err != nil || n < 1 || n > 1024 {
@@ -76,8 +88,12 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 		}
 		o.callers = append(o.callers, n)
 	}
-	if o.duration < time.Second || o.duration > 10*time.Minute || o.keys < 1 || o.keys > 10_000_000 || o.conns < 1 || o.conns > 64 || o.checkRPS < 1 || o.checkRPS > 100_000 {
-		return errors.New("-duration 1s..10m, -keys 1..1e7, -conns 1..64, -check-rps 1..1e5")
+	if o.duration < time.Second || o.duration > 10*time.Minute || o.keys < 1 || o.keys > 10_000_000 || o.conns < 1 || o.conns > 64 || o.checkRPS < 1 || o.checkRPS > 100_000 || o.quiet < 0 || o.quiet > 30*time.Minute {
+		return errors.New("-duration 1s..10m, -keys 1..1e7, -conns 1..64, -check-rps 1..1e5, -quiet 0..30m")
+	}
+	root, err := testenv.ModuleRoot(ctx)
+	if err != nil {
+		return err
 	}
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Minute)
 	defer cancel()
@@ -90,8 +106,9 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 		fmt.Fprintf(stdout, "%s "+format+"\n", append([]any{time.Now().Format("15:04:05")}, a...)...)
 	}
 
-	loadStart := loadAverageCPUs()
-	logf("building the gateway and %s (load average %s)", ratelimitModule, loadStart)
+	res := &results.RLS{Command: "go run ./cmd/rlsbench", Commit: commit(ctx, root), CPUs: runtime.NumCPU(),
+		Keys: o.keys, Conns: o.conns, Duration: results.Duration(o.duration), Warmup: results.Duration(warmup), Ratelimit: ratelimitModule}
+	logf("building the gateway and %s (load average %s)", ratelimitModule, testenv.LoadAverage())
 	bin := filepath.Join(work, "bin")
 	if err := goCmd(ctx, nil, "build", "-o", bin+"/", "./cmd/gateway"); err != nil {
 		return err
@@ -99,7 +116,13 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	rlBuild := goCmd(ctx, []string{"GOBIN=" + bin}, "install", ratelimitModule)
 	if rlBuild != nil {
 		logf("envoyproxy/ratelimit could not be built; measuring the gateway alone: %v", rlBuild)
+		res.RatelimitError, _, _ = strings.Cut(rlBuild.Error(), "\n")
 	}
+	if err := waitQuiet(ctx, o.quiet, logf); err != nil {
+		return err
+	}
+	res.Start, res.LoadStart = time.Now().UTC(), testenv.LoadAverage()
+	logf("measuring (load average %s)", res.LoadStart)
 
 	redis, err := testenv.StartRedis(ctx, testenv.RedisOptions{Dir: filepath.Join(work, "redis")})
 	if err != nil {
@@ -107,7 +130,6 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	}
 	defer func() { _ = redis.Kill() }()
 
-	var rows []row
 	gw, err := startGateway(ctx, work, filepath.Join(bin, "gateway"), redis.Addr())
 	if err != nil {
 		return err
@@ -121,10 +143,9 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 		if err != nil {
 			return err
 		}
-		r.server = "quotaplane gateway (rls_listen)"
-		r.note = gw.sources(ctx)
-		rows = append(rows, r)
-		logf("  %s", r.line())
+		r.Server, r.Sources = "quotaplane", gw.sources(ctx)
+		res.Rows = append(res.Rows, r)
+		logf("  %s", line(r))
 	}
 	if rlBuild == nil {
 		rl, err := startRatelimit(ctx, work, filepath.Join(bin, "service_cmd"), redis.Addr())
@@ -138,9 +159,9 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 				_ = rl.Stop()
 				return err
 			}
-			r.server = "envoyproxy/ratelimit (redis, defaults)"
-			rows = append(rows, r)
-			logf("  %s", r.line())
+			r.Server = "ratelimit"
+			res.Rows = append(res.Rows, r)
+			logf("  %s", line(r))
 		}
 		_ = rl.Stop()
 	}
@@ -150,16 +171,69 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
+	res.Check = &results.CheckLoad{RPS: o.checkRPS, Duration: results.Duration(o.duration), Rows: check}
 	for _, c := range check {
-		logf("  %s", c.line())
+		logf("  %s: %d requests, p50 %.2f ms, p99 %.2f ms, max %.2f ms, statuses %v, %d errors", c.Path, c.Requests, c.P50Ms, c.P99Ms, c.MaxMs, c.Statuses, c.Errors)
 	}
-
-	doc := render(o, rows, check, rlBuild, loadStart)
-	fmt.Fprint(stdout, doc)
+	res.End, res.LoadEnd = time.Now().UTC(), testenv.LoadAverage()
+	for _, n := range o.callers {
+		if x := res.Ratio(n); x > 0 {
+			logf("at %d callers the gateway answers %.2fx the decisions/s of envoyproxy/ratelimit", n, x)
+		}
+	}
+	logf("load average %s when measuring started, %s at the end", res.LoadStart, res.LoadEnd)
 	if o.out == "" {
 		return nil
 	}
-	return testenv.RewriteBetween(o.out, markStart, markEnd, doc)
+	if err := results.WriteFile(o.out, res); err != nil {
+		return err
+	}
+	logf("wrote %s", o.out)
+	committed := results.Committed(root)
+	if abs, err := filepath.Abs(o.out); err != nil || abs != committed.RLS {
+		return nil // a results file of its own: the committed documents stay
+	}
+	if err := results.WriteDocuments(committed); err != nil {
+		return err
+	}
+	logf("rendered %s", strings.Join(committed.Outputs(), ", "))
+	return nil
+}
+
+// waitQuiet waits, up to max, for the 1-minute load average to fall below
+// results.MaxLoad: the builds and a benchmark run just before (make bench) load the
+// machine, and the RLS target counts only on a quiet one. It polls the machine's
+// state, a real process's, every 5 s; it returns at once when max is 0.
+func waitQuiet(ctx context.Context, max time.Duration, logf func(string, ...any)) error {
+	deadline := time.Now().Add(max)
+	for {
+		load, ok := results.LoadOne(testenv.LoadAverage())
+		if ok && load < results.MaxLoad {
+			return nil
+		}
+		if !time.Now().Before(deadline) {
+			if max > 0 {
+				logf("the load average is still %s after %s: measuring anyway (the RLS target will say the machine was busy)", testenv.LoadAverage(), max)
+			}
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(5 * time.Second):
+		}
+	}
+}
+
+// commit is the measured tree: git describe --always --dirty, or "unknown".
+func commit(ctx context.Context, root string) string {
+	cmd := exec.CommandContext(ctx, "git", "describe", "--always", "--dirty")
+	cmd.Dir = root
+	out, err := cmd.Output()
+	if err != nil {
+		return "unknown"
+	}
+	return strings.TrimSpace(string(out))
 }
 
 const benchKey = "bench-key"
@@ -232,12 +306,13 @@ tenants:
 	return g, err
 }
 
-// sources sums the gateway's RLS decisions by source from /metrics.
-func (g *gateway) sources(ctx context.Context) string {
+// sources sums the gateway's RLS decisions by source from /metrics, the sources that
+// decided any (nil when it cannot be read).
+func (g *gateway) sources(ctx context.Context) map[string]float64 {
 	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+g.admn+"/metrics", nil)
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		return ""
+		return nil
 	}
 	defer resp.Body.Close()
 	sums := map[string]float64{}
@@ -255,16 +330,11 @@ func (g *gateway) sources(ctx context.Context) string {
 		}
 		src := line[i+8:]
 		src = src[:strings.IndexByte(src, '"')]
-		v, _ := strconv.ParseFloat(line[j+1:], 64)
-		sums[src] += v
-	}
-	var parts []string
-	for _, s := range []string{"redis", "fallback", "lease", "none"} {
-		if sums[s] > 0 {
-			parts = append(parts, fmt.Sprintf("%s %.0f", s, sums[s]))
+		if v, _ := strconv.ParseFloat(line[j+1:], 64); v > 0 {
+			sums[src] += v
 		}
 	}
-	return "decisions so far by source: " + strings.Join(parts, ", ")
+	return sums
 }
 
 // startRatelimit runs envoyproxy/ratelimit on the same Redis: one descriptor key "user",
@@ -311,33 +381,20 @@ func desc(kv ...string) *rlcommon.RateLimitDescriptor {
 	return d
 }
 
-// row is one measured load.
-type row struct {
-	server        string
-	callers       int
-	calls, errors int64
-	overLimit     int64
-	elapsed       time.Duration
-	p50, p99      time.Duration
-	note          string
+func line(r results.RLSRow) string {
+	return fmt.Sprintf("%.0f decisions/s, p50 %.2f ms, p99 %.2f ms, %d errors, %d over limit", r.DecisionsPerS, r.P50Ms, r.P99Ms, r.Errors, r.OverLimit)
 }
 
-func (r row) rate() float64 { return float64(r.calls) / r.elapsed.Seconds() }
-
-func (r row) line() string {
-	return fmt.Sprintf("%.0f decisions/s, p50 %s, p99 %s, %d errors, %d over limit", r.rate(), ms(r.p50), ms(r.p99), r.errors, r.overLimit)
-}
-
-func ms(d time.Duration) string { return fmt.Sprintf("%.2f ms", float64(d)/float64(time.Millisecond)) }
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 
 // load runs callers closed-loop for o.duration after a 2 s warm-up, each sending one
 // descriptor with a uniformly random key of o.keys.
-func load(ctx context.Context, addr string, o options, callers int, mk func(key string) *rlcommon.RateLimitDescriptor) (row, error) {
+func load(ctx context.Context, addr string, o options, callers int, mk func(key string) *rlcommon.RateLimitDescriptor) (results.RLSRow, error) {
 	conns := make([]rlsv3.RateLimitServiceClient, o.conns)
 	for i := range conns {
 		c, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 		if err != nil {
-			return row{}, err
+			return results.RLSRow{}, err
 		}
 		defer c.Close()
 		conns[i] = rlsv3.NewRateLimitServiceClient(c)
@@ -345,7 +402,7 @@ func load(ctx context.Context, addr string, o options, callers int, mk func(key 
 	var measuring atomic.Bool
 	var calls, errs, over atomic.Int64
 	lat := make([][]time.Duration, callers)
-	warm := time.Now().Add(2 * time.Second)
+	warm := time.Now().Add(warmup)
 	end := warm.Add(o.duration)
 	var wg sync.WaitGroup
 	for i := range callers {
@@ -382,34 +439,22 @@ func load(ctx context.Context, addr string, o options, callers int, mk func(key 
 	}
 	wg.Wait()
 	if err := ctx.Err(); err != nil {
-		return row{}, err
+		return results.RLSRow{}, err
 	}
 	all := slices.Concat(lat...)
 	slices.Sort(all)
-	r := row{callers: callers, calls: calls.Load(), errors: errs.Load(), overLimit: over.Load(), elapsed: o.duration}
+	r := results.RLSRow{Callers: callers, Calls: calls.Load(), Errors: errs.Load(), OverLimit: over.Load(), DecisionsPerS: float64(calls.Load()) / o.duration.Seconds()}
 	if len(all) > 0 {
-		r.p50, r.p99 = all[len(all)*50/100], all[len(all)*99/100]
+		r.P50Ms, r.P99Ms = ms(all[len(all)*50/100]), ms(all[len(all)*99/100])
 	}
 	return r, nil
-}
-
-// checkRow is one open-loop nginx measurement.
-type checkRow struct {
-	name          string
-	sent, errs    int64
-	p50, p99, max time.Duration
-	statuses      map[int]int64
-}
-
-func (c checkRow) line() string {
-	return fmt.Sprintf("%s: %d requests, p50 %s, p99 %s, max %s, statuses %v, %d errors", c.name, c.sent, ms(c.p50), ms(c.p99), ms(c.max), c.statuses, c.errs)
 }
 
 // checkOverhead runs nginx with two servers in front of one upstream: the shipped
 // deploy/nginx/quotaplane.conf (auth_request to the gateway's /v1/check) and the same
 // proxying without auth_request, and sends each o.checkRPS requests per second for
 // o.duration, open loop (latency counted from the intended send time).
-func checkOverhead(ctx context.Context, work string, gw *gateway, o options) ([]checkRow, error) {
+func checkOverhead(ctx context.Context, work string, gw *gateway, o options) ([]results.CheckRow, error) {
 	app := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { _, _ = io.WriteString(w, "ok\n") })}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -444,22 +489,22 @@ server {
 		return nil, err
 	}
 	defer func() { _ = ngx.Stop() }()
-	var rows []checkRow
-	for _, t := range []struct{ name, url string }{
-		{"nginx alone", "http://" + plain + "/orders"},
-		{"nginx + auth_request /v1/check", "http://" + ngx.Addr() + "/orders"},
+	var rows []results.CheckRow
+	for _, t := range []struct{ path, url string }{
+		{"nginx", "http://" + plain + "/orders"},
+		{"nginx+check", "http://" + ngx.Addr() + "/orders"},
 	} {
 		r, err := openLoop(ctx, t.url, o.checkRPS, o.duration)
 		if err != nil {
 			return nil, err
 		}
-		r.name = t.name
+		r.Path = t.path
 		rows = append(rows, r)
 	}
 	return rows, nil
 }
 
-func openLoop(ctx context.Context, url string, rps int, d time.Duration) (checkRow, error) {
+func openLoop(ctx context.Context, url string, rps int, d time.Duration) (results.CheckRow, error) {
 	client := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 256}}
 	n := int(float64(rps) * d.Seconds())
 	lat := make([]time.Duration, n)
@@ -474,7 +519,7 @@ func openLoop(ctx context.Context, url string, rps int, d time.Duration) (checkR
 		if w := time.Until(at); w > 0 {
 			select {
 			case <-ctx.Done():
-				return checkRow{}, ctx.Err()
+				return results.CheckRow{}, ctx.Err()
 			case <-time.After(w):
 			}
 		}
@@ -494,75 +539,17 @@ func openLoop(ctx context.Context, url string, rps int, d time.Duration) (checkR
 		})
 	}
 	wg.Wait()
-	r := checkRow{sent: int64(n), errs: errs.Load(), statuses: map[int]int64{}}
+	r := results.CheckRow{Requests: int64(n), Errors: errs.Load(), Statuses: map[string]int64{}}
 	var ok []time.Duration
 	for i := range n {
 		if status[i] != 0 {
-			r.statuses[status[i]]++
+			r.Statuses[strconv.Itoa(status[i])]++
 			ok = append(ok, lat[i])
 		}
 	}
 	slices.Sort(ok)
 	if len(ok) > 0 {
-		r.p50, r.p99, r.max = ok[len(ok)*50/100], ok[len(ok)*99/100], ok[len(ok)-1]
+		r.P50Ms, r.P99Ms, r.MaxMs = ms(ok[len(ok)*50/100]), ms(ok[len(ok)*99/100]), ms(ok[len(ok)-1])
 	}
 	return r, nil
-}
-
-func render(o options, rows []row, check []checkRow, rlBuild error, loadStart string) string {
-	var b strings.Builder
-	fmt.Fprintf(&b, "Measured %s by `go run ./cmd/rlsbench` (`make bench-rls`): %d keys (uniform), %d gRPC connections shared by the callers, %s per row after a 2 s warm-up, one redis-server for both services, the load generator, both services, Redis and nginx all on this machine over loopback; load average %s at the start, %s at the end (the machine is shared: compare rows within one run, not across runs).\n\n",
-		time.Now().UTC().Format("2006-01-02 15:04 UTC"), o.keys, o.conns, o.duration, loadStart, loadAverageCPUs())
-	b.WriteString("| server | callers | decisions/s | p50 | p99 | errors | over limit |\n|---|---|---|---|---|---|---|\n")
-	for _, r := range rows {
-		fmt.Fprintf(&b, "| %s | %d | %.0f | %s | %s | %d | %d |\n", r.server, r.callers, r.rate(), ms(r.p50), ms(r.p99), r.errors, r.overLimit)
-	}
-	for _, r := range rows {
-		if r.note != "" {
-			fmt.Fprintf(&b, "\nquotaplane, after %d callers: %s.", r.callers, r.note)
-		}
-	}
-	b.WriteString("\n")
-	if rlBuild != nil {
-		fmt.Fprintf(&b, "\nenvoyproxy/ratelimit could not be built from the Go module proxy (`go install %s`), so it is not in the table.\n", ratelimitModule)
-	} else {
-		for _, n := range o.callers {
-			var q, e float64
-			for _, r := range rows {
-				if r.callers == n && strings.HasPrefix(r.server, "quotaplane") {
-					q = r.rate()
-				} else if r.callers == n {
-					e = r.rate()
-				}
-			}
-			if e > 0 {
-				fmt.Fprintf(&b, "\nAt %d callers the gateway answers %.2fx the decisions/s of envoyproxy/ratelimit.", n, q/e)
-			}
-		}
-		b.WriteString("\n")
-	}
-	fmt.Fprintf(&b, "\nCheck endpoint, %d requests/s open loop for %s (latency from the intended send time):\n\n", o.checkRPS, o.duration)
-	b.WriteString("| path | requests | p50 | p99 | max | statuses | errors |\n|---|---|---|---|---|---|---|\n")
-	for _, c := range check {
-		var st []string
-		for code, n := range c.statuses {
-			st = append(st, fmt.Sprintf("%d: %d", code, n))
-		}
-		slices.Sort(st)
-		fmt.Fprintf(&b, "| %s | %d | %s | %s | %s | %s | %d |\n", c.name, c.sent, ms(c.p50), ms(c.p99), ms(c.max), strings.Join(st, ", "), c.errs)
-	}
-	if len(check) == 2 {
-		fmt.Fprintf(&b, "\nAdded by nginx + `/v1/check` over nginx alone: p50 %s, p99 %s.\n", ms(check[1].p50-check[0].p50), ms(check[1].p99-check[0].p99))
-	}
-	return b.String()
-}
-
-const (
-	markStart = "<!-- rlsbench:start -->"
-	markEnd   = "<!-- rlsbench:end -->"
-)
-
-// loadAverageCPUs is the load average with the CPU count, for the report.
-func loadAverageCPUs() string {
-	return testenv.LoadAverage() + " on " + strconv.Itoa(runtime.NumCPU()) + " CPUs"
 }

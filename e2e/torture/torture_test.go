@@ -14,6 +14,7 @@ import (
 
 	"github.com/quotaplane/quotaplane/e2e/faults"
 	"github.com/quotaplane/quotaplane/e2e/stack"
+	"github.com/quotaplane/quotaplane/internal/gendoc"
 	"github.com/quotaplane/quotaplane/internal/testenv"
 	"github.com/quotaplane/quotaplane/regions"
 )
@@ -125,7 +126,7 @@ func TestTorture(t *testing.T) {
 	table := figuresTable(rows)
 	t.Logf("total %v\n%s", time.Since(began).Round(time.Second), table)
 	if *update {
-		if err := testenv.RewriteBetween("../../docs/reliability.md", beginMark, endMark, fmt.Sprintf("Measured %s.\n\n", time.Now().UTC().Format("2006-01-02 15:04 MST"))+table); err != nil {
+		if err := gendoc.Rewrite("../../docs/reliability.md", reliabilitySection, fmt.Sprintf("Measured %s.\n\n", time.Now().UTC().Format("2006-01-02 15:04 MST"))+table); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -477,7 +478,6 @@ func figuresTable(rows []row) string {
 	return b.String()
 }
 
-const (
-	beginMark = "<!-- torture:begin (make torture SEEDS=N) -->"
-	endMark   = "<!-- torture:end -->"
-)
+// reliabilitySection is the generated section of docs/reliability.md that -update
+// rewrites (internal/gendoc).
+const reliabilitySection = "torture"

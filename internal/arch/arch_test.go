@@ -13,6 +13,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/quotaplane/quotaplane/internal/gendoc"
 )
 
 // pkg is the part of `go list -json` the test reads.
@@ -70,7 +72,7 @@ func listPackages(t *testing.T, root, module string) map[string]pkg {
 	return pkgs
 }
 
-// table reads the rows between the begin and end markers of docs/architecture.md: the
+// table reads the rows of a generated section of docs/architecture.md (internal/gendoc): the
 // first column's package and the last column's list of `code` names.
 func table(t *testing.T, root, marker string) map[string][]string {
 	t.Helper()
@@ -78,14 +80,13 @@ func table(t *testing.T, root, marker string) map[string][]string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	begin := bytes.Index(data, []byte("<!-- "+marker+":begin"))
-	end := bytes.Index(data, []byte("<!-- "+marker+":end -->"))
-	if begin < 0 || end < begin {
-		t.Fatalf("docs/architecture.md: no %s:begin ... %s:end markers", marker, marker)
+	section, err := gendoc.Section(data, marker)
+	if err != nil {
+		t.Fatalf("docs/architecture.md: %v", err)
 	}
 	code := regexp.MustCompile("`([^`]+)`")
 	rows := map[string][]string{}
-	sc := bufio.NewScanner(bytes.NewReader(data[begin:end]))
+	sc := bufio.NewScanner(strings.NewReader(section))
 	for sc.Scan() {
 		line := strings.TrimSpace(sc.Text())
 		if !strings.HasPrefix(line, "| `") {

@@ -75,19 +75,3 @@ func LoadAverage() string {
 	}
 	return strings.Join(f[:3], " ")
 }
-
-// RewriteBetween replaces the text between the begin and end markers of the file at path
-// with text (the markers stay), as the suites that rewrite their figures in docs/ do.
-func RewriteBetween(path, begin, end, text string) error {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return err
-	}
-	s := string(b)
-	i, j := strings.Index(s, begin), strings.Index(s, end)
-	if i < 0 || j < i {
-		return fmt.Errorf("%s: markers %q ... %q not found", path, begin, end)
-	}
-	s = s[:i+len(begin)] + "\n" + text + s[j:]
-	return os.WriteFile(path, []byte(s), 0o644)
-}

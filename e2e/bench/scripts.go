@@ -1,0 +1,372 @@
+package bench
+
+import (
+	"context"
+	"crypto/sha1"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/quotaplane/quotaplane/e2e/bench/results"
+	"github.com/quotaplane/quotaplane/internal/testenv"
+)
+
+// The script phase: the Redis ceiling of each script with nothing but redis-benchmark
+// in front of it, on one redis-server, the rows side by side in every run.
+
+// scriptCall is one script call as redis-benchmark sends it: the script's text (SCRIPT
+// LOAD, then EVALSHA by its SHA1), and the keys and arguments of one call, where
+// redis-benchmark puts a random number below -r for every randKey.
+type scriptCall struct {
+	name, origin string
+	source       string
+	keys, args   []string
+	decisions    int // decisions one call takes
+}
+
+// randKey is redis-benchmark's placeholder for a random key number.
+const randKey = "__rand_int__"
+
+// ceilingRule is the capacity and refill of every script's rule: so large that every
+// call admits, and so runs its whole script and writes.
+const ceilingRule = 1_000_000_000
+
+func (c scriptCall) sha() string {
+	h := sha1.Sum([]byte(c.source))
+	return hex.EncodeToString(h[:])
+}
+
+// articleScript is the token bucket of the design's source article, section 6.2,
+// verbatim.
+const articleScript = `local key = KEYS[1]
+local capacity = tonumber(ARGV[1])
+local refillMs = tonumber(ARGV[2]) / 1000.0 -- tokens por ms
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local data = redis.call('HMGET', key, 'tokens', 'ts')
+local tokens = tonumber(data[1]) or capacity
+local ts = tonumber(data[2]) or now
+tokens = math.min(capacity, tokens + math.max(0, now - ts) * refillMs)
+local allowed = 0
+if tokens >= 1 then
+tokens = tokens - 1
+allowed = 1
+end
+redis.call('HSET', key, 'tokens', tostring(tokens), 'ts', now)
+redis.call('PEXPIRE', key, math.ceil(capacity / refillMs) * 2)
+return { allowed, math.floor(tokens) }
+`
+
+// articleBatchScript is the article's logic looped over every key of one call (one
+// TIME for the call), replying allowed and remaining per key.
+const articleBatchScript = `local capacity = tonumber(ARGV[1])
+local refillMs = tonumber(ARGV[2]) / 1000.0
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local out = {}
+for i, key in ipairs(KEYS) do
+  local data = redis.call('HMGET', key, 'tokens', 'ts')
+  local tokens = tonumber(data[1]) or capacity
+  local ts = tonumber(data[2]) or now
+  tokens = math.min(capacity, tokens + math.max(0, now - ts) * refillMs)
+  local allowed = 0
+  if tokens >= 1 then
+    tokens = tokens - 1
+    allowed = 1
+  end
+  redis.call('HSET', key, 'tokens', tostring(tokens), 'ts', now)
+  redis.call('PEXPIRE', key, math.ceil(capacity / refillMs) * 2)
+  out[2 * i - 1] = allowed
+  out[2 * i] = math.floor(tokens)
+end
+return out
+`
+
+func articleCall() scriptCall {
+	return scriptCall{name: "article", origin: "the article, section 6.2, verbatim", source: articleScript,
+		keys: []string{"article:{" + randKey + "}:create-order"}, args: rule2(), decisions: 1}
+}
+
+// articleBatch is n decisions of the article's logic in one call, on n random keys.
+func articleBatch(n int) scriptCall {
+	keys := make([]string, n)
+	for i := range keys {
+		keys[i] = "article:{" + randKey + "}:create-order"
+	}
+	return scriptCall{name: "article-batch", origin: fmt.Sprintf("the article's logic looped over the %d keys of one call", n),
+		source: articleBatchScript, keys: keys, args: rule2(), decisions: n}
+}
+
+func rule2() []string {
+	r := strconv.Itoa(ceilingRule)
+	return []string{r, r}
+}
+
+// redisRateCall is go-redis/redis_rate's GCRA script (the allowN of the module version
+// in go.mod, read from its source, so none of its code is copied here) as its Allow
+// calls it: key "rate:" + key; burst, rate, period in seconds, cost.
+func redisRateCall(ctx context.Context, root string) (scriptCall, error) {
+	const module = "github.com/go-redis/redis_rate/v10"
+	cmd := exec.CommandContext(ctx, "go", "list", "-m", "-f", "{{.Dir}} {{.Version}}", module)
+	cmd.Dir = root
+	out, err := cmd.Output()
+	if err != nil {
+		return scriptCall{}, fmt.Errorf("go list -m %s: %w", module, err)
+	}
+	dir, version, ok := strings.Cut(strings.TrimSpace(string(out)), " ")
+	if !ok || dir == "" {
+		return scriptCall{}, fmt.Errorf("go list -m %s: %q: module source not downloaded (go mod download %s)", module, out, module)
+	}
+	src, err := os.ReadFile(filepath.Join(dir, "lua.go"))
+	if err != nil {
+		return scriptCall{}, fmt.Errorf("redis_rate's script: %w", err)
+	}
+	m := regexp.MustCompile("(?s)var allowN = redis.NewScript\\(`(.*?)`\\)").FindSubmatch(src)
+	if m == nil {
+		return scriptCall{}, fmt.Errorf("redis_rate's script: no allowN = redis.NewScript(`...`) in %s/lua.go", dir)
+	}
+	r := strconv.Itoa(ceilingRule)
+	return scriptCall{name: "redis_rate", origin: fmt.Sprintf("`allowN` of %s %s (GCRA)", module, version), source: string(m[1]),
+		keys: []string{"rate:" + randKey}, args: []string{r, r, "1", "1"}, decisions: 1}, nil
+}
+
+// scriptsPhase holds the phase's calls and every run's figures.
+type scriptsPhase struct {
+	calls     []scriptCall
+	keys      int
+	pipeline  int
+	clients   int
+	decisions int // per row and run
+	callsPerS map[string][]float64
+	cpu       map[string][]float64
+}
+
+// scriptCalls are the rows: the article's script, redis_rate's, ours, and ours with
+// many buckets per call (16, as issue 23 measures it); the article's logic looped
+// over 16 keys too while our batch is something else than that.
+func (b *bench) scriptCalls(ctx context.Context) ([]scriptCall, error) {
+	rr, err := redisRateCall(ctx, b.root)
+	if err != nil {
+		return nil, err
+	}
+	calls := []scriptCall{articleCall(), rr, ourCall(), ourBatch(16)}
+	if ab := articleBatch(16); ab.source != calls[3].source {
+		calls = append(calls, ab)
+	}
+	return calls, nil
+}
+
+// scriptsRun runs every row once on a fresh redis-server, rotated so that no row
+// always goes first.
+func (b *bench) scriptsRun(ctx context.Context, run int) error {
+	bin, err := exec.LookPath("redis-benchmark")
+	if err != nil {
+		return fmt.Errorf("scripts: redis-benchmark not found (Debian package redis-tools): %w", err)
+	}
+	if b.scripts == nil {
+		calls, err := b.scriptCalls(ctx)
+		if err != nil {
+			return err
+		}
+		b.scripts = &scriptsPhase{calls: calls, keys: 100_000, pipeline: 16, clients: 50, decisions: 400_000,
+			callsPerS: map[string][]float64{}, cpu: map[string][]float64{}}
+		if b.opts.quick {
+			b.scripts.decisions = 20_000
+		}
+	}
+	sp := b.scripts
+	rd, err := testenv.StartRedis(ctx, testenv.RedisOptions{Dir: filepath.Join(b.work, fmt.Sprintf("redis-scripts-%d", run))})
+	if err != nil {
+		return err
+	}
+	defer rd.Kill()
+	rdb := redis.NewClient(&redis.Options{Addr: rd.Addr()})
+	defer rdb.Close()
+	for _, c := range sp.calls {
+		if err := checkScript(ctx, rdb, c); err != nil {
+			return err
+		}
+	}
+	for j := range sp.calls {
+		c := sp.calls[(run+j)%len(sp.calls)]
+		rate, cpu, err := redisBenchmark(ctx, bin, rd, rdb, c, sp)
+		if err != nil {
+			return err
+		}
+		sp.callsPerS[c.name] = append(sp.callsPerS[c.name], rate)
+		sp.cpu[c.name] = append(sp.cpu[c.name], cpu)
+		b.logf("scripts run %d: %-13s %8.0f calls/s, %8.0f decisions/s, Redis CPU %.2f", run+1, c.name, rate, rate*float64(c.decisions), cpu)
+	}
+	return nil
+}
+
+// checkScript loads c's script and makes one call of it, with 0 for every random key:
+// a script that errors or refuses would otherwise be measured as fast.
+func checkScript(ctx context.Context, rdb *redis.Client, c scriptCall) error {
+	sha, err := rdb.ScriptLoad(ctx, c.source).Result()
+	if err != nil {
+		return fmt.Errorf("scripts: SCRIPT LOAD %s: %w", c.name, err)
+	}
+	if sha != c.sha() {
+		return fmt.Errorf("scripts: %s: SCRIPT LOAD returned %s, want %s", c.name, sha, c.sha())
+	}
+	keys := make([]string, len(c.keys))
+	for i, k := range c.keys {
+		keys[i] = strings.ReplaceAll(k, randKey, "0")
+	}
+	args := make([]any, len(c.args))
+	for i, a := range c.args {
+		args[i] = a
+	}
+	if err := rdb.EvalSha(ctx, sha, keys, args...).Err(); err != nil {
+		return fmt.Errorf("scripts: a call of %s fails: %w", c.name, err)
+	}
+	return nil
+}
+
+var rpsLine = regexp.MustCompile(`([0-9.]+) requests per second`)
+
+// redisBenchmark runs c with redis-benchmark until the row's decisions are made and
+// returns its calls per second and Redis's busy fraction, after checking with INFO
+// commandstats that every call ran and none failed.
+func redisBenchmark(ctx context.Context, bin string, rd *testenv.Process, rdb *redis.Client, c scriptCall, sp *scriptsPhase) (float64, float64, error) {
+	n := max(sp.decisions/c.decisions, 1000)
+	args := []string{"-h", rd.Host, "-p", strconv.Itoa(rd.Port), "-q", "-n", strconv.Itoa(n),
+		"-c", strconv.Itoa(sp.clients), "-P", strconv.Itoa(sp.pipeline), "-r", strconv.Itoa(sp.keys),
+		"EVALSHA", c.sha(), strconv.Itoa(len(c.keys))}
+	args = append(append(args, c.keys...), c.args...)
+	before, err := evalshaStats(ctx, rdb)
+	if err != nil {
+		return 0, 0, err
+	}
+	cpuBefore, err := redisCPU(ctx, rdb)
+	if err != nil {
+		return 0, 0, err
+	}
+	start := time.Now()
+	cctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
+	defer cancel()
+	out, err := exec.CommandContext(cctx, bin, args...).CombinedOutput()
+	elapsed := time.Since(start)
+	if err != nil {
+		return 0, 0, fmt.Errorf("scripts: redis-benchmark %s: %w\n%s", c.name, err, tail(out, 2000))
+	}
+	m := rpsLine.FindSubmatch(out)
+	if m == nil {
+		return 0, 0, fmt.Errorf("scripts: redis-benchmark %s: output not understood:\n%s", c.name, tail(out, 2000))
+	}
+	after, err := evalshaStats(ctx, rdb)
+	if err != nil {
+		return 0, 0, err
+	}
+	cpuAfter, err := redisCPU(ctx, rdb)
+	if err != nil {
+		return 0, 0, err
+	}
+	if calls := after.calls - before.calls; calls < int64(n) {
+		return 0, 0, fmt.Errorf("scripts: redis-benchmark %s made %d script calls, want %d:\n%s", c.name, calls, n, tail(out, 2000))
+	}
+	if failed := after.failed - before.failed; failed > 0 {
+		return 0, 0, fmt.Errorf("scripts: %d of the calls of %s failed", failed, c.name)
+	}
+	rate, err := strconv.ParseFloat(string(m[1]), 64)
+	if err != nil {
+		return 0, 0, fmt.Errorf("scripts: redis-benchmark %s: %w", c.name, err)
+	}
+	return rate, (cpuAfter - cpuBefore) / elapsed.Seconds(), nil
+}
+
+type commandStats struct{ calls, failed int64 }
+
+// evalshaStats reads INFO commandstats' evalsha line: calls, and the failed and
+// rejected calls (Redis 7).
+func evalshaStats(ctx context.Context, rdb *redis.Client) (commandStats, error) {
+	info, err := rdb.Info(ctx, "commandstats").Result()
+	if err != nil {
+		return commandStats{}, fmt.Errorf("INFO commandstats: %w", err)
+	}
+	var s commandStats
+	for line := range strings.Lines(info) {
+		rest, ok := strings.CutPrefix(strings.TrimSpace(line), "cmdstat_evalsha:")
+		if !ok {
+			continue
+		}
+		for kv := range strings.SplitSeq(rest, ",") {
+			k, v, _ := strings.Cut(kv, "=")
+			x, _ := strconv.ParseInt(v, 10, 64)
+			switch k {
+			case "calls":
+				s.calls = x
+			case "failed_calls", "rejected_calls":
+				s.failed += x
+			}
+		}
+	}
+	return s, nil
+}
+
+// redisCPU is the CPU seconds the server has used (INFO cpu, user + system).
+func redisCPU(ctx context.Context, rdb *redis.Client) (float64, error) {
+	info, err := rdb.Info(ctx, "cpu").Result()
+	if err != nil {
+		return 0, fmt.Errorf("INFO cpu: %w", err)
+	}
+	var total float64
+	found := false
+	for line := range strings.Lines(info) {
+		for _, f := range []string{"used_cpu_user:", "used_cpu_sys:"} {
+			if v, ok := strings.CutPrefix(strings.TrimSpace(line), f); ok {
+				x, err := strconv.ParseFloat(v, 64)
+				if err != nil {
+					return 0, fmt.Errorf("INFO cpu %q: %w", line, err)
+				}
+				total += x
+				found = true
+			}
+		}
+	}
+	if !found {
+		return 0, errors.New("INFO cpu has no used_cpu_user")
+	}
+	return total, nil
+}
+
+// result is the phase's figures: every ratio is taken run by run.
+func (sp *scriptsPhase) result() *results.Scripts {
+	s := &results.Scripts{Keys: sp.keys, Pipeline: sp.pipeline, Clients: sp.clients, Decisions: sp.decisions}
+	perRun := func(name string, per int) []float64 {
+		xs := make([]float64, len(sp.callsPerS[name]))
+		for i, v := range sp.callsPerS[name] {
+			xs[i] = v * float64(per)
+		}
+		return xs
+	}
+	ratio := func(a, b []float64) []float64 {
+		var xs []float64
+		for i := range min(len(a), len(b)) {
+			if b[i] > 0 {
+				xs = append(xs, a[i]/b[i])
+			}
+		}
+		return xs
+	}
+	article, redisRate := perRun("article", 1), perRun("redis_rate", 1)
+	for _, c := range sp.calls {
+		d := perRun(c.name, c.decisions)
+		s.Rows = append(s.Rows, results.ScriptRow{
+			Script: c.name, Origin: c.origin, DecisionsPerCall: c.decisions,
+			CallsPerS: results.StatOf(sp.callsPerS[c.name]), DecisionsPerS: results.StatOf(d),
+			RedisCPU: results.StatOf(sp.cpu[c.name]), VsArticle: results.StatOf(ratio(d, article)), VsRedisRate: results.StatOf(ratio(d, redisRate)),
+		})
+	}
+	return s
+}
