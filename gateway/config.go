@@ -108,6 +108,9 @@ type Config struct {
 	DefaultRule RuleConfig `yaml:"default_rule"`
 	// Routes map request patterns to route ids and upstreams (at least one).
 	Routes []RouteConfig `yaml:"routes"`
+	// Routing is how request paths are matched to routes, at the proxy and /v1/check,
+	// and what the check and RLS doors do with a request no route matches.
+	Routing RoutingConfig `yaml:"routing"`
 	// Tenants gives keys and rules in standalone mode; not allowed with DatabaseURL.
 	Tenants []TenantConfig `yaml:"tenants"`
 	// Metrics bounds the per-tenant series.
@@ -145,6 +148,52 @@ type Config struct {
 	// normalized is set once normalize has succeeded: checks that need the values as
 	// written, before defaults, are not repeated.
 	normalized bool
+}
+
+// RoutingConfig makes route matching agree with the application's router: every
+// spelling of a path the application routes to one handler must be matched to that
+// handler's route, or refused (routing.go). The defaults match the broadest common
+// router and refuse what routers disagree on.
+type RoutingConfig struct {
+	// Case is "fold" (default: /Orders is /orders, methods too) or "exact".
+	Case string `yaml:"case"`
+	// TrailingSlash is "optional" (default: /orders/ is /orders) or "exact".
+	TrailingSlash string `yaml:"trailing_slash"`
+	// PathParams is "strip" (default: /orders;jsessionid=1 is /orders) or "refuse" (400).
+	PathParams string `yaml:"path_params"`
+	// DotSegments is "refuse" (default: 400 for ".", ".." or "//", escaped or not) or
+	// "resolve" (removed as RFC 3986 does).
+	DotSegments string `yaml:"dot_segments"`
+	// EncodedSlashes is "refuse" (default: 400 for %2F, %5C or a backslash in a path) or
+	// "decode" (taken as "/").
+	EncodedSlashes string `yaml:"encoded_slashes"`
+	// Unmatched is what /v1/check and RLS do with a request no route matches: "refuse"
+	// (default: 404, or OVER_LIMIT over RLS), "*" (decided under the "*" rule) or a
+	// route id (decided under that route's rules). The proxy answers 404 whatever it is:
+	// it forwards only what it matched.
+	Unmatched string `yaml:"unmatched"`
+}
+
+// Values of the routing keys.
+const (
+	routingFold     = "fold"
+	routingExact    = "exact"
+	routingOptional = "optional"
+	routingStrip    = "strip"
+	routingRefuse   = "refuse"
+	routingResolve  = "resolve"
+	routingDecode   = "decode"
+)
+
+// rules are the parsed routing rules (normalize has checked the values).
+func (r RoutingConfig) rules() pathRules {
+	return pathRules{
+		fold:          r.Case != routingExact,
+		optionalSlash: r.TrailingSlash != routingExact,
+		stripParams:   r.PathParams != routingRefuse,
+		resolveDots:   r.DotSegments == routingResolve,
+		decodeSlashes: r.EncodedSlashes == routingDecode,
+	}
 }
 
 // CheckConfig is the check endpoint on the proxy's listener.
@@ -234,6 +283,9 @@ type RouteConfig struct {
 	// rule's size: "client_ip", "header:NAME" or "descriptor:NAME" (an RLS descriptor
 	// entry). Empty: one bucket per tenant and route.
 	LimitBy string `yaml:"limit_by"`
+	// LimitByCase is "exact" (default) or "fold": with fold, values that differ only in
+	// case (ACME, acme) share one bucket. Only for header: and descriptor: values.
+	LimitByCase string `yaml:"limit_by_case"`
 }
 
 // CostConfig is a route's cost: fixed, or read from a request header up to Max.
@@ -477,6 +529,18 @@ func (c *Config) fillDefaults() {
 	if c.Auth.KeyHeader == "" {
 		c.Auth.KeyHeader = DefaultKeyHeader
 	}
+	for _, d := range []struct {
+		v   *string
+		def string
+	}{
+		{&c.Routing.Case, routingFold}, {&c.Routing.TrailingSlash, routingOptional},
+		{&c.Routing.PathParams, routingStrip}, {&c.Routing.DotSegments, routingRefuse},
+		{&c.Routing.EncodedSlashes, routingRefuse}, {&c.Routing.Unmatched, routingRefuse},
+	} {
+		if *d.v == "" {
+			*d.v = d.def
+		}
+	}
 	if u := &c.UnauthenticatedLimit; !u.Disabled {
 		if u.Capacity == 0 && u.RefillPerSecond == 0 {
 			u.Capacity, u.RefillPerSecond = DefaultUnauthCapacity, DefaultUnauthRefill
@@ -612,14 +676,17 @@ func (c *Config) checkLimits() error {
 	return nil
 }
 
-// checkRoutes checks every route: a unique id, a pattern that no other route shadows, an
-// upstream, its cost and what it is limited by.
+// checkRoutes checks every route (a unique id, an upstream, its cost and what it is
+// limited by), the routing rules, and that no pattern matches the same requests as
+// another under them.
 func (c *Config) checkRoutes() error {
 	ids := make(map[string]int, len(c.Routes))
 	if len(c.Routes) == 0 {
 		return c.bad("routes", "at least one route is required")
 	}
-	mux := http.NewServeMux()
+	if err := c.checkRouting(); err != nil {
+		return err
+	}
 	for i := range c.Routes {
 		r := &c.Routes[i]
 		key := fmt.Sprintf("routes[%d]", i)
@@ -636,13 +703,7 @@ func (c *Config) checkRoutes() error {
 		if r.Match == "" {
 			return c.bad(key+".match", "required: a net/http ServeMux pattern such as \"POST /orders\"")
 		}
-		if err := registerPattern(mux, r.Match, http.NotFoundHandler()); err != nil {
-			for j := range i {
-				pair := http.NewServeMux()
-				if registerPattern(pair, c.Routes[j].Match, http.NotFoundHandler()) == nil && registerPattern(pair, r.Match, http.NotFoundHandler()) != nil {
-					return c.bad(key+".match", "%q matches the same requests as routes[%d].match %q", r.Match, j, c.Routes[j].Match)
-				}
-			}
+		if err := registerPattern(http.NewServeMux(), r.Match, http.NotFoundHandler()); err != nil {
 			return c.bad(key+".match", "%v", err)
 		}
 		if err := checkURL(r.Upstream, "http", "https"); err != nil {
@@ -651,13 +712,51 @@ func (c *Config) checkRoutes() error {
 		if err := c.checkCost(&r.Cost); err != nil {
 			return c.bad(key+".cost."+err.key, "%s", err.reason)
 		}
-		if _, err := parseLimitBy(r.LimitBy); err != nil {
+		lb, err := parseLimitBy(r.LimitBy, r.LimitByCase)
+		if err != nil {
 			return c.bad(key+".limit_by", "%v", err)
 		}
-		if lb, _ := parseLimitBy(r.LimitBy); lb.kind == limitByHeader {
+		if lb.kind == limitByHeader {
 			if err := checkKeyHeader(lb.name); err != nil || sameHeaderName(lb.name, c.Auth.KeyHeader) {
 				return c.bad(key+".limit_by", "%q cannot be limited by: not a header name, or reserved", lb.name)
 			}
+		}
+		switch {
+		case r.LimitByCase != "" && r.LimitByCase != routingExact && r.LimitByCase != routingFold:
+			return c.bad(key+".limit_by_case", "want exact or fold, got %q", r.LimitByCase)
+		case r.LimitByCase == routingFold && lb.kind != limitByHeader && lb.kind != limitByDescriptor:
+			return c.bad(key+".limit_by_case", "only for limit_by header:NAME or descriptor:NAME values")
+		}
+	}
+	if _, err := newRouteMux(c.Routes, c.Routing.rules(), func(int) http.Handler { return http.NotFoundHandler() }); err != nil {
+		var ce *ConfigError
+		if errors.As(err, &ce) {
+			ce.File = c.file
+		}
+		return err
+	}
+	if u := c.Routing.Unmatched; u != routingRefuse && u != regions.Wildcard {
+		if _, ok := ids[u]; !ok {
+			return c.bad("routing.unmatched", "want refuse, \"*\" or a route id, got %q", u)
+		}
+	}
+	return nil
+}
+
+// checkRouting checks the values of the routing keys (normalize filled the defaults).
+func (c *Config) checkRouting() error {
+	for _, k := range []struct {
+		key, v  string
+		allowed [2]string
+	}{
+		{"routing.case", c.Routing.Case, [2]string{routingFold, routingExact}},
+		{"routing.trailing_slash", c.Routing.TrailingSlash, [2]string{routingOptional, routingExact}},
+		{"routing.path_params", c.Routing.PathParams, [2]string{routingStrip, routingRefuse}},
+		{"routing.dot_segments", c.Routing.DotSegments, [2]string{routingRefuse, routingResolve}},
+		{"routing.encoded_slashes", c.Routing.EncodedSlashes, [2]string{routingRefuse, routingDecode}},
+	} {
+		if k.v != k.allowed[0] && k.v != k.allowed[1] {
+			return c.bad(k.key, "want %s or %s, got %q", k.allowed[0], k.allowed[1], k.v)
 		}
 	}
 	return nil
@@ -808,6 +907,7 @@ func (c *Config) checkLeases() error {
 type limitBy struct {
 	kind limitByKind
 	name string // the header or descriptor entry
+	fold bool   // limit_by_case: fold
 }
 
 type limitByKind uint8
@@ -819,18 +919,20 @@ const (
 	limitByDescriptor
 )
 
-// parseLimitBy reads "", "client_ip", "header:NAME" or "descriptor:NAME".
-func parseLimitBy(s string) (limitBy, error) {
+// parseLimitBy reads "", "client_ip", "header:NAME" or "descriptor:NAME", and
+// limit_by_case.
+func parseLimitBy(s, valueCase string) (limitBy, error) {
 	kind, name, _ := strings.Cut(s, ":")
+	fold := valueCase == routingFold
 	switch {
 	case s == "":
 		return limitBy{}, nil
 	case s == "client_ip":
 		return limitBy{kind: limitByClientIP}, nil
 	case kind == "header" && name != "":
-		return limitBy{kind: limitByHeader, name: http.CanonicalHeaderKey(name)}, nil
+		return limitBy{kind: limitByHeader, name: http.CanonicalHeaderKey(name), fold: fold}, nil
 	case kind == "descriptor" && name != "" && len(name) <= 64 && !strings.ContainsAny(name, " \t\r\n"):
-		return limitBy{kind: limitByDescriptor, name: name}, nil
+		return limitBy{kind: limitByDescriptor, name: name, fold: fold}, nil
 	}
 	return limitBy{}, fmt.Errorf("%q: want client_ip, header:NAME or descriptor:NAME", s)
 }

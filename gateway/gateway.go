@@ -9,7 +9,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"net/http/httputil"
 	"os"
 	"strconv"
 	"strings"
@@ -85,10 +84,7 @@ type Gateway struct {
 	problems        keyProblems
 
 	handler   http.Handler
-	mux       *http.ServeMux    // the routes, for the check endpoint's matching
-	routes    map[string]*route // by id, for RLS descriptors
-	byPattern map[string]*route // by routes[].match, for the check endpoint
-	anyRoute  *route            // "*": RLS and check requests no route matches
+	routes    *routeTable // the routes, matched by both HTTP doors and named by RLS
 	admin     http.Handler
 	transport *http.Transport // to the upstreams
 
@@ -96,15 +92,6 @@ type Gateway struct {
 	drain context.CancelFunc // ends drainCtx's context when draining starts
 
 	store *store.Store // database mode: opened by Run (it dials on first use)
-}
-
-// route is one configured route as the hot path sees it.
-type route struct {
-	id       string
-	proxy    *httputil.ReverseProxy
-	counters *routeCounters
-	cost     CostConfig
-	limitBy  limitBy
 }
 
 // New validates cfg, fills its defaults and builds the gateway. It starts no goroutine of
@@ -188,7 +175,7 @@ func New(cfg Config, opts Options) (_ *Gateway, err error) {
 		g.identityHeaders = append(g.identityHeaders, "Authorization")
 	}
 	g.problems = newKeyProblems(g.cfg.Auth)
-	if err := g.newHandler(); err != nil {
+	if err := g.newRoutes(); err != nil {
 		return nil, err
 	}
 	g.admin = g.newAdminHandler()
