@@ -46,17 +46,17 @@ type claim struct {
 type refusal uint8
 
 const (
-	admitted        refusal = iota
-	refusedBlocked          // the client used up its unauthenticated_limit (retry)
-	refusedNoKey            // no API key, or an empty one
-	refusedManyKeys         // more than one identity: which would a log believe?
-	refusedBadKey           // unknown, revoked or over-long key; an untrusted tenant
-	refusedNotReady         // no snapshot yet
-	refusedPath             // a path spelling the routing rules refuse
-	refusedUnmatched        // no route matches, and routing.unmatched refuses
-	refusedCost             // a missing, malformed or too large cost
-	refusedValue            // a missing, repeated, list-valued or malformed limit_by value
-	refusedRLSOnly          // a descriptor: value asked over HTTP
+	admitted         refusal = iota
+	refusedBlocked           // the client used up its unauthenticated_limit (retry)
+	refusedNoKey             // no API key, or an empty one
+	refusedManyKeys          // more than one identity: which would a log believe?
+	refusedBadKey            // unknown, revoked or over-long key; an untrusted tenant
+	refusedNotReady          // no snapshot yet
+	refusedPath              // a path spelling the routing rules refuse
+	refusedUnmatched         // no route matches, and routing.unmatched refuses
+	refusedCost              // a missing, malformed or too large cost
+	refusedValue             // a missing, repeated, list-valued or malformed limit_by value
+	refusedRLSOnly           // a descriptor: value asked over HTTP
 )
 
 // unauthenticated reports whether the refusal is a failed authentication.
