@@ -3,14 +3,15 @@ package gateway
 import (
 	"net/http"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
 // newAdminHandler serves /metrics, /healthz (alive) and /readyz (a snapshot is loaded
 // and the gateway is not draining).
-func (g *Gateway) newAdminHandler() http.Handler {
+func (g *Gateway) newAdminHandler(gatherer prometheus.Gatherer) http.Handler {
 	mux := http.NewServeMux()
-	mux.Handle("GET /metrics", promhttp.HandlerFor(g.gatherer, promhttp.HandlerOpts{ErrorLog: nil}))
+	mux.Handle("GET /metrics", promhttp.HandlerFor(gatherer, promhttp.HandlerOpts{ErrorLog: nil}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		_, _ = w.Write([]byte("ok\n"))
@@ -18,7 +19,7 @@ func (g *Gateway) newAdminHandler() http.Handler {
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		switch {
-		case g.draining.Load():
+		case g.ready.isDraining():
 			w.WriteHeader(http.StatusServiceUnavailable)
 			_, _ = w.Write([]byte("draining\n"))
 		case g.snap.Load() == nil:

@@ -35,7 +35,7 @@ func (g *Gateway) serveCheck(w http.ResponseWriter, r *http.Request) {
 	if ok {
 		rt, out = g.routes.lookup(doorCheck, method, host, target)
 	}
-	c := claim{door: doorCheck, rt: rt, outcome: out, client: clientKey(g.trusted.clientAddr(r)), keys: g.httpKeys(r.Header)}
+	c := claim{door: doorCheck, rt: rt, outcome: out, client: clientKey(g.trusted.clientAddr(r)), keys: g.auth.keys(r.Header)}
 	readHTTPFields(&c, r.Header)
 	a := g.admit(r.Context(), g.snap.Load(), &c)
 	switch {
@@ -43,7 +43,7 @@ func (g *Gateway) serveCheck(w http.ResponseWriter, r *http.Request) {
 		problemNoOriginal.write(w)
 		return
 	case a.refused != admitted:
-		g.problems.write(w, a)
+		g.auth.problems.write(w, a)
 		return
 	}
 	v, alive := g.decide(r.Context(), a.ask)

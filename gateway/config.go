@@ -196,6 +196,43 @@ func (r RoutingConfig) rules() pathRules {
 	}
 }
 
+// ObservabilityConfig configures what the proxy tells about each request beyond the
+// metrics, which are always on.
+type ObservabilityConfig struct {
+	// AccessLog is the per-request log (off by default).
+	AccessLog AccessLogConfig `yaml:"access_log"`
+}
+
+// AccessLogConfig is the sampled access log: one JSON line ("msg":"access") per logged
+// request, through the gateway's logger at INFO. It never holds the API key, any header
+// or the query string.
+type AccessLogConfig struct {
+	// Enabled turns it on.
+	Enabled bool `yaml:"enabled"`
+	// SampleRatio is the fraction of requests logged, in (0, 1] (default 1 when enabled).
+	SampleRatio float64 `yaml:"sample_ratio"`
+}
+
+// checkObservability fills the observability defaults and validates them (from normalize).
+func (c *Config) checkObservability() error {
+	a := &c.Observability.AccessLog
+	bad := func(key, reason string) error {
+		return &ConfigError{File: c.file, Key: "observability.access_log." + key, Reason: reason}
+	}
+	if a.Enabled && a.SampleRatio == 0 {
+		a.SampleRatio = 1
+	}
+	if !(a.SampleRatio >= 0 && a.SampleRatio <= 1) {
+		return bad("sample_ratio", "must be between 0 and 1")
+	}
+	if a.Enabled {
+		if l, err := parseLogLevel(c.LogLevel); err == nil && l > slog.LevelInfo {
+			return bad("enabled", "access log lines are INFO: log_level "+c.LogLevel+" would drop every one (set log_level: info)")
+		}
+	}
+	return nil
+}
+
 // CheckConfig is the check endpoint on the proxy's listener.
 type CheckConfig struct {
 	// Disabled turns /v1/check off: the path is then routed like any other.
@@ -230,6 +267,63 @@ type RedisConfig struct {
 	TLS RedisTLSConfig `yaml:"tls"`
 	// Sentinel finds the master through Redis Sentinel instead of URL (sentinel.go).
 	Sentinel SentinelConfig `yaml:"sentinel"`
+}
+
+// SentinelConfig finds the region's Redis master through Redis Sentinel: go-redis's
+// failover client asks the sentinels for the master of MasterName, follows a promotion
+// when they announce one, and sends every call to the current master.
+type SentinelConfig struct {
+	// MasterName is the name the sentinels monitor (sentinel monitor <name> ...).
+	MasterName string `yaml:"master_name"`
+	// Addrs are the sentinels' host:port (at least one; give them all).
+	Addrs []string `yaml:"addrs"`
+	// Username and Password authenticate to the master and replicas (requirepass or an
+	// ACL user); SentinelUsername and SentinelPassword to the sentinels themselves. Like
+	// every secret, prefer an environment-filled file to writing them here.
+	Username         string `yaml:"username"`
+	Password         string `yaml:"password"`
+	SentinelUsername string `yaml:"sentinel_username"`
+	SentinelPassword string `yaml:"sentinel_password"`
+	// DB is the database number on the master (default 0).
+	DB int `yaml:"db"`
+	// TLS connects to the sentinels and the master over TLS, with redis.tls's files.
+	TLS bool `yaml:"tls"`
+}
+
+func (s *SentinelConfig) configured() bool {
+	return s.MasterName != "" || len(s.Addrs) > 0 || s.Username != "" || s.Password != "" ||
+		s.SentinelUsername != "" || s.SentinelPassword != "" || s.DB != 0 || s.TLS
+}
+
+// check validates redis.sentinel (called from normalize).
+func (s *SentinelConfig) check(c *Config) error {
+	if !s.configured() {
+		return nil
+	}
+	bad := func(key, format string, args ...any) error {
+		return &ConfigError{File: c.file, Key: "redis.sentinel" + key, Reason: fmt.Sprintf(format, args...)}
+	}
+	switch {
+	case c.Redis.URL != "":
+		return bad("", "give redis.url or redis.sentinel, not both (%s is set?)", EnvRedisURL)
+	case c.Redis.Cluster:
+		return bad("", "a Redis Cluster has no sentinels: give redis.cluster or redis.sentinel, not both")
+	case s.MasterName == "":
+		return bad(".master_name", "required: the name the sentinels monitor")
+	case len(s.Addrs) == 0:
+		return bad(".addrs", "at least one sentinel host:port is required")
+	case s.DB < 0 || s.DB > 15:
+		return bad(".db", "must be between 0 and 15, got %d", s.DB)
+	}
+	for i, a := range s.Addrs {
+		if err := checkHostPort(a); err != nil {
+			return bad(fmt.Sprintf(".addrs[%d]", i), "%v", err)
+		}
+		if h, _, _ := net.SplitHostPort(a); h == "" {
+			return bad(fmt.Sprintf(".addrs[%d]", i), "no host in %q", a)
+		}
+	}
+	return nil
 }
 
 // RedisTLSConfig are PEM files for a rediss:// connection. Empty fields mean the system's

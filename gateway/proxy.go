@@ -77,7 +77,7 @@ func (g *Gateway) newRoutes() error {
 	g.routes = t
 
 	checkOn := !g.cfg.Check.Disabled
-	g.handler = g.observeRequests(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	g.handler = g.obs.wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if checkOn && r.URL.Path == checkPath {
 			g.serveCheck(w, r)
 			return
@@ -103,16 +103,16 @@ func (g *Gateway) newReverseProxy(rt *route, target *url.URL, transport http.Rou
 			// The key stays at the edge; the upstream learns the tenant instead. Set on
 			// the outbound request only: the inbound one's Connection header has been
 			// applied already, so "Connection: X-Tenant-Id" cannot remove it.
-			stripHeaders(pr.Out.Header, g.identityHeaders)
+			stripHeaders(pr.Out.Header, g.auth.identity)
 			if tenant, ok := pr.In.Context().Value(tenantKey{}).(string); ok {
 				pr.Out.Header[hdrTenant] = []string{tenant}
 			}
 		},
-		Transport:      g.upstreamTransport(rt.id, transport),
+		Transport:      g.obs.transport(rt.id, transport),
 		BufferPool:     proxyBuffers,
 		ModifyResponse: stripUpstreamRateHeaders,
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
-			g.upstreamFailed(r, rt.id, err)
+			g.obs.upstreamFailed(r, rt.id, err)
 			problemUpstream.write(w)
 		},
 	}
@@ -144,11 +144,11 @@ func (g *Gateway) serveProxy(w http.ResponseWriter, r *http.Request) {
 	if out == outMatched {
 		r.Pattern = rt.match // what the observer labels the request by, as ServeMux would set it
 	}
-	c := claim{door: doorProxy, rt: rt, outcome: out, client: clientKey(g.trusted.clientAddr(r)), keys: g.httpKeys(r.Header)}
+	c := claim{door: doorProxy, rt: rt, outcome: out, client: clientKey(g.trusted.clientAddr(r)), keys: g.auth.keys(r.Header)}
 	readHTTPFields(&c, r.Header)
 	a := g.admit(r.Context(), g.snap.Load(), &c)
 	if a.refused != admitted {
-		g.problems.write(w, a)
+		g.auth.problems.write(w, a)
 		return
 	}
 	v, ok := g.decide(r.Context(), a.ask)
@@ -164,20 +164,6 @@ func (g *Gateway) serveProxy(w http.ResponseWriter, r *http.Request) {
 	}
 	noteForwarded(r, a.tenant)
 	rt.proxy.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), tenantKey{}, a.tenant)))
-}
-
-// httpKeys are the API keys an HTTP request presents: every value of auth.key_header
-// under any spelling of its name, and with auth.bearer the token of every
-// Authorization header ("" for another scheme).
-func (g *Gateway) httpKeys(h http.Header) []string {
-	keys := headerValues(h, g.cfg.Auth.KeyHeader)
-	if g.cfg.Auth.Bearer {
-		for _, v := range h["Authorization"] {
-			token, _ := bearerToken(v)
-			keys = append(keys[:len(keys):len(keys)], token)
-		}
-	}
-	return keys
 }
 
 // readHTTPFields reads the claim's cost and limit_by value from an HTTP request's
