@@ -247,7 +247,7 @@ func TestNginxCheckEndpoint(t *testing.T) {
 }
 
 // FuzzCheckRequest drives /v1/check with arbitrary original methods, URIs, costs and
-// values: no panic, only the documented statuses, a fixed problem body on refusals, and
+// values: no panic, only the documented statuses (404 for no route), a fixed problem body on refusals, and
 // 200 only with the rate headers of a decided request.
 func FuzzCheckRequest(f *testing.F) {
 	for _, s := range [][4]string{
@@ -286,7 +286,7 @@ func FuzzCheckRequest(f *testing.F) {
 			if w.Header().Get("X-Tenant-Id") != "shop-a" {
 				t.Fatalf("200 without the tenant: %v", w.Header())
 			}
-		case 400, 429:
+		case 400, 404, 429: // 404: no route matches (routing.unmatched: refuse)
 			if ct := w.Header().Get("Content-Type"); ct != "application/problem+json" {
 				t.Fatalf("%d with Content-Type %q", w.Code, ct)
 			}
