@@ -84,7 +84,7 @@ func TestCheckEndpoint(t *testing.T) {
 		{"user a", "key-shop-a", append(nginx("GET", "/search"), "X-User", "a"), 200},
 		{"user b has a bucket of its own", "key-shop-a", append(nginx("GET", "/search"), "X-User", "b"), 200},
 		{"user a again", "key-shop-a", append(nginx("GET", "/search"), "X-User", "a"), 429},
-		{"no route: the * rule", "key-shop-a", nginx("DELETE", "/anything"), 200},
+		{"no route: refused", "key-shop-a", nginx("DELETE", "/anything"), 404},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			resp, body := call(t, "GET", check, tc.key, tc.hdr...)
@@ -107,8 +107,38 @@ func TestCheckEndpoint(t *testing.T) {
 	if got := s.sum("ratelimit_requests_total", "route", "create-order", "interface", "check", "decision", "unauthenticated"); got != 2 {
 		t.Errorf("check unauthenticated on create-order %v, want 2", got)
 	}
-	if got := s.sum("ratelimit_requests_total", "route", "*", "interface", "check", "decision", "allowed"); got != 1 {
-		t.Errorf("check decisions under the * rule %v, want 1", got)
+	if got := s.sum("ratelimit_requests_total", "route", "*", "interface", "check"); got != 0 {
+		t.Errorf("check decisions under the * rule %v, want none: routing.unmatched refuses", got)
+	}
+	if got := s.sum("ratelimit_unmatched_requests_total"); got != 1 {
+		t.Errorf("unmatched %v, want 1", got)
+	}
+}
+
+// TestCheckUnmatchedNamedRule: routing.unmatched names the rule an unmatched check
+// request is decided under, "*" or a route id; the proxy still answers 404.
+func TestCheckUnmatchedNamedRule(t *testing.T) {
+	for _, tc := range []struct {
+		unmatched, route, limit string
+	}{{"*", "*", "20"}, {"create-order", "create-order", "2"}} {
+		t.Run(tc.unmatched, func(t *testing.T) {
+			up := newCountingUpstream(t)
+			cfg := checkConfig(up.URL)
+			cfg.Routing.Unmatched = tc.unmatched
+			gw := newInProcess(t, cfg)
+			w := checkReq(gw.g, "DELETE", "/anything")
+			if w.Code != 200 || w.Header().Get("X-RateLimit-Limit") != tc.limit {
+				t.Fatalf("unmatched check: %d limit %q, want 200 under %s (%s)", w.Code, w.Header().Get("X-RateLimit-Limit"), tc.route, tc.limit)
+			}
+			if got := scrapeURL(t, gw.admin.URL).sum("ratelimit_requests_total", "route", tc.route, "interface", "check", "decision", "allowed"); got != 1 {
+				t.Errorf("check decisions under %s: %v, want 1", tc.route, got)
+			}
+			resp, body := call(t, "DELETE", gw.srv.URL+"/anything", "key-shop-a")
+			checkProblem(t, resp, body, 404)
+			if up.hits.Load() != 0 {
+				t.Errorf("the proxy forwarded an unmatched request")
+			}
+		})
 	}
 }
 
@@ -154,6 +184,10 @@ func TestNginxCheckEndpoint(t *testing.T) {
 	app := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		hits.Add(1)
 		lastTenant.Store(r.Header.Get("X-Tenant-Id") + "|" + r.Header.Get("X-Api-Key"))
+		// The application's own rate headers must not reach the client beside ours.
+		for _, h := range []string{"X-RateLimit-Limit", "X-RateLimit-Remaining", "X-RateLimit-Reset", "RateLimit", "RateLimit-Policy", "RateLimit-Limit", "RateLimit-Reset"} {
+			w.Header().Set(h, "999")
+		}
 		_, _ = w.Write([]byte("app\n"))
 	}))
 	defer app.Close()
@@ -178,6 +212,11 @@ func TestNginxCheckEndpoint(t *testing.T) {
 		}
 		if resp.Header.Get("X-RateLimit-Limit") != "2" || resp.Header.Get("RateLimit-Policy") == "" {
 			t.Errorf("request %d: rate headers missing at the client: %v", i+1, resp.Header)
+		}
+		for name, v := range resp.Header {
+			if strings.Contains(strings.Join(v, ","), "999") {
+				t.Errorf("request %d: the application's %s: %q reached the client", i+1, name, v)
+			}
 		}
 		if want == 429 {
 			if n, err := strconv.Atoi(resp.Header.Get("Retry-After")); err != nil || n < 1 {
@@ -208,7 +247,7 @@ func TestNginxCheckEndpoint(t *testing.T) {
 }
 
 // FuzzCheckRequest drives /v1/check with arbitrary original methods, URIs, costs and
-// values: no panic, only the documented statuses, a fixed problem body on refusals, and
+// values: no panic, only the documented statuses (404 for no route), a fixed problem body on refusals, and
 // 200 only with the rate headers of a decided request.
 func FuzzCheckRequest(f *testing.F) {
 	for _, s := range [][4]string{
@@ -247,7 +286,7 @@ func FuzzCheckRequest(f *testing.F) {
 			if w.Header().Get("X-Tenant-Id") != "shop-a" {
 				t.Fatalf("200 without the tenant: %v", w.Header())
 			}
-		case 400, 429:
+		case 400, 404, 429: // 404: no route matches (routing.unmatched: refuse)
 			if ct := w.Header().Get("Content-Type"); ct != "application/problem+json" {
 				t.Fatalf("%d with Content-Type %q", w.Code, ct)
 			}

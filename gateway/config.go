@@ -108,6 +108,9 @@ type Config struct {
 	DefaultRule RuleConfig `yaml:"default_rule"`
 	// Routes map request patterns to route ids and upstreams (at least one).
 	Routes []RouteConfig `yaml:"routes"`
+	// Routing is how request paths are matched to routes, at the proxy and /v1/check,
+	// and what the check and RLS doors do with a request no route matches.
+	Routing RoutingConfig `yaml:"routing"`
 	// Tenants gives keys and rules in standalone mode; not allowed with DatabaseURL.
 	Tenants []TenantConfig `yaml:"tenants"`
 	// Metrics bounds the per-tenant series.
@@ -147,6 +150,89 @@ type Config struct {
 	normalized bool
 }
 
+// RoutingConfig makes route matching agree with the application's router: every
+// spelling of a path the application routes to one handler must be matched to that
+// handler's route, or refused (routing.go). The defaults match the broadest common
+// router and refuse what routers disagree on.
+type RoutingConfig struct {
+	// Case is "fold" (default: /Orders is /orders, methods too) or "exact".
+	Case string `yaml:"case"`
+	// TrailingSlash is "optional" (default: /orders/ is /orders) or "exact".
+	TrailingSlash string `yaml:"trailing_slash"`
+	// PathParams is "strip" (default: /orders;jsessionid=1 is /orders) or "refuse" (400).
+	PathParams string `yaml:"path_params"`
+	// DotSegments is "refuse" (default: 400 for ".", ".." or "//", escaped or not) or
+	// "resolve" (removed as RFC 3986 does).
+	DotSegments string `yaml:"dot_segments"`
+	// EncodedSlashes is "refuse" (default: 400 for %2F, %5C or a backslash in a path) or
+	// "decode" (taken as "/").
+	EncodedSlashes string `yaml:"encoded_slashes"`
+	// Unmatched is what /v1/check and RLS do with a request no route matches: "refuse"
+	// (default: 404, or OVER_LIMIT over RLS), "*" (decided under the "*" rule) or a
+	// route id (decided under that route's rules). The proxy answers 404 whatever it is:
+	// it forwards only what it matched.
+	Unmatched string `yaml:"unmatched"`
+}
+
+// Values of the routing keys.
+const (
+	routingFold     = "fold"
+	routingExact    = "exact"
+	routingOptional = "optional"
+	routingStrip    = "strip"
+	routingRefuse   = "refuse"
+	routingResolve  = "resolve"
+	routingDecode   = "decode"
+)
+
+// rules are the parsed routing rules (normalize has checked the values).
+func (r RoutingConfig) rules() pathRules {
+	return pathRules{
+		fold:          r.Case != routingExact,
+		optionalSlash: r.TrailingSlash != routingExact,
+		stripParams:   r.PathParams != routingRefuse,
+		resolveDots:   r.DotSegments == routingResolve,
+		decodeSlashes: r.EncodedSlashes == routingDecode,
+	}
+}
+
+// ObservabilityConfig configures what the proxy tells about each request beyond the
+// metrics, which are always on.
+type ObservabilityConfig struct {
+	// AccessLog is the per-request log (off by default).
+	AccessLog AccessLogConfig `yaml:"access_log"`
+}
+
+// AccessLogConfig is the sampled access log: one JSON line ("msg":"access") per logged
+// request, through the gateway's logger at INFO. It never holds the API key, any header
+// or the query string.
+type AccessLogConfig struct {
+	// Enabled turns it on.
+	Enabled bool `yaml:"enabled"`
+	// SampleRatio is the fraction of requests logged, in (0, 1] (default 1 when enabled).
+	SampleRatio float64 `yaml:"sample_ratio"`
+}
+
+// checkObservability fills the observability defaults and validates them (from normalize).
+func (c *Config) checkObservability() error {
+	a := &c.Observability.AccessLog
+	bad := func(key, reason string) error {
+		return &ConfigError{File: c.file, Key: "observability.access_log." + key, Reason: reason}
+	}
+	if a.Enabled && a.SampleRatio == 0 {
+		a.SampleRatio = 1
+	}
+	if !(a.SampleRatio >= 0 && a.SampleRatio <= 1) {
+		return bad("sample_ratio", "must be between 0 and 1")
+	}
+	if a.Enabled {
+		if l, err := parseLogLevel(c.LogLevel); err == nil && l > slog.LevelInfo {
+			return bad("enabled", "access log lines are INFO: log_level "+c.LogLevel+" would drop every one (set log_level: info)")
+		}
+	}
+	return nil
+}
+
 // CheckConfig is the check endpoint on the proxy's listener.
 type CheckConfig struct {
 	// Disabled turns /v1/check off: the path is then routed like any other.
@@ -181,6 +267,63 @@ type RedisConfig struct {
 	TLS RedisTLSConfig `yaml:"tls"`
 	// Sentinel finds the master through Redis Sentinel instead of URL (sentinel.go).
 	Sentinel SentinelConfig `yaml:"sentinel"`
+}
+
+// SentinelConfig finds the region's Redis master through Redis Sentinel: go-redis's
+// failover client asks the sentinels for the master of MasterName, follows a promotion
+// when they announce one, and sends every call to the current master.
+type SentinelConfig struct {
+	// MasterName is the name the sentinels monitor (sentinel monitor <name> ...).
+	MasterName string `yaml:"master_name"`
+	// Addrs are the sentinels' host:port (at least one; give them all).
+	Addrs []string `yaml:"addrs"`
+	// Username and Password authenticate to the master and replicas (requirepass or an
+	// ACL user); SentinelUsername and SentinelPassword to the sentinels themselves. Like
+	// every secret, prefer an environment-filled file to writing them here.
+	Username         string `yaml:"username"`
+	Password         string `yaml:"password"`
+	SentinelUsername string `yaml:"sentinel_username"`
+	SentinelPassword string `yaml:"sentinel_password"`
+	// DB is the database number on the master (default 0).
+	DB int `yaml:"db"`
+	// TLS connects to the sentinels and the master over TLS, with redis.tls's files.
+	TLS bool `yaml:"tls"`
+}
+
+func (s *SentinelConfig) configured() bool {
+	return s.MasterName != "" || len(s.Addrs) > 0 || s.Username != "" || s.Password != "" ||
+		s.SentinelUsername != "" || s.SentinelPassword != "" || s.DB != 0 || s.TLS
+}
+
+// check validates redis.sentinel (called from normalize).
+func (s *SentinelConfig) check(c *Config) error {
+	if !s.configured() {
+		return nil
+	}
+	bad := func(key, format string, args ...any) error {
+		return &ConfigError{File: c.file, Key: "redis.sentinel" + key, Reason: fmt.Sprintf(format, args...)}
+	}
+	switch {
+	case c.Redis.URL != "":
+		return bad("", "give redis.url or redis.sentinel, not both (%s is set?)", EnvRedisURL)
+	case c.Redis.Cluster:
+		return bad("", "a Redis Cluster has no sentinels: give redis.cluster or redis.sentinel, not both")
+	case s.MasterName == "":
+		return bad(".master_name", "required: the name the sentinels monitor")
+	case len(s.Addrs) == 0:
+		return bad(".addrs", "at least one sentinel host:port is required")
+	case s.DB < 0 || s.DB > 15:
+		return bad(".db", "must be between 0 and 15, got %d", s.DB)
+	}
+	for i, a := range s.Addrs {
+		if err := checkHostPort(a); err != nil {
+			return bad(fmt.Sprintf(".addrs[%d]", i), "%v", err)
+		}
+		if h, _, _ := net.SplitHostPort(a); h == "" {
+			return bad(fmt.Sprintf(".addrs[%d]", i), "no host in %q", a)
+		}
+	}
+	return nil
 }
 
 // RedisTLSConfig are PEM files for a rediss:// connection. Empty fields mean the system's
@@ -234,6 +377,9 @@ type RouteConfig struct {
 	// rule's size: "client_ip", "header:NAME" or "descriptor:NAME" (an RLS descriptor
 	// entry). Empty: one bucket per tenant and route.
 	LimitBy string `yaml:"limit_by"`
+	// LimitByCase is "exact" (default) or "fold": with fold, values that differ only in
+	// case (ACME, acme) share one bucket. Only for header: and descriptor: values.
+	LimitByCase string `yaml:"limit_by_case"`
 }
 
 // CostConfig is a route's cost: fixed, or read from a request header up to Max.
@@ -477,6 +623,18 @@ func (c *Config) fillDefaults() {
 	if c.Auth.KeyHeader == "" {
 		c.Auth.KeyHeader = DefaultKeyHeader
 	}
+	for _, d := range []struct {
+		v   *string
+		def string
+	}{
+		{&c.Routing.Case, routingFold}, {&c.Routing.TrailingSlash, routingOptional},
+		{&c.Routing.PathParams, routingStrip}, {&c.Routing.DotSegments, routingRefuse},
+		{&c.Routing.EncodedSlashes, routingRefuse}, {&c.Routing.Unmatched, routingRefuse},
+	} {
+		if *d.v == "" {
+			*d.v = d.def
+		}
+	}
 	if u := &c.UnauthenticatedLimit; !u.Disabled {
 		if u.Capacity == 0 && u.RefillPerSecond == 0 {
 			u.Capacity, u.RefillPerSecond = DefaultUnauthCapacity, DefaultUnauthRefill
@@ -612,14 +770,17 @@ func (c *Config) checkLimits() error {
 	return nil
 }
 
-// checkRoutes checks every route: a unique id, a pattern that no other route shadows, an
-// upstream, its cost and what it is limited by.
+// checkRoutes checks every route (a unique id, an upstream, its cost and what it is
+// limited by), the routing rules, and that no pattern matches the same requests as
+// another under them.
 func (c *Config) checkRoutes() error {
 	ids := make(map[string]int, len(c.Routes))
 	if len(c.Routes) == 0 {
 		return c.bad("routes", "at least one route is required")
 	}
-	mux := http.NewServeMux()
+	if err := c.checkRouting(); err != nil {
+		return err
+	}
 	for i := range c.Routes {
 		r := &c.Routes[i]
 		key := fmt.Sprintf("routes[%d]", i)
@@ -636,13 +797,7 @@ func (c *Config) checkRoutes() error {
 		if r.Match == "" {
 			return c.bad(key+".match", "required: a net/http ServeMux pattern such as \"POST /orders\"")
 		}
-		if err := registerPattern(mux, r.Match, http.NotFoundHandler()); err != nil {
-			for j := range i {
-				pair := http.NewServeMux()
-				if registerPattern(pair, c.Routes[j].Match, http.NotFoundHandler()) == nil && registerPattern(pair, r.Match, http.NotFoundHandler()) != nil {
-					return c.bad(key+".match", "%q matches the same requests as routes[%d].match %q", r.Match, j, c.Routes[j].Match)
-				}
-			}
+		if err := registerPattern(http.NewServeMux(), r.Match, http.NotFoundHandler()); err != nil {
 			return c.bad(key+".match", "%v", err)
 		}
 		if err := checkURL(r.Upstream, "http", "https"); err != nil {
@@ -651,13 +806,51 @@ func (c *Config) checkRoutes() error {
 		if err := c.checkCost(&r.Cost); err != nil {
 			return c.bad(key+".cost."+err.key, "%s", err.reason)
 		}
-		if _, err := parseLimitBy(r.LimitBy); err != nil {
+		lb, err := parseLimitBy(r.LimitBy, r.LimitByCase)
+		if err != nil {
 			return c.bad(key+".limit_by", "%v", err)
 		}
-		if lb, _ := parseLimitBy(r.LimitBy); lb.kind == limitByHeader {
+		if lb.kind == limitByHeader {
 			if err := checkKeyHeader(lb.name); err != nil || sameHeaderName(lb.name, c.Auth.KeyHeader) {
 				return c.bad(key+".limit_by", "%q cannot be limited by: not a header name, or reserved", lb.name)
 			}
+		}
+		switch {
+		case r.LimitByCase != "" && r.LimitByCase != routingExact && r.LimitByCase != routingFold:
+			return c.bad(key+".limit_by_case", "want exact or fold, got %q", r.LimitByCase)
+		case r.LimitByCase == routingFold && lb.kind != limitByHeader && lb.kind != limitByDescriptor:
+			return c.bad(key+".limit_by_case", "only for limit_by header:NAME or descriptor:NAME values")
+		}
+	}
+	if _, err := newRouteMux(c.Routes, c.Routing.rules(), func(int) http.Handler { return http.NotFoundHandler() }); err != nil {
+		var ce *ConfigError
+		if errors.As(err, &ce) {
+			ce.File = c.file
+		}
+		return err
+	}
+	if u := c.Routing.Unmatched; u != routingRefuse && u != regions.Wildcard {
+		if _, ok := ids[u]; !ok {
+			return c.bad("routing.unmatched", "want refuse, \"*\" or a route id, got %q", u)
+		}
+	}
+	return nil
+}
+
+// checkRouting checks the values of the routing keys (normalize filled the defaults).
+func (c *Config) checkRouting() error {
+	for _, k := range []struct {
+		key, v  string
+		allowed [2]string
+	}{
+		{"routing.case", c.Routing.Case, [2]string{routingFold, routingExact}},
+		{"routing.trailing_slash", c.Routing.TrailingSlash, [2]string{routingOptional, routingExact}},
+		{"routing.path_params", c.Routing.PathParams, [2]string{routingStrip, routingRefuse}},
+		{"routing.dot_segments", c.Routing.DotSegments, [2]string{routingRefuse, routingResolve}},
+		{"routing.encoded_slashes", c.Routing.EncodedSlashes, [2]string{routingRefuse, routingDecode}},
+	} {
+		if k.v != k.allowed[0] && k.v != k.allowed[1] {
+			return c.bad(k.key, "want %s or %s, got %q", k.allowed[0], k.allowed[1], k.v)
 		}
 	}
 	return nil
@@ -808,6 +1001,7 @@ func (c *Config) checkLeases() error {
 type limitBy struct {
 	kind limitByKind
 	name string // the header or descriptor entry
+	fold bool   // limit_by_case: fold
 }
 
 type limitByKind uint8
@@ -819,18 +1013,20 @@ const (
 	limitByDescriptor
 )
 
-// parseLimitBy reads "", "client_ip", "header:NAME" or "descriptor:NAME".
-func parseLimitBy(s string) (limitBy, error) {
+// parseLimitBy reads "", "client_ip", "header:NAME" or "descriptor:NAME", and
+// limit_by_case.
+func parseLimitBy(s, valueCase string) (limitBy, error) {
 	kind, name, _ := strings.Cut(s, ":")
+	fold := valueCase == routingFold
 	switch {
 	case s == "":
 		return limitBy{}, nil
 	case s == "client_ip":
 		return limitBy{kind: limitByClientIP}, nil
 	case kind == "header" && name != "":
-		return limitBy{kind: limitByHeader, name: http.CanonicalHeaderKey(name)}, nil
+		return limitBy{kind: limitByHeader, name: http.CanonicalHeaderKey(name), fold: fold}, nil
 	case kind == "descriptor" && name != "" && len(name) <= 64 && !strings.ContainsAny(name, " \t\r\n"):
-		return limitBy{kind: limitByDescriptor, name: name}, nil
+		return limitBy{kind: limitByDescriptor, name: name, fold: fold}, nil
 	}
 	return limitBy{}, fmt.Errorf("%q: want client_ip, header:NAME or descriptor:NAME", s)
 }

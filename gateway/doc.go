@@ -1,11 +1,12 @@
-// Package gateway owns the region gateway's HTTP side: its configuration file, routing
-// requests to upstreams by net/http ServeMux patterns, resolving the API key (X-Api-Key
-// or auth.key_header, or a Bearer token) to a tenant, asking the limiter for a decision
-// on one path shared by three doors (the reverse proxy, Envoy's rate-limit service on
-// rls_listen, and the /v1/check endpoint for nginx and Traefik), the rate-limit response
-// headers, the reverse proxy,
-// the admin endpoints (/metrics, /healthz, /readyz), the gateway's metrics, and the
-// lifecycle that wires the snapshot reloader, heartbeats and graceful drain together.
+// Package gateway owns the region gateway's HTTP side: its configuration file, its three
+// doors (the reverse proxy, the /v1/check endpoint for nginx and Traefik, and Envoy's
+// rate-limit service on rls_listen), the one admission path they share (admit.go: the
+// route, matched in the canonical form the routing rules define (routing.go), the
+// tenant the API key resolves to, the unauthenticated guard, the cost and the limit_by
+// value), the one decision path after it (decide.go, the only place a limiter.Request
+// is built), the rate-limit response headers, the admin endpoints (/metrics, /healthz,
+// /readyz), the gateway's metrics, and the lifecycle that wires the snapshot reloader,
+// heartbeats and graceful drain together. Each door's file holds only its protocol.
 //
 // Decisions themselves (Redis bucket, breaker, local fallback, leases) belong to
 // gateway/limiter; the control-plane data belongs to regions. This package must not

@@ -9,7 +9,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"net/http/httputil"
 	"os"
 	"strconv"
 	"strings"
@@ -47,64 +46,48 @@ type Options struct {
 	Now func() time.Time
 }
 
-// Gateway is one region gateway: the proxy handler, the admin handler and, in Run, the
+// Gateway is one region gateway: its doors (the reverse proxy with /v1/check, and
+// the RLS service), the one admission and decision path they share, and, in Run, the
 // snapshot reloader and heartbeats.
 type Gateway struct {
 	cfg        Config
 	log        *slog.Logger
-	gatherer   prometheus.Gatherer
 	registerer prometheus.Registerer
 	now        func() time.Time
 	m          *metrics
 	tenants    *tenantTracker
-	instanceID string
 
-	snap atomic.Pointer[regions.Snapshot]
-	// readyMu makes "not draining, so ready" and "draining, so not ready" one step each:
-	// a reload racing the drain cannot set ratelimit_gateway_ready back to 1.
-	readyMu  sync.Mutex
-	draining atomic.Bool
+	snap  atomic.Pointer[regions.Snapshot]
+	ready readiness
 	// emptySnapshot: the last database snapshot had no region rows (acceptSnapshot).
 	emptySnapshot atomic.Bool
 
-	lim      decider
-	obs      *observer   // proxy metrics, upstream error log, access log (observe.go)
-	fallback func() bool // reports the Redis breaker not closed; nil without Redis
-	// loadScripts is the Redis limiter's Load (scripts, maxmemory-policy check); nil
-	// without Redis.
-	loadScripts func(context.Context) error
-	// checkEviction is the Redis limiter's CheckEviction; nil without Redis.
-	checkEviction func(context.Context)
-	guard         *clientGuard // nil when unauthenticated_limit is disabled
-	trusted       trustedProxies
-	rdb           redis.UniversalClient // *redis.Client, or *redis.ClusterClient with redis.cluster
+	lim   decider
+	redis redisBackend          // the Redis limiter's upkeep; nil without Redis
+	rdb   redis.UniversalClient // *redis.Client, or *redis.ClusterClient with redis.cluster
 
-	// identityHeaders are the header names stripped from every proxied request under
-	// any spelling: the tenant header and the headers that carry the key.
-	identityHeaders []string
-	problems        keyProblems
+	// What admission needs beyond the snapshot: the guard (nil when
+	// unauthenticated_limit is disabled), the proxies whose X-Forwarded-For is believed,
+	// the routes, and how an HTTP request presents its key.
+	guard   *clientGuard
+	trusted trustedProxies
+	routes  *routeTable
+	auth    httpAuth
 
-	handler   http.Handler
-	mux       *http.ServeMux    // the routes, for the check endpoint's matching
-	routes    map[string]*route // by id, for RLS descriptors
-	byPattern map[string]*route // by routes[].match, for the check endpoint
-	anyRoute  *route            // "*": RLS and check requests no route matches
-	admin     http.Handler
+	obs       *observer       // proxy metrics, upstream error log, access log (observe.go)
 	transport *http.Transport // to the upstreams
-
-	rlsLn net.Listener       // rls_listen, opened by Run
-	drain context.CancelFunc // ends drainCtx's context when draining starts
+	handler   http.Handler
+	admin     http.Handler
 
 	store *store.Store // database mode: opened by Run (it dials on first use)
 }
 
-// route is one configured route as the hot path sees it.
-type route struct {
-	id       string
-	proxy    *httputil.ReverseProxy
-	counters *routeCounters
-	cost     CostConfig
-	limitBy  limitBy
+// redisBackend is what the gateway does with the Redis limiter besides deciding
+// (*limiter.Redis): load its scripts before the first request, and re-read Redis's
+// eviction policy.
+type redisBackend interface {
+	Load(ctx context.Context) error
+	CheckEviction(ctx context.Context)
 }
 
 // New validates cfg, fills its defaults and builds the gateway. It starts no goroutine of
@@ -121,9 +104,7 @@ func New(cfg Config, opts Options) (_ *Gateway, err error) {
 		cfg:        cfg,
 		log:        opts.Logger,
 		registerer: opts.Registerer,
-		gatherer:   opts.Gatherer,
 		now:        opts.Now,
-		instanceID: cfg.InstanceID,
 	}
 	if g.log == nil {
 		g.log = slog.New(slog.DiscardHandler)
@@ -134,16 +115,17 @@ func New(cfg Config, opts Options) (_ *Gateway, err error) {
 	if g.registerer == nil {
 		g.registerer = prometheus.NewRegistry()
 	}
-	if g.gatherer == nil {
+	gatherer := opts.Gatherer
+	if gatherer == nil {
 		ga, ok := g.registerer.(prometheus.Gatherer)
 		if !ok {
 			return nil, fmt.Errorf("gateway %s: Options.Gatherer is required: the Registerer (%T) is not a prometheus.Gatherer", cfg.Region, g.registerer)
 		}
-		g.gatherer = ga
+		gatherer = ga
 	}
-	if g.instanceID == "" {
-		g.instanceID = defaultInstanceID()
-	} else if err := regions.ValidateID("instance", g.instanceID); err != nil {
+	if g.cfg.InstanceID == "" {
+		g.cfg.InstanceID = defaultInstanceID()
+	} else if err := regions.ValidateID("instance", g.cfg.InstanceID); err != nil {
 		return nil, &ConfigError{File: cfg.file, Key: "instance_id", Reason: unwrapInvalid(err)}
 	}
 
@@ -170,11 +152,12 @@ func New(cfg Config, opts Options) (_ *Gateway, err error) {
 			tracked.unregisterAll()
 		}
 	}()
-	m, err := newMetrics(g.registerer, cfg.Region, g.decisionBounds())
+	m, err := newMetrics(g.registerer, cfg.Region, decisionBounds(&g.cfg.Redis))
 	if err != nil {
 		return nil, fmt.Errorf("gateway %s: register metrics: %w", cfg.Region, err)
 	}
 	g.m = m
+	g.ready.gauge = m.ready
 	if g.obs, err = newObserver(g.registerer, m, &g.cfg, g.log, g.now, g.trusted); err != nil {
 		return nil, fmt.Errorf("gateway %s: register metrics: %w", cfg.Region, err)
 	}
@@ -183,15 +166,11 @@ func New(cfg Config, opts Options) (_ *Gateway, err error) {
 	if err := g.newLimiter(); err != nil {
 		return nil, err
 	}
-	g.identityHeaders = []string{hdrTenant, g.cfg.Auth.KeyHeader}
-	if g.cfg.Auth.Bearer {
-		g.identityHeaders = append(g.identityHeaders, "Authorization")
-	}
-	g.problems = newKeyProblems(g.cfg.Auth)
-	if err := g.newHandler(); err != nil {
+	g.auth = newHTTPAuth(g.cfg.Auth)
+	if err := g.newRoutes(); err != nil {
 		return nil, err
 	}
-	g.admin = g.newAdminHandler()
+	g.admin = g.newAdminHandler(gatherer)
 
 	if cfg.Standalone() {
 		s, err := standaloneSnapshot(&g.cfg, g.now())
@@ -213,193 +192,10 @@ func (g *Gateway) AdminHandler() http.Handler { return g.admin }
 func (g *Gateway) Config() Config { return g.cfg }
 
 // InstanceID is this instance's heartbeat id.
-func (g *Gateway) InstanceID() string { return g.instanceID }
+func (g *Gateway) InstanceID() string { return g.cfg.InstanceID }
 
 // Ready reports whether a snapshot is loaded and the gateway is not draining.
-func (g *Gateway) Ready() bool { return g.snap.Load() != nil && !g.draining.Load() }
-
-func (g *Gateway) newLimiter() error {
-	if !g.cfg.Redis.enabled() {
-		l, err := limiter.NewLocal(limiter.LocalOptions{Region: g.cfg.Region, Registerer: g.registerer})
-		if err != nil {
-			return fmt.Errorf("gateway %s: local limiter: %w", g.cfg.Region, err)
-		}
-		g.lim = l
-		return nil
-	}
-	rdb, err := g.newRedisClient()
-	if err != nil {
-		return err
-	}
-	g.rdb = rdb
-	opts := limiter.Options{
-		Region:    g.cfg.Region,
-		Timeout:   g.cfg.Redis.Timeout,
-		KeyPrefix: g.cfg.Redis.KeyPrefix,
-		Breaker: limiter.BreakerOptions{
-			Failures:    g.cfg.Redis.Breaker.Failures,
-			FailureSpan: g.cfg.Redis.Breaker.FailureSpan,
-			OpenFor:     g.cfg.Redis.Breaker.OpenFor,
-		},
-		Instances:         g.fallbackInstances,
-		ExpectedInstances: g.cfg.ExpectedInstances,
-		ChangedAt:         g.changedAt,
-		Registerer:        g.registerer,
-		Logger:            g.log,
-	}
-	setLeases(&opts, g.cfg.Leases)
-	l, err := limiter.NewRedis(g.rdb, opts)
-	if err != nil {
-		return fmt.Errorf("gateway %s: redis limiter: %w", g.cfg.Region, err) // New closes g.rdb
-	}
-	g.lim = l
-	g.loadScripts = l.Load
-	g.checkEviction = l.CheckEviction
-	g.fallback = l.FallbackActive
-	return nil
-}
-
-// setLeases maps the leases config onto the limiter's options; zero values take the
-// limiter's defaults, a zero threshold leaves leases off.
-func setLeases(o *limiter.Options, l LeasesConfig) {
-	o.Leases.Threshold = l.Threshold
-	o.Leases.Fraction = l.Fraction
-	o.Leases.TTL = l.TTL
-}
-
-// warmConns connections are kept open to Redis (per node of a cluster), one per pipeline
-// the limiter may have in flight, so the first burst after a start or an idle spell
-// does not pay for dials within the decision timeout (and get fallback decisions).
-const warmConns = limiter.DefaultPipelineInFlight
-
-// newRedisClient is the client of redis.url: one server, or a Redis Cluster's client with
-// redis.cluster. Either way a dead Redis must not hold a request past the decision
-// timeout: the limiter bounds every call by its own timeout through the context, and
-// these keep a connection attempt or a pool slot from lasting long either.
-func (g *Gateway) newRedisClient() (redis.UniversalClient, error) {
-	dial := max(10*g.cfg.Redis.Timeout, 100*time.Millisecond)
-	if g.cfg.Redis.Sentinel.configured() {
-		return g.newSentinelClient(dial)
-	}
-	if g.cfg.Redis.Cluster {
-		co, err := redis.ParseClusterURL(g.cfg.Redis.URL)
-		if err != nil {
-			return nil, &ConfigError{File: g.cfg.file, Key: "redis.url", Reason: redactedReason(err, g.cfg.Redis.URL)}
-		}
-		co.ContextTimeoutEnabled = true
-		co.DialTimeout = dial
-		co.MaxRetries = -1 // a retry would double the latency bound; the fallback answers instead
-		if co.MinIdleConns == 0 {
-			co.MinIdleConns = warmConns
-		}
-		if co.MaxRedirects == 0 {
-			// A MOVED or ASK answer costs a round trip within the decision timeout; after
-			// one the client reloads the slot map, so two is plenty.
-			co.MaxRedirects = 2
-		}
-		if co.TLSConfig != nil {
-			if err := g.cfg.Redis.TLS.apply(co.TLSConfig); err != nil {
-				return nil, &ConfigError{File: g.cfg.file, Key: "redis.tls", Reason: err.Error()}
-			}
-		}
-		return redis.NewClusterClient(co), nil
-	}
-	ro, err := redis.ParseURL(g.cfg.Redis.URL)
-	if err != nil {
-		return nil, &ConfigError{File: g.cfg.file, Key: "redis.url", Reason: redactedReason(err, g.cfg.Redis.URL)}
-	}
-	ro.ContextTimeoutEnabled = true
-	ro.DialTimeout = dial
-	ro.MaxRetries = -1 // a retry would double the latency bound; the fallback answers instead
-	if ro.MinIdleConns == 0 {
-		ro.MinIdleConns = warmConns
-	}
-	if ro.TLSConfig != nil {
-		if err := g.cfg.Redis.TLS.apply(ro.TLSConfig); err != nil {
-			return nil, &ConfigError{File: g.cfg.file, Key: "redis.tls", Reason: err.Error()}
-		}
-	}
-	return redis.NewClient(ro), nil
-}
-
-// liveInstances is the fallback divisor: live gateways of this region, 0 when unknown.
-func (g *Gateway) liveInstances() int {
-	if s := g.snap.Load(); s != nil {
-		return s.LiveInstances(g.cfg.Region)
-	}
-	return 0
-}
-
-// pairShare is a tracked (tenant, route) pair's effective share, for the share gauge.
-func (g *Gateway) pairShare(tenant, route string) (float64, bool) {
-	s := g.snap.Load()
-	if s == nil {
-		return 0, false
-	}
-	v, _ := s.Share(g.cfg.Region, tenant, route)
-	return v, true
-}
-
-// setSnapshot swaps in a new snapshot and updates the gauges that describe it.
-func (g *Gateway) setSnapshot(s *regions.Snapshot) {
-	// Which tenants' capacities may have been raised since the last snapshot, and when:
-	// the limiter's fallback starts a bucket it holds nothing for from the raise, not
-	// full at the new size (regions.Snapshot.Since).
-	s = s.Since(g.snap.Load(), g.now())
-	g.snap.Store(s)
-	g.m.rulesLoaded.Set(float64(s.RuleCount()))
-	g.m.lastReload.SetToCurrentTime()
-	g.m.instances.Set(float64(s.LiveInstances(g.cfg.Region)))
-	share, _ := s.Share(g.cfg.Region, regions.Wildcard, regions.Wildcard)
-	g.m.shareRatio.WithLabelValues(regions.Wildcard).Set(share)
-	g.tenants.refreshShares()
-	g.readyMu.Lock()
-	if !g.draining.Load() {
-		g.m.ready.Set(1)
-	}
-	g.readyMu.Unlock()
-}
-
-// startDraining marks the gateway not ready, for good.
-func (g *Gateway) startDraining() {
-	g.readyMu.Lock()
-	g.draining.Store(true)
-	g.m.ready.Set(0)
-	g.readyMu.Unlock()
-}
-
-// standaloneSnapshot builds the snapshot of a gateway without a database: one region
-// (so its share is 1), the default rule, and the tenants' keys and rules. No instances
-// are known, so the fallback divides by expected_instances.
-func standaloneSnapshot(c *Config, now time.Time) (*regions.Snapshot, error) {
-	d := regions.SnapshotData{
-		Regions:  []string{c.Region},
-		LoadedAt: now,
-		Rules: []regions.Rule{{
-			Tenant: regions.Wildcard, Route: regions.Wildcard,
-			Capacity: c.DefaultRule.Capacity, RefillPerSecond: c.DefaultRule.RefillPerSecond,
-			Shadow: c.DefaultRule.Shadow, Shards: c.DefaultRule.Shards,
-		}},
-	}
-	var id int64
-	for _, t := range c.Tenants {
-		for _, k := range t.Keys {
-			h, err := k.hash()
-			if err != nil {
-				return nil, err // normalize has checked every key
-			}
-			id++
-			d.Keys = append(d.Keys, regions.APIKey{ID: id, Hash: h, Tenant: t.ID, CreatedAt: now})
-		}
-		for _, r := range t.Rules {
-			d.Rules = append(d.Rules, regions.Rule{
-				Tenant: t.ID, Route: r.Route, Capacity: r.Capacity, RefillPerSecond: r.RefillPerSecond,
-				Shadow: r.Shadow, Shards: r.Shards, UpdatedAt: now,
-			})
-		}
-	}
-	return regions.NewSnapshot(d)
-}
+func (g *Gateway) Ready() bool { return g.snap.Load() != nil && !g.ready.isDraining() }
 
 // defaultInstanceID is host-pid-random, trimmed to a valid id.
 func defaultInstanceID() string {
@@ -445,34 +241,44 @@ func (g *Gateway) Run(ctx context.Context) error {
 		_ = ln.Close()
 		return fmt.Errorf("gateway %s: admin listen: %w", g.cfg.Region, err)
 	}
+	var rln net.Listener
 	if g.cfg.RLSListen != "" {
-		if g.rlsLn, err = net.Listen("tcp", g.cfg.RLSListen); err != nil {
+		if rln, err = net.Listen("tcp", g.cfg.RLSListen); err != nil {
 			_ = ln.Close()
 			_ = aln.Close()
 			return fmt.Errorf("gateway %s: rls listen: %w", g.cfg.Region, err)
 		}
 	}
-	return g.run(ctx, ln, aln)
+	return g.run(ctx, ln, aln, rln)
 }
 
-// run is Run on listeners already open; it closes them.
-func (g *Gateway) run(ctx context.Context, ln, aln net.Listener) error {
-	g.log.Info("gateway starting", "region", g.cfg.Region, "instance", g.instanceID,
+// run is Run on listeners already open (rln nil without rls_listen); it closes them.
+func (g *Gateway) run(ctx context.Context, ln, aln, rln net.Listener) error {
+	g.log.Info("gateway starting", "region", g.cfg.Region, "instance", g.cfg.InstanceID,
 		"listen", ln.Addr().String(), "admin_listen", aln.Addr().String(),
 		"mode", g.cfg.Mode, "mode_source", g.cfg.modeSource)
 	if g.rdb == nil {
 		g.log.Warn("no redis configured: limits are enforced per instance, not per region",
 			"region", g.cfg.Region)
 	} else {
-		g.warmRedis(ctx)
+		// Load the scripts before the first request, so the first decisions need
+		// neither a dial nor an EVAL within the decision timeout. A Redis that is down is
+		// not fatal: the limiter falls back until it answers.
+		wctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		if err := g.redis.Load(wctx); err != nil {
+			g.log.Warn("redis not reachable at start; the local fallback decides until it is",
+				"region", g.cfg.Region, "err", err)
+		}
+		cancel()
 	}
+	var hb *heartbeats
 
 	bg, stopBG := context.WithCancel(context.WithoutCancel(ctx))
 	var wg sync.WaitGroup
 	if !g.cfg.Standalone() {
 		rl := store.NewReloader(store.ReloaderOptions{
 			Load: func(ctx context.Context) (*regions.Snapshot, error) {
-				return g.store.LoadSnapshot(ctx, g.instanceTTL())
+				return g.store.LoadSnapshot(ctx, store.InstanceTTL(g.cfg.HeartbeatInterval))
 			},
 			ListenURL:  g.cfg.DatabaseURL,
 			Interval:   g.cfg.ReloadInterval,
@@ -488,19 +294,32 @@ func (g *Gateway) run(ctx context.Context, ln, aln net.Listener) error {
 				g.log.Error("snapshot reloader stopped", "region", g.cfg.Region, "err", err)
 			}
 		})
-		wg.Go(func() { g.heartbeat(bg) })
+		hb = &heartbeats{store: g.store, id: g.cfg.InstanceID, region: g.cfg.Region,
+			every: g.cfg.HeartbeatInterval, log: g.log, errs: g.m.heartbeatErrs}
+		wg.Go(func() { hb.run(bg) })
 	}
 	wg.Go(func() { g.rotateTenants(bg) })
-	if g.checkEviction != nil {
-		wg.Go(func() { g.watchRedisPolicy(bg) })
+	if g.redis != nil {
+		// Re-read Redis's maxmemory-policy every reload_interval, so that a policy
+		// changed with CONFIG SET (or a Redis restarted with another configuration)
+		// shows in ratelimit_redis_evicting_policy and the log without a restart.
+		wg.Go(func() {
+			every(bg, g.cfg.ReloadInterval, func() {
+				cctx, cancel := context.WithTimeout(bg, time.Second)
+				defer cancel()
+				g.redis.CheckEviction(cctx)
+			})
+		})
 	}
 
-	if g.rlsLn != nil {
-		rls, rctx := g.newRLSServer(), g.drainCtx(bg)
-		g.log.Info("rate limit service listening", "region", g.cfg.Region, "rls_listen", g.rlsLn.Addr().String())
+	// The RLS door drains with the proxy: it stops when the gateway starts draining.
+	rctx, drain := context.WithCancel(bg)
+	defer drain()
+	if rln != nil {
+		rls := g.newRLSServer()
+		g.log.Info("rate limit service listening", "region", g.cfg.Region, "rls_listen", rln.Addr().String())
 		wg.Go(func() {
-			// The RLS door drains with the proxy: it stops when the gateway starts draining.
-			if err := g.serveRLS(rctx, rls, g.rlsLn); err != nil {
+			if err := g.serveRLS(rctx, rls, rln); err != nil {
 				g.log.Error("rate limit service stopped", "region", g.cfg.Region, "err", err)
 			}
 		})
@@ -521,9 +340,7 @@ func (g *Gateway) run(ctx context.Context, ln, aln net.Listener) error {
 		runErr = fmt.Errorf("gateway %s: serve: %w", g.cfg.Region, err)
 	}
 	g.startDraining()
-	if g.drain != nil {
-		g.drain()
-	}
+	drain()
 	g.log.Info("gateway draining", "region", g.cfg.Region, "drain_timeout", g.cfg.DrainTimeout.String())
 	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), g.cfg.DrainTimeout)
 	if err := srv.Shutdown(dctx); err != nil {
@@ -533,8 +350,8 @@ func (g *Gateway) run(ctx context.Context, ln, aln net.Listener) error {
 	cancel()
 	stopBG()
 	wg.Wait()
-	if !g.cfg.Standalone() {
-		g.removeInstance(ctx)
+	if hb != nil {
+		hb.remove(ctx)
 	}
 	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
 	_ = adm.Shutdown(actx)
@@ -550,13 +367,6 @@ func (g *Gateway) run(ctx context.Context, ln, aln net.Listener) error {
 	return runErr
 }
 
-// drainCtx is a context of parent that also ends when the gateway starts draining.
-func (g *Gateway) drainCtx(parent context.Context) context.Context {
-	ctx, cancel := context.WithCancel(parent)
-	g.drain = cancel
-	return ctx
-}
-
 // newServer is the proxy's http.Server: header size and read timeouts bound what one
 // connection can hold (a larger header block is answered 431, a slow one is closed).
 func (g *Gateway) newServer() *http.Server {
@@ -567,47 +377,6 @@ func (g *Gateway) newServer() *http.Server {
 		MaxHeaderBytes:    g.cfg.MaxHeaderBytes,
 		ErrorLog:          slog.NewLogLogger(g.log.Handler(), slog.LevelDebug),
 	}
-}
-
-// decisionBounds are extra decision-histogram bounds at the Redis timeout and 1 ms past
-// it, so "p99 of decisions <= timeout + 1 ms" can be read off the histogram exactly.
-func (g *Gateway) decisionBounds() []float64 {
-	if !g.cfg.Redis.enabled() {
-		return nil
-	}
-	return []float64{g.cfg.Redis.Timeout.Seconds(), (g.cfg.Redis.Timeout + time.Millisecond).Seconds()}
-}
-
-// warmRedis dials Redis and loads the bucket scripts before the first request, so the
-// first decisions need neither a dial nor an EVAL within the decision timeout. A Redis
-// that is down is not fatal: the limiter falls back until it answers.
-func (g *Gateway) warmRedis(ctx context.Context) {
-	wctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-	defer cancel()
-	if err := g.loadScripts(wctx); err != nil {
-		g.log.Warn("redis not reachable at start; the local fallback decides until it is",
-			"region", g.cfg.Region, "err", err)
-	}
-}
-
-// changedAt is the limiter's Options.ChangedAt: when the snapshot in force first saw a
-// change that may have raised tenant's capacity in this region.
-func (g *Gateway) changedAt(tenant string) time.Time {
-	if s := g.snap.Load(); s != nil {
-		return s.ChangedAt(g.cfg.Region, tenant)
-	}
-	return time.Time{}
-}
-
-// watchRedisPolicy re-reads Redis's maxmemory-policy every reload_interval, so that a
-// policy changed with CONFIG SET (or a Redis restarted with another configuration)
-// shows in ratelimit_redis_evicting_policy and the log without a gateway restart.
-func (g *Gateway) watchRedisPolicy(ctx context.Context) {
-	every(ctx, g.cfg.ReloadInterval, func() {
-		cctx, cancel := context.WithTimeout(ctx, time.Second)
-		defer cancel()
-		g.checkEviction(cctx)
-	})
 }
 
 // every runs f every d until ctx ends.
@@ -645,75 +414,6 @@ func serve(srv *http.Server, ln net.Listener) error {
 		return err
 	}
 	return nil
-}
-
-// instanceTTL: an instance unseen for store.MissedHeartbeats heartbeat periods is dead.
-func (g *Gateway) instanceTTL() time.Duration { return store.InstanceTTL(g.cfg.HeartbeatInterval) }
-
-func (g *Gateway) onReload(s *regions.Snapshot) {
-	if !g.acceptSnapshot(s) {
-		return
-	}
-	known := false
-	for _, r := range s.Regions() {
-		known = known || r == g.cfg.Region
-	}
-	if !known {
-		g.log.Warn("this region is not in the database; limits use an equal split of the known regions",
-			"region", g.cfg.Region)
-	}
-	g.setSnapshot(s)
-	g.log.Debug("snapshot loaded", "region", g.cfg.Region, "rules", s.RuleCount(),
-		"instances", s.LiveInstances(g.cfg.Region))
-}
-
-// heartbeat records this instance alive every heartbeat_interval. Failures are counted,
-// and logged when the state changes.
-func (g *Gateway) heartbeat(ctx context.Context) {
-	t := time.NewTicker(g.cfg.HeartbeatInterval)
-	defer t.Stop()
-	failing := false
-	for {
-		err := g.beat(ctx)
-		switch {
-		case ctx.Err() != nil:
-			return
-		case err != nil:
-			g.m.heartbeatErrs.Inc()
-			if !failing {
-				g.log.Warn("heartbeat failed", "region", g.cfg.Region, "instance", g.instanceID, "err", err)
-			}
-			failing = true
-		case failing:
-			g.log.Info("heartbeat recovered", "region", g.cfg.Region, "instance", g.instanceID)
-			failing = false
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-	}
-}
-
-func (g *Gateway) beat(ctx context.Context) error {
-	ctx, cancel := context.WithTimeout(ctx, max(g.cfg.HeartbeatInterval, time.Second))
-	defer cancel()
-	return g.store.Heartbeat(ctx, g.instanceID, g.cfg.Region)
-}
-
-// removeInstance deletes the heartbeat on shutdown so the others' fallback shares grow
-// at once rather than after the TTL.
-func (g *Gateway) removeInstance(ctx context.Context) {
-	st := g.store
-	if st == nil {
-		return
-	}
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
-	defer cancel()
-	if err := st.RemoveInstance(rctx, g.instanceID); err != nil {
-		g.log.Warn("remove heartbeat failed", "region", g.cfg.Region, "instance", g.instanceID, "err", err)
-	}
 }
 
 // rotateTenants lets the busiest untracked pairs into the per-tenant series.

@@ -4,6 +4,7 @@ import (
 	"math"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -98,4 +99,77 @@ func (r rateHeaders) write(h http.Header) {
 	if r.throttled {
 		h[hdrRetryAfter] = v[4:5:5]
 	}
+}
+
+// isRateHeader reports whether a header name (in canonical form) is a rate-limit
+// header of any draft or vendor: RateLimit* or X-RateLimit-*.
+func isRateHeader(name string) bool {
+	return hasPrefixFold(name, "ratelimit") || hasPrefixFold(name, "x-ratelimit-")
+}
+
+func hasPrefixFold(s, prefix string) bool {
+	return len(s) >= len(prefix) && strings.EqualFold(s[:len(prefix)], prefix)
+}
+
+// headerValues are the values of every header whose name is name once ASCII case is
+// ignored and '_' is read as '-': upstreams built on CGI, WSGI or PHP fold "X_User" and
+// "X-User" into one variable, so both spellings are one header here too. Without a
+// second spelling (the usual case) it is h[name] itself, no copy.
+func headerValues(h http.Header, name string) []string {
+	vals, other := h[name], false
+	for k := range h {
+		if k != name && sameHeaderName(k, name) {
+			other = true
+			break
+		}
+	}
+	if !other {
+		return vals
+	}
+	var all []string
+	for k, v := range h {
+		if sameHeaderName(k, name) {
+			all = append(all, v...)
+		}
+	}
+	return all
+}
+
+// stripHeaders deletes every header whose name is one of names under any spelling
+// (sameHeaderName).
+func stripHeaders(h http.Header, names []string) {
+	for k := range h {
+		for _, n := range names {
+			if sameHeaderName(k, n) {
+				delete(h, k)
+				break
+			}
+		}
+	}
+}
+
+// sameHeaderName compares header names ignoring ASCII case and treating '_' as '-'.
+func sameHeaderName(a, b string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := 0; i < len(a); i++ {
+		x, y := a[i], b[i]
+		if x == '_' {
+			x = '-'
+		}
+		if y == '_' {
+			y = '-'
+		}
+		if 'A' <= x && x <= 'Z' {
+			x += 'a' - 'A'
+		}
+		if 'A' <= y && y <= 'Z' {
+			y += 'a' - 'A'
+		}
+		if x != y {
+			return false
+		}
+	}
+	return true
 }

@@ -83,7 +83,21 @@ type metrics struct {
 	ready          prometheus.Gauge
 	// unauthThrottled counts requests refused 429 by unauthenticated_limit.
 	unauthThrottled prometheus.Counter
+	// invalid counts authenticated requests refused for a path, cost or value spelling.
+	invalid [numDoors][numInvalid]prometheus.Counter
 }
+
+// invalidReason is the reason label of ratelimit_invalid_requests_total.
+type invalidReason uint8
+
+const (
+	invalidPath invalidReason = iota
+	invalidCost
+	invalidValue
+	numInvalid
+)
+
+var invalidNames = [numInvalid]string{"path", "cost", "value"}
 
 // decisionBuckets span 50µs (a local decision) to 50ms (far past any sane Redis timeout).
 var decisionBuckets = []float64{0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05}
@@ -143,8 +157,21 @@ func newMetrics(reg prometheus.Registerer, region string, extraBounds []float64)
 			return nil, err
 		}
 	}
+	invalid := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name:        "ratelimit_invalid_requests_total",
+		Help:        "Authenticated requests refused before any bucket was chosen, by interface and reason: path (a spelling the routing rules refuse), cost, value (a limit_by value missing, repeated, list-valued or malformed).",
+		ConstLabels: r,
+	}, []string{"interface", "reason"})
+	if err := reg.Register(invalid); err != nil {
+		return nil, err
+	}
 	for s := range numSources {
 		m.duration[s] = duration.WithLabelValues(sourceNames[s])
+	}
+	for d := range numDoors {
+		for i := range numInvalid {
+			m.invalid[d][i] = invalid.WithLabelValues(doorNames[d], invalidNames[i])
+		}
 	}
 	return m, nil
 }

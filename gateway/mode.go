@@ -1,10 +1,6 @@
 package gateway
 
-import (
-	"strings"
-
-	"github.com/quotaplane/quotaplane/regions"
-)
+import "strings"
 
 // The gateway's modes (the mode key).
 const (
@@ -138,31 +134,4 @@ func (r *RedisConfig) configuredKey() string {
 		return "tls"
 	}
 	return ""
-}
-
-// fallbackInstances is the fallback's divisor N: the live instances of this region by
-// heartbeat, never fewer than expected_instances (a floor: 1 unless configured). The
-// live count is what keeps a small fleet from being over-throttled; the floor is what
-// keeps a fleet whose heartbeats are not loaded yet from admitting N times the limit.
-func (g *Gateway) fallbackInstances() int {
-	return max(g.liveInstances(), g.cfg.ExpectedInstances)
-}
-
-// acceptSnapshot checks a database snapshot before it is swapped in: one without a
-// single region row (an empty or unmigrated control plane) would make this gateway
-// ready while every share is unknown, so it is refused and the previous snapshot (or
-// none: not ready) stays. Logged once per state change.
-func (g *Gateway) acceptSnapshot(s *regions.Snapshot) bool {
-	if len(s.Regions()) > 0 {
-		if g.emptySnapshot.Swap(false) {
-			g.log.Info("snapshot has regions again", "region", g.cfg.Region)
-		}
-		return true
-	}
-	g.m.reloadErrors.Inc()
-	if !g.emptySnapshot.Swap(true) {
-		g.log.Warn("snapshot has no region rows; keeping the previous one (not ready until one loads): add regions with ratectl",
-			"region", g.cfg.Region, "ready", g.snap.Load() != nil)
-	}
-	return false
 }

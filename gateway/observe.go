@@ -17,43 +17,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// ObservabilityConfig configures what the proxy tells about each request beyond the
-// metrics, which are always on.
-type ObservabilityConfig struct {
-	// AccessLog is the per-request log (off by default).
-	AccessLog AccessLogConfig `yaml:"access_log"`
-}
-
-// AccessLogConfig is the sampled access log: one JSON line ("msg":"access") per logged
-// request, through the gateway's logger at INFO. It never holds the API key, any header
-// or the query string.
-type AccessLogConfig struct {
-	// Enabled turns it on.
-	Enabled bool `yaml:"enabled"`
-	// SampleRatio is the fraction of requests logged, in (0, 1] (default 1 when enabled).
-	SampleRatio float64 `yaml:"sample_ratio"`
-}
-
-// checkObservability fills the observability defaults and validates them (from normalize).
-func (c *Config) checkObservability() error {
-	a := &c.Observability.AccessLog
-	bad := func(key, reason string) error {
-		return &ConfigError{File: c.file, Key: "observability.access_log." + key, Reason: reason}
-	}
-	if a.Enabled && a.SampleRatio == 0 {
-		a.SampleRatio = 1
-	}
-	if !(a.SampleRatio >= 0 && a.SampleRatio <= 1) {
-		return bad("sample_ratio", "must be between 0 and 1")
-	}
-	if a.Enabled {
-		if l, err := parseLogLevel(c.LogLevel); err == nil && l > slog.LevelInfo {
-			return bad("enabled", "access log lines are INFO: log_level "+c.LogLevel+" would drop every one (set log_level: info)")
-		}
-	}
-	return nil
-}
-
 // Status classes, the code_class label.
 var codeClasses = [...]string{"1xx", "2xx", "3xx", "4xx", "5xx"}
 
@@ -175,10 +138,9 @@ func (o *observer) routeOf(r *http.Request) string {
 	return routeUnmatched
 }
 
-// observeRequests wraps the proxy's mux: every request's duration by route and status
-// class, and the sampled access log. It is the gateway's outermost handler.
-func (g *Gateway) observeRequests(mux http.Handler) http.Handler {
-	o := g.obs
+// wrap is h with every request's duration by route and status class, and the sampled
+// access log. It is the gateway's outermost handler.
+func (o *observer) wrap(mux http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
 		logged := o.access.Enabled && (o.access.SampleRatio >= 1 || rand.Float64() < o.access.SampleRatio)
@@ -268,10 +230,10 @@ func (w *statusWriter) Write(b []byte) (int, error) {
 
 func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
-// upstreamTransport is base with each round trip's time to the response headers
-// observed by route and status class.
-func (g *Gateway) upstreamTransport(route string, base http.RoundTripper) http.RoundTripper {
-	return &timedTransport{base: base, obs: g.obs.upstream[route]}
+// transport is base with each round trip's time to the response headers observed by
+// route and status class.
+func (o *observer) transport(route string, base http.RoundTripper) http.RoundTripper {
+	return &timedTransport{base: base, obs: o.upstream[route]}
 }
 
 type timedTransport struct {
@@ -291,14 +253,14 @@ func (t *timedTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 // upstreamFailed counts a request answered 502 because its upstream failed (the client
 // still waiting) by reason, and logs it at WARN, at most one line a second with the
 // number of failures not logged since the last line.
-func (g *Gateway) upstreamFailed(r *http.Request, route string, err error) {
+func (o *observer) upstreamFailed(r *http.Request, route string, err error) {
 	if r.Context().Err() != nil {
 		return // the client went away: not the upstream's failure
 	}
 	reason := upstreamReason(err)
-	g.obs.errs[route][reason].Inc()
-	if suppressed, ok := g.obs.errLog.allow(g.obs.now()); ok {
-		g.log.Warn("upstream failed", "region", g.cfg.Region, "route", route, "reason", reason,
+	o.errs[route][reason].Inc()
+	if suppressed, ok := o.errLog.allow(o.now()); ok {
+		o.log.Warn("upstream failed", "region", o.region, "route", route, "reason", reason,
 			"err", err, "suppressed", suppressed)
 	}
 }

@@ -36,6 +36,10 @@ var (
 	problemThrottled = newProblem(http.StatusTooManyRequests, "Rate limit exceeded; retry after the number of seconds in Retry-After.")
 	problemUpstream  = newProblem(http.StatusBadGateway, "The upstream service could not be reached.")
 	problemNotReady  = newProblem(http.StatusServiceUnavailable, "The gateway has not loaded its configuration yet; retry shortly.")
+	problemBadPath   = newProblem(http.StatusBadRequest, "The path is spelled in a way the gateway does not route (a fragment, a dot segment or empty segment, an encoded slash or backslash, a ;parameter, a malformed escape or a control character): send it in plain form.")
+	problemBadCost   = newProblem(http.StatusBadRequest, "This route takes its cost from a request header: send exactly one, a whole number from 1 to the route's maximum.")
+	problemRLSOnly   = newProblem(http.StatusBadRequest, "This route is limited per value of a rate-limit service descriptor entry: it is decided over gRPC (rls_listen), not over HTTP.")
+	problemBadValue  = newProblem(http.StatusBadRequest, "This route is limited per value of a client property: send exactly one value of at most 256 bytes, without ',', ';' or '\"'.")
 	// problemTooManyFailures answers a client blocked by unauthenticated_limit.
 	problemTooManyFailures = newProblem(http.StatusTooManyRequests, "Too many requests without a valid API key from this address; retry after the number of seconds in Retry-After.")
 )
@@ -54,6 +58,32 @@ func newKeyProblems(a AuthConfig) keyProblems {
 	return keyProblems{
 		missingKey: newProblem(http.StatusUnauthorized, "Send your API key in "+where+"."),
 		manyKeys:   newProblem(http.StatusBadRequest, "Send exactly one API key, in "+where+"."),
+	}
+}
+
+// write answers an HTTP request that admit refused.
+func (p keyProblems) write(w http.ResponseWriter, a admission) {
+	switch a.refused {
+	case refusedBlocked:
+		writeGuardRefusal(w, a.retry)
+	case refusedNoKey:
+		p.missingKey.write(w)
+	case refusedManyKeys:
+		p.manyKeys.write(w)
+	case refusedBadKey:
+		problemBadKey.write(w)
+	case refusedNotReady:
+		problemNotReady.write(w)
+	case refusedPath:
+		problemBadPath.write(w)
+	case refusedUnmatched:
+		problemNotFound.write(w)
+	case refusedCost:
+		problemBadCost.write(w)
+	case refusedValue:
+		problemBadValue.write(w)
+	case refusedRLSOnly:
+		problemRLSOnly.write(w)
 	}
 }
 

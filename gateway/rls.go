@@ -17,9 +17,6 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
-
-	"github.com/quotaplane/quotaplane/gateway/limiter"
-	"github.com/quotaplane/quotaplane/regions"
 )
 
 // Descriptor entries the RLS service understands (docs/proxies.md).
@@ -49,10 +46,11 @@ func (g *Gateway) newRLSServer() *grpc.Server {
 	return s
 }
 
-// ShouldRateLimit decides every descriptor independently; the overall code is
-// OVER_LIMIT if any descriptor is. A Redis outage is answered from the fallback; the
-// only gRPC errors are a malformed request (InvalidArgument) and a gateway that has no
-// snapshot yet (Unavailable), where Envoy's failure_mode_deny decides.
+// ShouldRateLimit decides every descriptor independently, each through the one
+// admission path (admit.go); the overall code is OVER_LIMIT if any descriptor is. A
+// Redis outage is answered from the fallback; the only gRPC errors are a malformed
+// request (InvalidArgument) and a gateway that has no snapshot yet (Unavailable), where
+// Envoy's failure_mode_deny decides.
 func (s *rlsService) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
 	g := s.g
 	if len(req.GetDescriptors()) > maxDescriptors {
@@ -68,45 +66,28 @@ func (s *rlsService) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRe
 	}
 	var shown *verdict // the verdict whose headers the response carries
 	for i, desc := range req.GetDescriptors() {
-		q, err := g.parseDescriptor(snap, desc, req.GetHitsAddend())
+		c, refund, err := g.descriptorClaim(desc, req.GetHitsAddend())
 		if err != nil {
 			return nil, status.Errorf(codes.InvalidArgument, "descriptor %d: %v", i, err)
 		}
 		st := &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
 		resp.Statuses[i] = st
-		switch {
-		case q.refund:
+		if refund {
 			continue // refunds are not supported: nothing is taken or given back
-		case !q.unauthenticated && g.guard != nil && q.client.IsValid():
-			// A client blocked by unauthenticated_limit is refused before its key counts,
-			// as by the proxy: a guesser must not learn which guesses hit.
-			if _, blocked := g.guard.blocked(q.client); blocked {
-				q.unauthenticated, q.blocked = true, true
-			}
 		}
-		switch {
-		case q.unauthenticated:
-			q.rt.counters[doorRLS][decUnauthenticated][srcNone].Inc()
-			if g.guard != nil && q.client.IsValid() && !q.blocked {
-				if _, ok := g.guard.fail(ctx, q.client); !ok {
-					q.blocked = true
-				}
-			}
-			if q.blocked {
-				g.m.unauthThrottled.Inc()
+		a := g.admit(ctx, snap, &c)
+		if a.refused != admitted {
+			// Over the limit, never a free pass: no identity (counted unauthenticated by
+			// admit), no route, or a cost or value the route refuses (counted as
+			// throttled by no source).
+			if !a.refused.unauthenticated() && a.refused != refusedUnmatched {
+				c.rt.counters[doorRLS][decThrottled][srcNone].Inc()
 			}
 			st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
 			resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
 			continue
-		case q.refused:
-			// A cost above the route's cap or a missing or over-long limit_by value:
-			// over the limit, never a free pass. Counted as throttled by no source.
-			q.rt.counters[doorRLS][decThrottled][srcNone].Inc()
-			st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
-			resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
-			continue
 		}
-		v, ok := g.decide(ctx, ask{door: doorRLS, snap: snap, tenant: q.tenant, rt: q.rt, cost: q.cost, value: q.value})
+		v, ok := g.decide(ctx, a.ask)
 		if !ok {
 			return nil, status.FromContextError(ctx.Err()).Err()
 		}
@@ -126,7 +107,7 @@ func (s *rlsService) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRe
 		}
 	}
 	if shown != nil {
-		resp.ResponseHeadersToAdd = headerValues(shown.hdr)
+		resp.ResponseHeadersToAdd = envoyHeaders(shown.hdr)
 	}
 	return resp, nil
 }
@@ -165,8 +146,8 @@ func currentLimit(capacity int64, refill float64) *rlsv3.RateLimitResponse_RateL
 	}
 }
 
-// headerValues are our rate-limit headers as Envoy header values.
-func headerValues(h rateHeaders) []*corev3.HeaderValue {
+// envoyHeaders are our rate-limit headers as Envoy header values.
+func envoyHeaders(h rateHeaders) []*corev3.HeaderValue {
 	hdr := make(map[string][]string, 5)
 	h.write(hdr)
 	out := make([]*corev3.HeaderValue, 0, len(hdr))
@@ -178,136 +159,57 @@ func headerValues(h rateHeaders) []*corev3.HeaderValue {
 	return out
 }
 
-// rlsAsk is one parsed descriptor.
-type rlsAsk struct {
-	tenant          string
-	rt              *route
-	cost            int64
-	value           string
-	unauthenticated bool // no usable identity: over the limit, Redis untouched
-	refused         bool // a cost or value this route refuses: over the limit
-	refund          bool // is_negative_hits: not supported, answered OK untouched
-	// client is the remote_address entry as the unauthenticated guard counts clients;
-	// invalid when there is none. Failed authentications of a client are charged to
-	// unauthenticated_limit, as the proxy does.
-	client  netip.Addr
-	blocked bool // the client has used up its unauthenticated_limit
-}
-
 // errDescriptor is a malformed descriptor (InvalidArgument).
 var errDescriptor = errors.New("malformed descriptor")
 
-// parseDescriptor maps one descriptor onto the gateway's model (docs/proxies.md):
-// api_key (resolved like the key header; unknown, revoked or missing means
-// unauthenticated), tenant (only with rls_trust_tenant), route (a route id; unknown or
-// absent means the "*" rule), hits_addend as the cost (0 means the route's fixed cost,
-// capped by routes[].cost.max), and the entry a limit_by route names. It never touches
-// Redis and allocates no state that grows with the values it sees.
-func (g *Gateway) parseDescriptor(snap *regions.Snapshot, d *rlcommon.RateLimitDescriptor, reqHits uint32) (rlsAsk, error) {
+// descriptorClaim reads one descriptor into a claim (docs/proxies.md): api_key (a key,
+// resolved like the key header), tenant (an identity only with rls_trust_tenant), route
+// (a route id, or "*"; none or an unknown one is unmatched), remote_address (the client,
+// for the guard and limit_by client_ip), hits_addend as the cost, and the entry a
+// limit_by route names. refund reports is_negative_hits, answered OK untouched. It
+// never touches Redis and allocates no state that grows with the values it sees.
+func (g *Gateway) descriptorClaim(d *rlcommon.RateLimitDescriptor, reqHits uint32) (c claim, refund bool, err error) {
 	entries := d.GetEntries()
 	if len(entries) > maxEntries {
-		return rlsAsk{}, fmt.Errorf("%w: more than %d entries", errDescriptor, maxEntries)
+		return claim{}, false, fmt.Errorf("%w: more than %d entries", errDescriptor, maxEntries)
 	}
-	var key, tenant, routeID string
-	var nKey, nTenant, nRoute int
-	var client netip.Addr
+	var routeID string
+	nRoute, nClient := 0, 0
 	for _, e := range entries {
 		switch e.GetKey() {
 		case entryRemoteAddress:
+			nClient++
 			if a, err := netip.ParseAddr(e.GetValue()); err == nil && a.Zone() == "" {
-				client = clientKey(a.Unmap())
+				c.client = clientKey(a.Unmap())
 			}
 		case entryAPIKey:
-			key, nKey = e.GetValue(), nKey+1
+			c.keys = append(c.keys, e.GetValue())
 		case entryTenant:
-			tenant, nTenant = e.GetValue(), nTenant+1
+			c.tenants = append(c.tenants, e.GetValue())
 		case entryRoute:
 			routeID, nRoute = e.GetValue(), nRoute+1
 		}
 	}
-	q := rlsAsk{rt: g.anyRoute, client: client}
 	if nRoute > 1 {
-		return rlsAsk{}, fmt.Errorf("%w: more than one route entry", errDescriptor)
+		return claim{}, false, fmt.Errorf("%w: more than one route entry", errDescriptor)
 	}
-	if rt, ok := g.routes[routeID]; ok {
-		q.rt = rt
+	if nClient != 1 {
+		c.client = netip.Addr{} // none, or several: which is the client?
 	}
-	if d.GetIsNegativeHits() {
-		q.refund = true
-		return q, nil
-	}
-	switch {
-	case nKey+nTenant != 1:
-		// None, or several identities: which would a log believe?
-		q.unauthenticated = true
-	case nKey == 1:
-		var ok bool
-		if q.tenant, ok = lookupKey(snap, key); !ok {
-			q.unauthenticated = true
-		}
-	default:
-		if !g.cfg.RLSTrustTenant || regions.ValidateID("tenant", tenant) != nil {
-			q.unauthenticated = true
-		}
-		q.tenant = tenant
-	}
-	if q.unauthenticated {
-		return q, nil
-	}
-	hits := uint64(reqHits)
+	c.door = doorRLS
+	c.rt, c.outcome = g.routes.named(routeID, nRoute == 1)
+	c.fromHits, c.hits = true, uint64(reqHits)
 	if d.GetHitsAddend() != nil {
-		hits = d.GetHitsAddend().GetValue()
+		c.hits = d.GetHitsAddend().GetValue()
 	}
-	q.cost = q.rt.cost.Fixed
-	if q.cost == 0 {
-		q.cost = 1
-	}
-	if hits > 0 {
-		if hits > MaxCost || (q.rt.cost.Max > 0 && int64(hits) > q.rt.cost.Max) {
-			q.refused = true
-			return q, nil
-		}
-		q.cost = int64(hits)
-	}
-	q.value, q.refused = rlsValue(q.rt.limitBy, entries)
-	return q, nil
-}
-
-// rlsValue finds the limit_by value of a descriptor: remote_address for client_ip (as
-// the unauthenticated guard counts clients: an IPv4 address or an IPv6 /64), the entry
-// named like the header for header:NAME (case-insensitively, '_' for '-'), the named
-// entry for descriptor:NAME. refused when the value is missing, repeated, empty, too
-// long or, for an address, not one.
-func rlsValue(lb limitBy, entries []*rlcommon.RateLimitDescriptor_Entry) (value string, refused bool) {
-	if lb.kind == limitByNone {
-		return "", false
-	}
-	n := 0
-	for _, e := range entries {
-		var match bool
-		switch lb.kind {
-		case limitByClientIP:
-			match = e.GetKey() == entryRemoteAddress
-		case limitByHeader:
-			match = sameHeaderName(e.GetKey(), lb.name)
-		case limitByDescriptor:
-			match = e.GetKey() == lb.name
-		}
-		if match {
-			value, n = e.GetValue(), n+1
+	if lb := c.rt.limitBy; lb.kind == limitByHeader || lb.kind == limitByDescriptor {
+		for _, e := range entries {
+			if lb.kind == limitByHeader && sameHeaderName(e.GetKey(), lb.name) || e.GetKey() == lb.name {
+				c.values = append(c.values, e.GetValue())
+			}
 		}
 	}
-	if n != 1 || value == "" || len(value) > limiter.MaxValueLen {
-		return "", true
-	}
-	if lb.kind == limitByClientIP {
-		a, err := netip.ParseAddr(value)
-		if err != nil || a.Zone() != "" {
-			return "", true
-		}
-		value = clientKey(a.Unmap()).String()
-	}
-	return value, false
+	return c, d.GetIsNegativeHits(), nil
 }
 
 // serveRLS serves the gRPC service on ln until ctx ends, then stops gracefully within

@@ -4,6 +4,7 @@ import (
 	"context"
 	"net"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -332,19 +333,24 @@ func FuzzRLSDescriptor(f *testing.F) {
 		f.Fatal(err)
 	}
 	snap := g.snap.Load()
+	ctx := context.Background()
 	f.Fuzz(func(t *testing.T, k1, v1, k2, v2, k3, v3 string, reqHits uint32, hits uint64, setHits bool) {
 		d := desc(k1, v1, k2, v2, k3, v3)
 		if setHits {
 			d.HitsAddend = wrapperspb.UInt64(hits)
 		}
-		q, err := g.parseDescriptor(snap, d, reqHits)
+		c, refund, err := g.descriptorClaim(d, reqHits)
 		if err != nil {
 			return // more than one route entry
 		}
-		if q.rt == nil {
+		if c.rt == nil {
 			t.Fatal("no route")
 		}
-		if q.unauthenticated || q.refund {
+		if refund {
+			return
+		}
+		a := g.admit(ctx, snap, &c)
+		if a.refused != admitted {
 			return
 		}
 		nKeys := 0
@@ -352,23 +358,23 @@ func FuzzRLSDescriptor(f *testing.F) {
 			if e.Key == "api_key" || e.Key == "tenant" {
 				nKeys++
 			}
-		}
-		if nKeys != 1 || (q.tenant != "shop-a" && q.tenant != "shop-b") {
-			t.Fatalf("entries %v authenticated as %q", d.Entries, q.tenant)
-		}
-		for _, e := range d.Entries {
 			if e.Key == "tenant" {
 				t.Fatalf("an untrusted tenant entry authenticated: %v", d.Entries)
 			}
 		}
-		if q.refused {
-			return
+		if nKeys != 1 || (a.tenant != "shop-a" && a.tenant != "shop-b") {
+			t.Fatalf("entries %v authenticated as %q", d.Entries, a.tenant)
 		}
-		if q.cost < 1 || (q.rt.cost.Max > 0 && q.cost > q.rt.cost.Max) {
-			t.Fatalf("cost %d for route %s (cap %d)", q.cost, q.rt.id, q.rt.cost.Max)
+		if a.rt.id == routeUnmatched {
+			t.Fatalf("entries %v decided under no route", d.Entries)
 		}
-		if q.rt.limitBy.kind != limitByNone && (q.value == "" || len(q.value) > 256) {
-			t.Fatalf("route %s limited by value %q", q.rt.id, q.value)
+		if a.cost < 1 || (a.rt.cost.Max > 0 && a.cost > a.rt.cost.Max) {
+			t.Fatalf("cost %d for route %s (cap %d)", a.cost, a.rt.id, a.rt.cost.Max)
+		}
+		if a.rt.limitBy.kind != limitByNone {
+			if a.value == "" || len(a.value) > 256 || strings.ContainsAny(a.value, ",;\"") || a.value != strings.TrimSpace(a.value) {
+				t.Fatalf("route %s limited by value %q", a.rt.id, a.value)
+			}
 		}
 	})
 }

@@ -153,7 +153,7 @@ func TestRunReturnsWhenServeFails(t *testing.T) {
 				aln = failingListener{aln}
 			}
 			done := make(chan error, 1)
-			go func() { done <- g.run(t.Context(), ln, aln) }()
+			go func() { done <- g.run(t.Context(), ln, aln, nil) }()
 			select {
 			case err := <-done:
 				if err == nil || !strings.Contains(err.Error(), "broken listener") {

@@ -415,7 +415,6 @@ func TestTenantHeaderCannotBeStrippedOrDoubled(t *testing.T) {
 		{"connection names it in lowercase", []string{"Connection", "keep-alive, x-tenant-id"}},
 		{"underscore spelling", []string{"X-Tenant_Id", "victim"}},
 		{"underscore lowercase", []string{"x_tenant_id", "victim"}},
-		{"key under another spelling", []string{"X_Api_Key", "key-shop-b"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			resp, body := call(t, "GET", gw.srv.URL+"/orders/1", "key-shop-a", tc.hdr...)
@@ -441,6 +440,10 @@ func TestTenantHeaderCannotBeStrippedOrDoubled(t *testing.T) {
 			}
 		})
 	}
+	// A second key under another spelling of the key header is a second identity: 400,
+	// as two X-Api-Key headers are (a CGI-style upstream would read either).
+	resp, body := call(t, "GET", gw.srv.URL+"/orders/1", "key-shop-a", "X_Api_Key", "key-shop-b")
+	checkProblem(t, resp, body, 400)
 }
 
 // TestKeyHeaderAndBearer: the key is read from auth.key_header, and with auth.bearer from

@@ -1,0 +1,155 @@
+package gateway
+
+import (
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/quotaplane/quotaplane/regions"
+)
+
+// The snapshot in force: swapping in a reloaded one, readiness, and what the limiter and
+// the metrics read from it.
+
+func (g *Gateway) onReload(s *regions.Snapshot) {
+	if !g.acceptSnapshot(s) {
+		return
+	}
+	known := false
+	for _, r := range s.Regions() {
+		known = known || r == g.cfg.Region
+	}
+	if !known {
+		g.log.Warn("this region is not in the database; limits use an equal split of the known regions",
+			"region", g.cfg.Region)
+	}
+	g.setSnapshot(s)
+	g.log.Debug("snapshot loaded", "region", g.cfg.Region, "rules", s.RuleCount(),
+		"instances", s.LiveInstances(g.cfg.Region))
+}
+
+// liveInstances is the fallback divisor: live gateways of this region, 0 when unknown.
+func (g *Gateway) liveInstances() int {
+	if s := g.snap.Load(); s != nil {
+		return s.LiveInstances(g.cfg.Region)
+	}
+	return 0
+}
+
+// pairShare is a tracked (tenant, route) pair's effective share, for the share gauge.
+func (g *Gateway) pairShare(tenant, route string) (float64, bool) {
+	s := g.snap.Load()
+	if s == nil {
+		return 0, false
+	}
+	v, _ := s.Share(g.cfg.Region, tenant, route)
+	return v, true
+}
+
+// setSnapshot swaps in a new snapshot and updates the gauges that describe it.
+func (g *Gateway) setSnapshot(s *regions.Snapshot) {
+	// Which tenants' capacities may have been raised since the last snapshot, and when:
+	// the limiter's fallback starts a bucket it holds nothing for from the raise, not
+	// full at the new size (regions.Snapshot.Since).
+	s = s.Since(g.snap.Load(), g.now())
+	g.snap.Store(s)
+	g.m.rulesLoaded.Set(float64(s.RuleCount()))
+	g.m.lastReload.SetToCurrentTime()
+	g.m.instances.Set(float64(s.LiveInstances(g.cfg.Region)))
+	share, _ := s.Share(g.cfg.Region, regions.Wildcard, regions.Wildcard)
+	g.m.shareRatio.WithLabelValues(regions.Wildcard).Set(share)
+	g.tenants.refreshShares()
+	g.ready.loaded()
+}
+
+// startDraining marks the gateway not ready, for good.
+func (g *Gateway) startDraining() { g.ready.drain() }
+
+// readiness makes "not draining, so ready" and "draining, so not ready" one step each:
+// a reload racing the drain cannot set ratelimit_gateway_ready back to 1.
+type readiness struct {
+	mu       sync.Mutex
+	draining atomic.Bool
+	gauge    prometheus.Gauge // ratelimit_gateway_ready
+}
+
+// loaded: a snapshot is in force; ready unless draining.
+func (r *readiness) loaded() {
+	r.mu.Lock()
+	if !r.draining.Load() {
+		r.gauge.Set(1)
+	}
+	r.mu.Unlock()
+}
+
+// drain: not ready, for good.
+func (r *readiness) drain() {
+	r.mu.Lock()
+	r.draining.Store(true)
+	r.gauge.Set(0)
+	r.mu.Unlock()
+}
+
+func (r *readiness) isDraining() bool { return r.draining.Load() }
+
+// standaloneSnapshot builds the snapshot of a gateway without a database: one region
+// (so its share is 1), the default rule, and the tenants' keys and rules. No instances
+// are known, so the fallback divides by expected_instances.
+func standaloneSnapshot(c *Config, now time.Time) (*regions.Snapshot, error) {
+	d := regions.SnapshotData{
+		Regions:  []string{c.Region},
+		LoadedAt: now,
+		Rules: []regions.Rule{{
+			Tenant: regions.Wildcard, Route: regions.Wildcard,
+			Capacity: c.DefaultRule.Capacity, RefillPerSecond: c.DefaultRule.RefillPerSecond,
+			Shadow: c.DefaultRule.Shadow, Shards: c.DefaultRule.Shards,
+		}},
+	}
+	var id int64
+	for _, t := range c.Tenants {
+		for _, k := range t.Keys {
+			h, err := k.hash()
+			if err != nil {
+				return nil, err // normalize has checked every key
+			}
+			id++
+			d.Keys = append(d.Keys, regions.APIKey{ID: id, Hash: h, Tenant: t.ID, CreatedAt: now})
+		}
+		for _, r := range t.Rules {
+			d.Rules = append(d.Rules, regions.Rule{
+				Tenant: t.ID, Route: r.Route, Capacity: r.Capacity, RefillPerSecond: r.RefillPerSecond,
+				Shadow: r.Shadow, Shards: r.Shards, UpdatedAt: now,
+			})
+		}
+	}
+	return regions.NewSnapshot(d)
+}
+
+// fallbackInstances is the fallback's divisor N: the live instances of this region by
+// heartbeat, never fewer than expected_instances (a floor: 1 unless configured). The
+// live count is what keeps a small fleet from being over-throttled; the floor is what
+// keeps a fleet whose heartbeats are not loaded yet from admitting N times the limit.
+func (g *Gateway) fallbackInstances() int {
+	return max(g.liveInstances(), g.cfg.ExpectedInstances)
+}
+
+// acceptSnapshot checks a database snapshot before it is swapped in: one without a
+// single region row (an empty or unmigrated control plane) would make this gateway
+// ready while every share is unknown, so it is refused and the previous snapshot (or
+// none: not ready) stays. Logged once per state change.
+func (g *Gateway) acceptSnapshot(s *regions.Snapshot) bool {
+	if len(s.Regions()) > 0 {
+		if g.emptySnapshot.Swap(false) {
+			g.log.Info("snapshot has regions again", "region", g.cfg.Region)
+		}
+		return true
+	}
+	g.m.reloadErrors.Inc()
+	if !g.emptySnapshot.Swap(true) {
+		g.log.Warn("snapshot has no region rows; keeping the previous one (not ready until one loads): add regions with ratectl",
+			"region", g.cfg.Region, "ready", g.snap.Load() != nil)
+	}
+	return false
+}
