@@ -361,13 +361,9 @@ func (s *Stack) startGateway(ctx context.Context, region string) (*Gateway, erro
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("gateway %s: %w", id, err)
 	}
-	var ports [3]int
-	for i := range ports {
-		p, err := testenv.FreePort()
-		if err != nil {
-			return nil, err
-		}
-		ports[i] = p
+	ports, err := freePorts(3)
+	if err != nil {
+		return nil, fmt.Errorf("gateway %s: %w", id, err)
 	}
 	port, admin, rls := ports[0], ports[1], ports[2]
 	redisURL := s.RedisURL[region]
@@ -395,6 +391,21 @@ func (s *Stack) startGateway(ctx context.Context, region string) (*Gateway, erro
 	g := &Gateway{Region: region, ID: id, URL: "http://127.0.0.1:" + strconv.Itoa(port), Admin: adminURL, RLS: "127.0.0.1:" + strconv.Itoa(rls), Process: p}
 	s.log.Info("gateway ready", "region", region, "id", id, "url", g.URL)
 	return g, nil
+}
+
+// freePorts returns n distinct loopback ports that were free a moment ago: all n are
+// held open until each is known, so none is handed out twice.
+func freePorts(n int) ([]int, error) {
+	out := make([]int, 0, n)
+	for range n {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, fmt.Errorf("find a free port: %w", err)
+		}
+		defer ln.Close()
+		out = append(out, ln.Addr().(*net.TCPAddr).Port)
+	}
+	return out, nil
 }
 
 // AddGateway starts one more gateway in region, as a scale-out does, waits until it is

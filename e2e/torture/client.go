@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"sort"
 	"strings"
 	"sync"
@@ -590,13 +591,20 @@ func (l *Load) send(t *target, f Flow, sp *Spelling) {
 	sent := time.Now()
 	resp, err := t.client.Do(req)
 	if err != nil {
-		l.rec.fail("%s via %s %s at %s: %v", f.Tenant, f.Door, t.Gateway, sent.Format("15:04:05.000"), err)
+		var uerr *url.Error
+		if errors.As(err, &uerr) {
+			err = uerr.Err // its URL is the placeholder; say the path instead
+		}
+		l.rec.fail("%s via %s %s %s at %s: %v", f.Tenant, f.Door, t.Gateway, path, sent.Format("15:04:05.000"), err)
 		return
 	}
 	body, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<16))
 	resp.Body.Close()
 	limit := resp.Header.Get("X-RateLimit-Limit")
 	l.rec.answer(f, t.Region, sp, resp.StatusCode, limit, sent, time.Now())
+	if resp.StatusCode >= 500 {
+		l.rec.note("%s via %s %s %s at %s: %d %.200s", f.Tenant, f.Door, t.Gateway, path, sent.Format("15:04:05.000"), resp.StatusCode, body)
+	}
 	if resp.StatusCode != http.StatusOK && resp.StatusCode != http.StatusTooManyRequests {
 		return
 	}

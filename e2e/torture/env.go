@@ -133,6 +133,31 @@ func (e *Env) startNginx(ctx context.Context, g *stack.Gateway) error {
 	return nil
 }
 
+// NginxErrors are the last lines of each nginx's error log other than its notes of a
+// check that refused (429, 400, 401: the config turns those into the client's answer),
+// for a run that saw a 5xx through nginx.
+func (e *Env) NginxErrors() []string {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	var out []string
+	for _, id := range sortedKeys(e.nginx) {
+		b, err := os.ReadFile(e.nginx[id].LogPath())
+		if err != nil {
+			out = append(out, id+": "+err.Error())
+			continue
+		}
+		var lines []string
+		for _, l := range strings.Split(string(b), "\n") {
+			if l == "" || strings.Contains(l, "auth request unexpected status: 4") {
+				continue
+			}
+			lines = append(lines, id+": "+l)
+		}
+		out = append(out, lines[max(0, len(lines)-10):]...)
+	}
+	return out
+}
+
 // Close stops the stack, the nginx servers and the proxies.
 func (e *Env) Close() {
 	e.mu.Lock()

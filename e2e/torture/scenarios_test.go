@@ -52,7 +52,7 @@ func scenarioRun(t *testing.T, ctx context.Context, env *Env, name string, plans
 	end := time.Now()
 	states := obs.Stop(ctx)
 	res := check(t, env, states, rec, x)
-	r := report(t, "scenario "+name, x, rec.Summary(), res, states, rec)
+	r := report(t, env, "scenario "+name, x, rec.Summary(), res, states, rec)
 	fleetCounters(t, ctx, env, before, &r)
 	if log := x.Log(); len(log) > 0 {
 		t.Logf("what ran:\n  %s", strings.Join(log, "\n  "))

@@ -413,7 +413,7 @@ func runSchedule(t *testing.T, ctx context.Context, env *Env, name string, su se
 	states := obs.Stop(ctx)
 	res := check(t, env, states, rec, x)
 	sum := rec.Summary()
-	r := report(t, name, x, sum, res, states, rec)
+	r := report(t, env, name, x, sum, res, states, rec)
 	for _, id := range su.unthrottled {
 		excuses := x.Began(ShardChange, id)
 		for _, spans := range x.RedisRestarts() {
@@ -481,7 +481,7 @@ func checkUnthrottled(t *testing.T, id string, throttled, reshards []time.Time, 
 // report checks what every run must hold (no 5xx, no unexpected status, every request
 // answered, every event carried out, the invariant in every window) and logs the worst
 // windows.
-func report(t *testing.T, name string, x *Executor, sum Summary, res Result, states map[string]map[string][]State, rec *Recorder) row {
+func report(t *testing.T, env *Env, name string, x *Executor, sum Summary, res Result, states map[string]map[string][]State, rec *Recorder) row {
 	t.Helper()
 	t.Logf("%s: %s", name, sum)
 	if sp := rec.Spellings(); len(sp) > 0 {
@@ -491,7 +491,10 @@ func report(t *testing.T, name string, x *Executor, sum Summary, res Result, sta
 		t.Logf("worst window: %s", w)
 	}
 	if sum.Status5xx != 0 || sum.Unexpected != 0 {
-		t.Errorf("%d responses with status 5xx, %d with another unexpected status (codes %v)", sum.Status5xx, sum.Unexpected, sum.Codes)
+		t.Errorf("%d responses with status 5xx, %d with another unexpected status (codes %v); first errors:\n  %s", sum.Status5xx, sum.Unexpected-sum.Status5xx, sum.Codes, strings.Join(sum.Errors, "\n  "))
+		if lines := env.NginxErrors(); sum.Status5xx != 0 && len(lines) > 0 {
+			t.Logf("nginx error logs:\n  %s", strings.Join(lines, "\n  "))
+		}
 	}
 	if sum.ClientErrors != 0 {
 		t.Errorf("%d requests without an answer; first: %s", sum.ClientErrors, strings.Join(sum.Errors, "; "))
