@@ -5,15 +5,18 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"strings"
 	"time"
 )
 
 // The gateway's log messages the checker reads (gateway/limiter and gateway, JSON via
-// log/slog with a "time" field): its breaker leaving and reaching the closed state, and
-// its process starting and stopping.
+// log/slog with a "time" field): its breaker leaving and reaching the closed state
+// ("redis circuit breaker state changed; decisions from local fallback", with from and
+// to, and "redis circuit breaker closed; decisions from redis again"; matched by these
+// prefixes), and its process starting and stopping.
 const (
-	msgBreakerOpen   = "redis circuit breaker state changed; decisions from local fallback"
-	msgBreakerClosed = "redis circuit breaker closed; decisions from redis again"
+	msgBreakerOpen   = "redis circuit breaker state changed"
+	msgBreakerClosed = "redis circuit breaker closed"
 	msgStarting      = "gateway starting"
 	msgStopped       = "gateway stopped"
 )
@@ -43,16 +46,21 @@ func ParseBreakerLog(r io.Reader) ([]LogEvent, error) {
 		if json.Unmarshal(sc.Bytes(), &l) != nil {
 			continue
 		}
-		switch l.Msg {
-		case msgBreakerOpen, msgBreakerClosed, msgStarting, msgStopped:
+		msg := l.Msg
+		switch {
+		case strings.HasPrefix(msg, msgBreakerOpen):
+			msg = msgBreakerOpen
+		case strings.HasPrefix(msg, msgBreakerClosed):
+			msg = msgBreakerClosed
+		case msg == msgStarting || msg == msgStopped:
 		default:
 			continue
 		}
 		t, err := time.Parse(time.RFC3339Nano, l.Time)
 		if err != nil {
-			return nil, fmt.Errorf("line %d (%q): time %q: %w", line, l.Msg, l.Time, err)
+			return nil, fmt.Errorf("line %d (%q): time %q: %w", line, msg, l.Time, err)
 		}
-		out = append(out, LogEvent{Time: t, Msg: l.Msg, From: l.From, To: l.To})
+		out = append(out, LogEvent{Time: t, Msg: msg, From: l.From, To: l.To})
 	}
 	if err := sc.Err(); err != nil {
 		return nil, fmt.Errorf("read log: %w", err)
@@ -94,7 +102,12 @@ func BreakerSpans(events []LogEvent, lives []Life) []Span {
 		case msgStopped:
 			stop(e.Time)
 		case msgBreakerOpen:
-			if !open && e.To != "closed" {
+			if e.To == "closed" { // a state change to closed under the other message
+				if open {
+					out = append(out, Span{From: from, To: e.Time})
+					open = false
+				}
+			} else if !open {
 				open, from = true, e.Time
 			}
 		case msgBreakerClosed:

@@ -368,6 +368,12 @@ func TestBreakerSpans(t *testing.T) {
 		`{"time":"` + ts(7) + `","level":"WARN","msg":"redis circuit breaker state changed; decisions from local fallback","from":"closed","to":"open"}`,
 		`{"time":"` + ts(9) + `","level":"INFO","msg":"gateway starting","region":"r"}`,
 		`{"time":"` + ts(10) + `","level":"WARN","msg":"redis circuit breaker state changed; decisions from local fallback","from":"closed","to":"open"}`,
+		// The messages are matched by their first words, and a change to closed under
+		// the first one ends a span too.
+		`{"time":"` + ts(11) + `","level":"INFO","msg":"redis circuit breaker closed","from":"half-open"}`,
+		`{"time":"` + ts(12) + `","level":"WARN","msg":"redis circuit breaker state changed","from":"closed","to":"half-open"}`,
+		`{"time":"` + ts(13) + `","level":"INFO","msg":"redis circuit breaker state changed","from":"half-open","to":"closed"}`,
+		`{"time":"` + ts(14) + `","level":"WARN","msg":"redis circuit breaker state changed; decisions from local fallback","from":"closed","to":"open"}`,
 	}, "\n")
 	events, err := ParseBreakerLog(strings.NewReader(log))
 	if err != nil {
@@ -375,7 +381,7 @@ func TestBreakerSpans(t *testing.T) {
 	}
 	lives := []Life{life(-1, 5.2, true), life(6, 8, true), life(9, 20, false)}
 	got := BreakerSpans(events, lives)
-	want := []Span{sp(1, 3), sp(4, 5.2), sp(7, 8), sp(10, 20)}
+	want := []Span{sp(1, 3), sp(4, 5.2), sp(7, 8), sp(10, 11), sp(12, 13), sp(14, 20)}
 	if len(got) != len(want) {
 		t.Fatalf("spans %v, want %v", got, want)
 	}
