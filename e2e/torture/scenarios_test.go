@@ -48,6 +48,11 @@ func scenarioRun(t *testing.T, ctx context.Context, env *Env, name string, plans
 	x := NewExecutor(env, load, su.rules)
 	start := time.Now()
 	act(su.ids, load, func(e Event) { x.Do(ctx, start, e) })
+	for _, r := range env.Regions { // a scale-out an act left behind
+		if err := x.scaleIn(ctx, r); err != nil {
+			t.Errorf("scale %s in after the scenario: %v", r, err)
+		}
+	}
 	load.Stop()
 	end := time.Now()
 	states := obs.Stop(ctx)
