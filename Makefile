@@ -7,7 +7,7 @@ FUZZTIME ?= 20s
 # Everything but the fault-injection suite runs under -race; the fault suite measures
 # latency and admission across real processes, which -race would only slow down.
 RACE_PKGS = $(shell $(GO) list ./... | grep -v -e /e2e/faults -e /e2e/image -e /e2e/torture)
-# Seeds `make torture` runs (each about 2.5 min).
+# Seeds `make torture` runs (each about 1.5 min).
 SEEDS ?= 20
 # make image: the registry, tag and build-stage image (see deploy/image/build.sh).
 REGISTRY ?= ghcr.io/quotaplane
@@ -29,7 +29,7 @@ deps:
 	@./deploy/install-deps.sh
 
 ## test: lint, every test against real servers (-race), the render test, the fault
-## suite, the torture checker (its fixed scenarios and two seeds, about 5 min), and every
+## suite, the torture checker (its fixed scenarios and two seeds, about 5.5 min), and every
 ## fuzz target for a few seconds.
 test: deps lint
 	$(GO) test -race -count=1 -timeout $(TIMEOUT) $(RACE_PKGS)
@@ -71,7 +71,8 @@ reliability-figures: deps
 	$(GO) test -count=1 -timeout 15m -run TestFaults ./e2e/faults/ -update
 
 ## torture: the randomized fault-and-change checker over SEEDS seeds (default 20, about
-## 2.5 min each) and its fixed scenarios; rewrites its table in docs/reliability.md.
+## 1.5 min each) and its seven fixed scenarios (about 3 min); rewrites its table in
+## docs/reliability.md.
 ## One seed: go test -count=1 -run 'TestTorture/seed=N$$' ./e2e/torture/ -seed N
 torture: deps
 	$(GO) test -count=1 -timeout $$(( $(SEEDS) * 3 + 10 ))m -run TestTorture ./e2e/torture/ -seeds $(SEEDS) -update

@@ -11,8 +11,10 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/quotaplane/quotaplane/internal/testenv"
@@ -29,6 +31,23 @@ const (
 	BulkRoute = "bulk"
 	BulkCost  = 5
 )
+
+// ValueRoute is the stack's per-value route: any method on /search, limited per value of
+// the ValueHeader request header (limit_by header:X-User) inside the tenant's rule for it.
+const (
+	ValueRoute  = "search"
+	ValueHeader = "X-User"
+)
+
+// IPRoute is the stack's per-client route: any method on /byip, limited per client
+// address (limit_by client_ip) inside the tenant's rule for it.
+const IPRoute = "byip"
+
+// TrustedProxy is the one address whose X-Forwarded-For the gateways believe
+// (trusted_proxies). Every client of the stack connects from 127.0.0.1, so a proxy in
+// front of a gateway that binds its connections to this address (nginx's proxy_bind) is
+// told apart from a client that forges the header.
+const TrustedProxy = "127.0.0.2"
 
 // TenantHeader is the header the gateways set to the authenticated tenant for the
 // upstream. The echo service answers, besides it, every value it received under a name
@@ -53,9 +72,12 @@ type Tenant struct {
 
 // Options configure Start; zero values take the defaults noted.
 type Options struct {
-	Regions           []string      // default us-east, eu-west
-	GatewaysPerRegion int           // default 2
-	Tenants           []Tenant      // default DemoTenants()
+	Regions           []string // default us-east, eu-west
+	GatewaysPerRegion int      // default 2
+	Tenants           []Tenant // default DemoTenants()
+	// Rules are more rules (a tenant's or a route's default), written with the tenants,
+	// before any gateway starts.
+	Rules             []regions.Rule
 	RebalanceInterval time.Duration // default 10s
 	CheckInterval     time.Duration // default RebalanceInterval/2
 	ScrapeInterval    time.Duration // default 1s
@@ -87,10 +109,12 @@ func DemoTenants() []Tenant {
 
 // Gateway is one running gateway process.
 type Gateway struct {
-	Region  string
-	ID      string
-	URL     string // the proxy, e.g. http://127.0.0.1:PORT
-	Admin   string // the admin base URL: /metrics /healthz /readyz
+	Region string
+	ID     string
+	URL    string // the proxy, e.g. http://127.0.0.1:PORT; /v1/check is on it too
+	Admin  string // the admin base URL: /metrics /healthz /readyz
+	// RLS is the address (host:port) of its Envoy rate-limit service (rls_listen, gRPC).
+	RLS     string
 	Process *testenv.Process
 }
 
@@ -103,7 +127,10 @@ type Stack struct {
 	Redis       map[string]*testenv.Process
 	// RedisURL is the Redis URL each region's gateways were given (Options.RedisFront's
 	// address when set).
-	RedisURL   map[string]string
+	RedisURL map[string]string
+	// Gateways are the gateways Start started and AddGateway added, less those
+	// RemoveGateway stopped. A program that adds or removes gateways while other
+	// goroutines look at them reads them with GatewayList or GatewaysOf instead.
 	Gateways   []*Gateway
 	Upstream   string // the echo service's base URL
 	Prometheus *testenv.Prometheus
@@ -115,8 +142,15 @@ type Stack struct {
 
 	opts     Options
 	dir      string
+	bin      string
 	upstream *http.Server
 	log      *slog.Logger
+
+	mu   sync.Mutex     // guards Gateways and next once Start has returned
+	next map[string]int // region -> the number of the next gateway AddGateway starts
+	// scrapeMu makes each scrape-target update read the gateways and write them in one
+	// step, so that concurrent AddGateway calls cannot write an older list last.
+	scrapeMu sync.Mutex
 }
 
 // Start builds the binaries and starts the whole stack; on error, whatever was started is
@@ -150,7 +184,7 @@ func Start(ctx context.Context, opts Options) (_ *Stack, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("stack: %w", err)
 	}
-	s := &Stack{Regions: opts.Regions, Redis: map[string]*testenv.Process{}, RedisURL: map[string]string{}, Keys: map[string]string{}, opts: opts, dir: dir, log: opts.Logger}
+	s := &Stack{Regions: opts.Regions, Redis: map[string]*testenv.Process{}, RedisURL: map[string]string{}, Keys: map[string]string{}, opts: opts, dir: dir, log: opts.Logger, next: map[string]int{}}
 	defer func() {
 		if err != nil {
 			s.Close()
@@ -160,6 +194,7 @@ func Start(ctx context.Context, opts Options) (_ *Stack, err error) {
 	if bin == "" {
 		bin = filepath.Join(dir, "bin")
 	}
+	s.bin = bin
 	s.log.Info("building binaries", "dir", bin)
 	if err := Build(ctx, bin); err != nil {
 		return nil, err
@@ -171,10 +206,12 @@ func Start(ctx context.Context, opts Options) (_ *Stack, err error) {
 		return nil, err
 	}
 	for _, region := range opts.Regions {
-		for i := 1; i <= opts.GatewaysPerRegion; i++ {
-			if err := s.startGateway(ctx, bin, region, i); err != nil {
+		for range opts.GatewaysPerRegion {
+			g, err := s.startGateway(ctx, region)
+			if err != nil {
 				return nil, err
 			}
+			s.Gateways = append(s.Gateways, g)
 		}
 	}
 	if err := s.startPrometheus(ctx); err != nil {
@@ -244,6 +281,11 @@ func (s *Stack) startData(ctx context.Context) error {
 		}
 		s.Keys[t.ID] = secret
 	}
+	for _, r := range s.opts.Rules {
+		if err := s.Store.SetRule(actx, r); err != nil {
+			return err
+		}
+	}
 	return nil
 }
 
@@ -283,10 +325,12 @@ database_url: %q
 redis:
   url: %q
   timeout: %s
+rls_listen: 127.0.0.1:%d
 reload_interval: 5s
 heartbeat_interval: 1s
 expected_instances: %d
-log_level: warn
+log_level: info
+trusted_proxies: [%q]
 routes:
   - id: %s
     match: "/orders"
@@ -296,55 +340,140 @@ routes:
     upstream: %q
     cost:
       fixed: %d
+  - id: %s
+    match: "/search"
+    upstream: %q
+    limit_by: "header:%s"
+  - id: %s
+    match: "/byip"
+    upstream: %q
+    limit_by: client_ip
 `
 
-func (s *Stack) startGateway(ctx context.Context, bin, region string, i int) error {
-	id := fmt.Sprintf("%s-%d", region, i)
+// startGateway starts the next gateway of region (ids region-1, region-2, ...; a number
+// is never used twice) and waits until it is ready. It does not add it to Gateways.
+func (s *Stack) startGateway(ctx context.Context, region string) (*Gateway, error) {
+	s.mu.Lock()
+	s.next[region]++
+	id := fmt.Sprintf("%s-%d", region, s.next[region])
+	s.mu.Unlock()
 	dir := filepath.Join(s.dir, "gateway-"+id)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return fmt.Errorf("gateway %s: %w", id, err)
+		return nil, fmt.Errorf("gateway %s: %w", id, err)
 	}
-	port, err := testenv.FreePort()
+	ports, err := freePorts(3)
 	if err != nil {
-		return err
+		return nil, fmt.Errorf("gateway %s: %w", id, err)
 	}
-	admin, err := testenv.FreePort()
-	if err != nil {
-		return err
-	}
+	port, admin, rls := ports[0], ports[1], ports[2]
 	redisURL := s.RedisURL[region]
 	if s.opts.GatewayRedisFront != nil {
 		addr, err := s.opts.GatewayRedisFront(id, region, strings.TrimSuffix(strings.TrimPrefix(redisURL, "redis://"), "/0"))
 		if err != nil {
-			return fmt.Errorf("gateway %s: redis front: %w", id, err)
+			return nil, fmt.Errorf("gateway %s: redis front: %w", id, err)
 		}
 		redisURL = "redis://" + addr + "/0"
 	}
-	cfg := fmt.Sprintf(gatewayConfig, region, id, port, admin, s.DatabaseURL, redisURL, s.opts.RedisTimeout, s.opts.GatewaysPerRegion, Route, s.Upstream, BulkRoute, s.Upstream, BulkCost)
+	cfg := fmt.Sprintf(gatewayConfig, region, id, port, admin, s.DatabaseURL, redisURL, s.opts.RedisTimeout, rls, s.opts.GatewaysPerRegion, TrustedProxy,
+		Route, s.Upstream, BulkRoute, s.Upstream, BulkCost, ValueRoute, s.Upstream, ValueHeader, IPRoute, s.Upstream)
 	path := filepath.Join(dir, "gateway.yaml")
 	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
-		return fmt.Errorf("gateway %s: %w", id, err)
+		return nil, fmt.Errorf("gateway %s: %w", id, err)
 	}
 	adminURL := "http://127.0.0.1:" + strconv.Itoa(admin)
 	p, err := testenv.StartCommand(ctx, testenv.Command{
-		Name: "gateway", Path: filepath.Join(bin, "gateway"), Args: []string{"--config", path},
+		Name: "gateway", Path: filepath.Join(s.bin, "gateway"), Args: []string{"--config", path},
 		Dir: dir, Port: port, Ready: testenv.HTTPReady(adminURL + "/readyz"),
 	})
 	if err != nil {
-		return fmt.Errorf("gateway %s: %w", id, err)
+		return nil, fmt.Errorf("gateway %s: %w", id, err)
 	}
-	s.Gateways = append(s.Gateways, &Gateway{Region: region, ID: id, URL: "http://127.0.0.1:" + strconv.Itoa(port), Admin: adminURL, Process: p})
-	s.log.Info("gateway ready", "region", region, "id", id, "url", "http://127.0.0.1:"+strconv.Itoa(port))
-	return nil
+	g := &Gateway{Region: region, ID: id, URL: "http://127.0.0.1:" + strconv.Itoa(port), Admin: adminURL, RLS: "127.0.0.1:" + strconv.Itoa(rls), Process: p}
+	s.log.Info("gateway ready", "region", region, "id", id, "url", g.URL)
+	return g, nil
+}
+
+// freePorts returns n distinct loopback ports that were free a moment ago: all n are
+// held open until each is known, so none is handed out twice.
+func freePorts(n int) ([]int, error) {
+	out := make([]int, 0, n)
+	for range n {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, fmt.Errorf("find a free port: %w", err)
+		}
+		defer ln.Close()
+		out = append(out, ln.Addr().(*net.TCPAddr).Port)
+	}
+	return out, nil
+}
+
+// AddGateway starts one more gateway in region, as a scale-out does, waits until it is
+// ready, adds it to Gateways and to Prometheus's scrape targets, and returns it. It is
+// safe to call while other goroutines use the stack.
+func (s *Stack) AddGateway(ctx context.Context, region string) (*Gateway, error) {
+	if _, ok := s.Redis[region]; !ok {
+		return nil, fmt.Errorf("add gateway: no region %q in the stack", region)
+	}
+	g, err := s.startGateway(ctx, region)
+	if err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	s.Gateways = append(s.Gateways, g)
+	s.mu.Unlock()
+	if err := s.refreshScrape(ctx); err != nil {
+		return g, fmt.Errorf("add gateway %s: scrape targets: %w", g.ID, err)
+	}
+	return g, nil
+}
+
+// RemoveGateway stops gateway id gracefully (SIGTERM: it drains and deletes its
+// heartbeat row), as a scale-in does, and removes it from Gateways and from
+// Prometheus's scrape targets. The process's log stays readable (Process.LogPath) until
+// Close. It is safe to call while other goroutines use the stack.
+func (s *Stack) RemoveGateway(ctx context.Context, id string) (*Gateway, error) {
+	s.mu.Lock()
+	i := slices.IndexFunc(s.Gateways, func(g *Gateway) bool { return g.ID == id })
+	if i < 0 {
+		s.mu.Unlock()
+		return nil, fmt.Errorf("remove gateway: no gateway %q", id)
+	}
+	g := s.Gateways[i]
+	s.Gateways = slices.Delete(slices.Clone(s.Gateways), i, i+1)
+	s.mu.Unlock()
+	if err := g.Process.Stop(); err != nil {
+		return g, fmt.Errorf("remove gateway %s: %w", id, err)
+	}
+	if err := s.refreshScrape(ctx); err != nil {
+		return g, fmt.Errorf("remove gateway %s: scrape targets: %w", id, err)
+	}
+	return g, nil
+}
+
+// refreshScrape points Prometheus at the gateways now in Gateways.
+func (s *Stack) refreshScrape(ctx context.Context) error {
+	s.scrapeMu.Lock()
+	defer s.scrapeMu.Unlock()
+	return s.Prometheus.SetJobs(ctx, s.ScrapeJobs())
+}
+
+// GatewayList is a copy of Gateways, taken under the lock AddGateway and RemoveGateway
+// hold.
+func (s *Stack) GatewayList() []*Gateway {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.Gateways)
 }
 
 // ScrapeJobs is what Prometheus scrapes: the gateways (one target group per region, with
 // a region label) and the rebalancer.
 func (s *Stack) scrapeJobs(rebalancerAdmin string) []testenv.ScrapeJob {
 	gw := testenv.ScrapeJob{Name: "gateway"}
+	all := s.GatewayList()
 	for _, r := range s.Regions {
 		g := testenv.TargetGroup{Labels: map[string]string{"region": r}}
-		for _, x := range s.Gateways {
+		for _, x := range all {
 			if x.Region == r {
 				g.Targets = append(g.Targets, strings.TrimPrefix(x.Admin, "http://"))
 			}
@@ -409,7 +538,7 @@ func (s *Stack) ScrapeJobs() []testenv.ScrapeJob { return s.scrapeJobs(s.Rebalan
 // GatewaysOf lists the gateways of one region.
 func (s *Stack) GatewaysOf(region string) []*Gateway {
 	var out []*Gateway
-	for _, g := range s.Gateways {
+	for _, g := range s.GatewayList() {
 		if g.Region == region {
 			out = append(out, g)
 		}
@@ -425,7 +554,7 @@ func (s *Stack) Close() {
 	if s.Prometheus != nil {
 		_ = s.Prometheus.Stop()
 	}
-	for _, g := range s.Gateways {
+	for _, g := range s.GatewayList() {
 		_ = g.Process.Stop()
 	}
 	if s.upstream != nil {

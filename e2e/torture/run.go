@@ -23,58 +23,80 @@ type Executor struct {
 	load  *Load
 	rules map[string]regions.Rule // tenant -> its rule as last written
 
-	mu       sync.Mutex
-	log      []string
-	ran      []ran
-	restarts map[string][]Span
-	faults   map[string][]Span // region -> Redis faults (stall, kill, black hole, latency)
-	outages  []Span
-	errs     []error
+	// regionMu is held while a region is removed: a share override cannot be written
+	// then (it must name every region), so share changes wait.
+	regionMu sync.Mutex
+
+	mu        sync.Mutex
+	log       []string
+	ran       []ran
+	restarts  map[string][]Span
+	outages   []Span
+	errs      []error
+	deleted   map[string]bool               // tenant -> its rule deleted (RuleDelete), not written since
+	overrides map[string]map[string]float64 // tenant -> its share override, as last written
+	extra     map[string][]string           // region -> the gateways its ScaleOut started
 }
 
 // NewExecutor prepares to run events; rules are the tenants' rules as written.
 func NewExecutor(env *Env, load *Load, rules map[string]regions.Rule) *Executor {
-	return &Executor{env: env, load: load, rules: rules, restarts: map[string][]Span{}, faults: map[string][]Span{}}
+	return &Executor{env: env, load: load, rules: rules, restarts: map[string][]Span{}, deleted: map[string]bool{},
+		overrides: map[string]map[string]float64{}, extra: map[string][]string{}}
 }
 
-// Run runs the events at their times after start: faults in order on one track, changes
-// in order on another; it returns when both tracks are done or ctx ends. Every fault is
-// healed before Run returns.
+// Run runs the events at their times after start, each track's in order: faults on one,
+// fleet events on another, changes on a third; it returns when every track is done or
+// ctx ends. Every fault is healed before Run returns, and a region scaled out is scaled
+// in again.
 func (x *Executor) Run(ctx context.Context, start time.Time, events []Event) {
-	var faults, changes []Event
+	var faults, fleet, changes []Event
 	for _, e := range events {
-		if e.Kind.Fault() {
+		switch {
+		case e.Kind.Fault():
 			faults = append(faults, e)
-		} else {
+		case e.Kind.Fleet():
+			fleet = append(fleet, e)
+		default:
 			changes = append(changes, e)
 		}
 	}
 	var wg sync.WaitGroup
-	for _, track := range [][]Event{faults, changes} {
+	for _, track := range [][]Event{faults, fleet, changes} {
 		wg.Go(func() {
 			for _, e := range track {
 				if !waitFor(ctx, start.Add(e.At)) {
 					return
 				}
-				began := time.Now()
-				err := x.do(ctx, e)
-				x.mu.Lock()
-				x.ran = append(x.ran, ran{e, began})
-				switch e.Kind {
-				case RedisStall, RedisKill, BlackHole, Latency:
-					x.faults[e.Region] = append(x.faults[e.Region], Span{From: began, To: time.Now()})
-				}
-				line := fmt.Sprintf("%8.3fs %s (took %v)", began.Sub(start).Seconds(), e, time.Since(began).Round(time.Millisecond))
-				if err != nil {
-					line += " ERROR " + err.Error()
-					x.errs = append(x.errs, fmt.Errorf("%s: %w", e, err))
-				}
-				x.log = append(x.log, line)
-				x.mu.Unlock()
+				x.Do(ctx, start, e)
 			}
 		})
 	}
 	wg.Wait()
+	hctx, cancel := healCtx()
+	defer cancel()
+	for _, r := range x.env.Regions {
+		if err := x.scaleIn(hctx, r); err != nil {
+			x.mu.Lock()
+			x.errs = append(x.errs, fmt.Errorf("scale %s in at the end: %w", r, err))
+			x.mu.Unlock()
+		}
+	}
+}
+
+// Do runs one event now and logs it (its time after start) with how long it took;
+// Errors has it if it could not be carried out.
+func (x *Executor) Do(ctx context.Context, start time.Time, e Event) {
+	began := time.Now()
+	err := x.do(ctx, e)
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	x.ran = append(x.ran, ran{e, began})
+	line := fmt.Sprintf("%8.3fs %s (took %v)", began.Sub(start).Seconds(), e, time.Since(began).Round(time.Millisecond))
+	if err != nil {
+		line += " ERROR " + err.Error()
+		x.errs = append(x.errs, fmt.Errorf("%s: %w", e, err))
+	}
+	x.log = append(x.log, line)
 }
 
 // ran is an event and when it began.
@@ -103,6 +125,12 @@ func (x *Executor) Log() []string {
 	return append([]string(nil), x.log...)
 }
 
+func (x *Executor) logf(format string, args ...any) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	x.log = append(x.log, "          "+fmt.Sprintf(format, args...))
+}
+
 // Errors are the events that could not be carried out.
 func (x *Executor) Errors() []error {
 	x.mu.Lock()
@@ -116,18 +144,6 @@ func (x *Executor) RedisRestarts() map[string][]Span {
 	defer x.mu.Unlock()
 	out := map[string][]Span{}
 	for r, s := range x.restarts {
-		out[r] = append([]Span(nil), s...)
-	}
-	return out
-}
-
-// RedisFaults are, per region, the spans in which its Redis (or one gateway's way to it)
-// was stalled, killed, black-holed or slowed.
-func (x *Executor) RedisFaults() map[string][]Span {
-	x.mu.Lock()
-	defer x.mu.Unlock()
-	out := map[string][]Span{}
-	for r, s := range x.faults {
 		out[r] = append([]Span(nil), s...)
 	}
 	return out
@@ -213,36 +229,161 @@ func (x *Executor) do(ctx context.Context, e Event) error {
 		return err
 	case RedisEvicting:
 		return x.evicting(ctx, e)
-	case GatewayRestart:
-		var g *stack.Gateway
-		for _, x := range env.Gateways {
-			if x.ID == e.Gateway {
-				g = x
+	case GatewayRestart, GatewayKill:
+		return x.restart(ctx, e.Gateway, e.Kind == GatewayKill)
+	case RollingRestart:
+		var errs []error
+		for range 2 {
+			for _, g := range x.env.LiveOf(e.Region) {
+				errs = append(errs, x.restart(ctx, g.ID, false))
 			}
 		}
-		if g == nil {
-			return fmt.Errorf("no gateway %s", e.Gateway)
-		}
-		derr := x.load.Drain(g.ID, 15*time.Second)
-		if sc, err := faults.ScrapeURL(ctx, g.Admin); err == nil {
-			// What its fallback admitted and no Redis reply has settled (still owed, or
-			// voided by the fallback's own refill) is lost with the process.
-			open := sc.Sum("ratelimit_fallback_owed_tokens_total") - sc.Sum("ratelimit_fallback_repaid_tokens_total") -
-				sc.Sum("ratelimit_fallback_debt_written_off_tokens_total") - sc.Sum("ratelimit_fallback_debt_dropped_tokens_total")
-			x.mu.Lock()
-			x.log = append(x.log, fmt.Sprintf("          %s stops with %.0f fallback tokens not settled since its start", g.ID, open))
-			x.mu.Unlock()
-		}
-		hctx, cancel := healCtx()
-		defer cancel()
-		err := g.Process.Restart(hctx)
-		x.load.Route(g.ID)
-		if derr != nil {
-			return derr
-		}
-		return err
+		return errors.Join(errs...)
+	case ScaleOut:
+		return x.scaleOut(ctx, e.Region, e.Gateways)
+	case ScaleIn:
+		return x.scaleIn(ctx, e.Region)
+	case RegionRemove:
+		return x.removeRegion(ctx, e)
 	}
 	return x.change(ctx, e)
+}
+
+// owes scrapes gateway g before it stops and reports whether its fallback still owes:
+// what it admitted that no Redis reply has settled (still owed, or voided by the
+// fallback's own refill) is lost with the process.
+func (x *Executor) owes(ctx context.Context, g *stack.Gateway) bool {
+	sc, err := faults.ScrapeURL(ctx, g.Admin)
+	if err != nil {
+		return false
+	}
+	open := sc.Sum("ratelimit_fallback_owed_tokens_total") - sc.Sum("ratelimit_fallback_repaid_tokens_total") -
+		sc.Sum("ratelimit_fallback_debt_written_off_tokens_total") - sc.Sum("ratelimit_fallback_debt_dropped_tokens_total")
+	x.logf("%s stops with %.0f fallback tokens not settled since its start", g.ID, open)
+	return open >= 1
+}
+
+// restart takes gateway id out of the load, drains it, stops it (SIGTERM, or SIGKILL
+// when kill), starts it again and puts it back.
+func (x *Executor) restart(ctx context.Context, id string, kill bool) error {
+	g := x.env.Gateway(id)
+	if g == nil {
+		return fmt.Errorf("no gateway %s", id)
+	}
+	derr := x.load.Drain(id, 15*time.Second)
+	serr := x.env.StopGateway(id, kill, x.owes(ctx, g))
+	hctx, cancel := healCtx()
+	defer cancel()
+	err := x.env.StartGateway(hctx, id)
+	x.load.Route(id)
+	return errors.Join(derr, serr, err)
+}
+
+// scaleOut starts gateways in region, all at once, until it runs n, and adds them to the
+// load as they become ready.
+func (x *Executor) scaleOut(ctx context.Context, region string, n int) error {
+	more := n - len(x.env.LiveOf(region))
+	errs := make([]error, more)
+	var wg sync.WaitGroup
+	for i := range more {
+		wg.Go(func() {
+			g, err := x.env.AddGateway(ctx, region)
+			if g != nil {
+				x.mu.Lock()
+				x.extra[region] = append(x.extra[region], g.ID)
+				x.mu.Unlock()
+				err = errors.Join(err, x.load.AddTarget(x.env.Target(g)))
+			}
+			errs[i] = err
+		})
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// scaleIn stops, one after the other, the gateways scaleOut started in region: each is
+// taken out of the load and drained first.
+func (x *Executor) scaleIn(ctx context.Context, region string) error {
+	x.mu.Lock()
+	ids := x.extra[region]
+	delete(x.extra, region)
+	x.mu.Unlock()
+	var errs []error
+	for _, id := range ids {
+		derr := x.load.RemoveTarget(id, 15*time.Second)
+		owing := false
+		if g := x.env.Gateway(id); g != nil {
+			owing = x.owes(ctx, g)
+		}
+		errs = append(errs, derr, x.env.RemoveGateway(ctx, id, owing))
+	}
+	return errors.Join(errs...)
+}
+
+// removeRegion stops every gateway of the region (drained first, as an operator takes a
+// region out of DNS before deleting it), removes the region (its shares go to the
+// others, store.DropShares), adds it back after e.Hold, writes the share overrides as
+// they were (an added region gets 0 of every override), and starts the gateways again.
+// Share changes wait meanwhile.
+func (x *Executor) removeRegion(ctx context.Context, e Event) error {
+	x.regionMu.Lock()
+	defer x.regionMu.Unlock()
+	var errs []error
+	var stopped []string
+	for _, g := range x.env.LiveOf(e.Region) {
+		errs = append(errs, x.load.Drain(g.ID, 15*time.Second))
+		errs = append(errs, x.env.StopGateway(g.ID, false, x.owes(ctx, g)))
+		stopped = append(stopped, g.ID)
+	}
+	actx := store.WithAudit(ctx, "torture", "torture region-remove")
+	hctx, cancel := healCtx()
+	defer cancel()
+	rerr := retry(hctx, func() error {
+		err := x.env.Store.RemoveRegion(actx, e.Region, store.DropShares)
+		if errors.Is(err, store.ErrNotFound) {
+			return nil // an earlier try went through
+		}
+		return err
+	})
+	errs = append(errs, rerr)
+	if rerr == nil {
+		hold(ctx, e.Hold)
+	}
+	errs = append(errs, retry(hctx, func() error {
+		err := x.env.Store.AddRegion(store.WithAudit(hctx, "torture", "torture region-add"), e.Region)
+		if errors.Is(err, store.ErrExists) {
+			return nil
+		}
+		return err
+	}))
+	x.mu.Lock()
+	overrides := map[string]map[string]float64{}
+	for t, sh := range x.overrides {
+		overrides[t] = sh
+	}
+	x.mu.Unlock()
+	for _, t := range sortedKeys(overrides) {
+		errs = append(errs, retry(hctx, func() error {
+			return x.env.Store.SetOverride(store.WithAudit(hctx, "torture", "torture region-add"), regions.Scope{Tenant: t, Route: regions.Wildcard}, overrides[t], "torture", "override as before the region was removed", 0)
+		}))
+	}
+	for _, id := range stopped {
+		errs = append(errs, x.env.StartGateway(hctx, id))
+		x.load.Route(id)
+	}
+	return errors.Join(errs...)
+}
+
+// retry runs f until it succeeds or ctx ends, every half second: the database may be
+// down (a PostgreSQL kill on the fault track).
+func retry(ctx context.Context, f func() error) error {
+	for {
+		err := f()
+		if err == nil || ctx.Err() != nil {
+			return err
+		}
+		hold(ctx, 500*time.Millisecond)
+	}
 }
 
 // evicting sets an evicting maxmemory-policy on a region's Redis for e.Hold, and checks
@@ -277,7 +418,7 @@ func (x *Executor) waitPolicy(ctx context.Context, region string, want float64) 
 	deadline := time.Now().Add(ReloadInterval + time.Second)
 	for {
 		var missing []string
-		for _, g := range x.env.GatewaysOf(region) {
+		for _, g := range x.env.LiveOf(region) {
 			sc, err := faults.ScrapeURL(ctx, g.Admin)
 			if err != nil || sc.Sum("ratelimit_redis_evicting_policy") != want {
 				missing = append(missing, g.ID)
@@ -298,7 +439,7 @@ func (x *Executor) waitPolicy(ctx context.Context, region string, want float64) 
 // and checks that the rule in the database is still the one last written.
 func (x *Executor) refused(ctx context.Context, e Event) error {
 	x.mu.Lock()
-	r := x.rules[e.Tenant]
+	r, deleted := x.rules[e.Tenant], x.deleted[e.Tenant]
 	x.mu.Unlock()
 	bad := r
 	bad.Capacity, bad.RefillPerSecond = e.Capacity, e.Refill
@@ -306,15 +447,22 @@ func (x *Executor) refused(ctx context.Context, e Event) error {
 	if err := x.env.Store.SetRule(actx, bad); !errors.Is(err, regions.ErrInvalid) {
 		return fmt.Errorf("store.SetRule(%+v) = %v, want a regions.ErrInvalid", bad, err)
 	}
-	_, err := x.env.Store.Pool().Exec(ctx, `UPDATE rate_limit_rule SET capacity = $3, refill_per_second = $4 WHERE tenant_id = $1 AND route_id = $2`,
+	_, err := x.env.Store.Pool().Exec(ctx, `INSERT INTO rate_limit_rule (tenant_id, route_id, capacity, refill_per_second) VALUES ($1, $2, $3, $4)
+		ON CONFLICT (tenant_id, route_id) DO UPDATE SET capacity = EXCLUDED.capacity, refill_per_second = EXCLUDED.refill_per_second`,
 		bad.Tenant, bad.Route, bad.Capacity, bad.RefillPerSecond)
 	var pgErr *pgconn.PgError
 	if !errors.As(err, &pgErr) || pgErr.Code != "23514" { // check_violation
-		return fmt.Errorf("an UPDATE to capacity %d, refill %g: %v, want a check violation", bad.Capacity, bad.RefillPerSecond, err)
+		return fmt.Errorf("a write of capacity %d, refill %g: %v, want a check violation", bad.Capacity, bad.RefillPerSecond, err)
 	}
 	got, err := x.env.Store.Rules(ctx, r.Tenant, r.Route)
 	if err != nil {
 		return err
+	}
+	if deleted {
+		if len(got) != 0 {
+			return fmt.Errorf("after a refused rule for a deleted one the database holds %+v, want none", got)
+		}
+		return nil
 	}
 	if len(got) != 1 || got[0].Capacity != r.Capacity || got[0].RefillPerSecond != r.RefillPerSecond {
 		return fmt.Errorf("after a refused rule the database holds %+v, want capacity %d refill %g", got, r.Capacity, r.RefillPerSecond)
@@ -323,10 +471,15 @@ func (x *Executor) refused(ctx context.Context, e Event) error {
 }
 
 // change writes a change to the database, retrying for a few seconds (a PostgreSQL
-// just restarted may refuse the first connection).
+// just restarted may refuse the first connection). Share changes wait while a region
+// is removed.
 func (x *Executor) change(ctx context.Context, e Event) error {
 	actx := store.WithAudit(ctx, "torture", e.Kind.String())
 	scope := regions.Scope{Tenant: e.Tenant, Route: regions.Wildcard}
+	if e.Kind == ShareSet || e.Kind == ShareClear {
+		x.regionMu.Lock()
+		defer x.regionMu.Unlock()
+	}
 	write := func() error {
 		x.mu.Lock()
 		r := x.rules[e.Tenant]
@@ -337,13 +490,31 @@ func (x *Executor) change(ctx context.Context, e Event) error {
 		case ShardChange:
 			r.Shards = e.Shards
 		case ShareSet:
-			return x.env.Store.SetOverride(actx, scope, e.Shares, "torture", "torture share-set", 0)
+			if err := x.env.Store.SetOverride(actx, scope, e.Shares, "torture", "torture share-set", 0); err != nil {
+				return err
+			}
+			x.mu.Lock()
+			x.overrides[e.Tenant] = e.Shares
+			x.mu.Unlock()
+			return nil
 		case ShareClear:
 			err := x.env.Store.ClearOverride(actx, scope, "torture", "torture share-clear")
-			if err != nil && isNotFound(err) {
-				return nil
+			if err != nil && !isNotFound(err) {
+				return err
 			}
-			return err
+			x.mu.Lock()
+			delete(x.overrides, e.Tenant)
+			x.mu.Unlock()
+			return nil
+		case RuleDelete:
+			err := x.env.Store.DeleteRule(actx, r.Tenant, r.Route)
+			if err != nil && !isNotFound(err) { // not found: an earlier try went through
+				return err
+			}
+			x.mu.Lock()
+			x.deleted[e.Tenant] = true
+			x.mu.Unlock()
+			return nil
 		case RuleRefused:
 			return x.refused(ctx, e)
 		default:
@@ -354,6 +525,7 @@ func (x *Executor) change(ctx context.Context, e Event) error {
 		}
 		x.mu.Lock()
 		x.rules[e.Tenant] = r
+		x.deleted[e.Tenant] = false
 		x.mu.Unlock()
 		return nil
 	}

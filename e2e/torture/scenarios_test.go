@@ -2,6 +2,8 @@ package torture
 
 import (
 	"context"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -22,14 +24,20 @@ var scenarios = []scenario{
 	{"reshard-1-4-8", reshardScenario},
 	{"raise-after-ttl", raiseScenario},
 	{"cost-5-stall", costScenario},
+	{"fleet-stall", fleetScenario},
+	{"delete-stall", deleteScenario},
 }
 
-// scenarioRun is the part every scenario shares: observe, load, act, stop, check.
-func scenarioRun(t *testing.T, ctx context.Context, env *Env, name string, plan tenantPlan, gateways []string, act func(id string, load *Load)) (row, *Recorder, string, time.Time, time.Time) {
+// scenarioRun is the part every scenario shares: observe, load, act, stop, check. Each
+// plan is pinned 50/50 and loaded on gateways (all when empty), or on the gateways of
+// its region. act gets the tenants' ids, the load and do, which runs an event now
+// (Executor.Do: logged, and an event not carried out fails the scenario).
+func scenarioRun(t *testing.T, ctx context.Context, env *Env, name string, plans []tenantPlan, gateways []string, act func(ids []string, load *Load, do func(Event))) (row, *Recorder, []string, time.Time, time.Time) {
 	t.Helper()
-	plan.pinned = true
-	su := addTenants(t, ctx, env, []tenantPlan{plan}, gateways)
-	id := su.ids[0]
+	for i := range plans {
+		plans[i].pinned = !plans[i].unpinned
+	}
+	su := addTenants(t, ctx, env, plans, gateways)
 	rec := NewRecorder()
 	obs := su.obs
 	before := fleetScrape(ctx, env)
@@ -37,16 +45,25 @@ func scenarioRun(t *testing.T, ctx context.Context, env *Env, name string, plan 
 	if err != nil {
 		t.Fatal(err)
 	}
+	x := NewExecutor(env, load, su.rules)
 	start := time.Now()
-	act(id, load)
+	act(su.ids, load, func(e Event) { x.Do(ctx, start, e) })
+	for _, r := range env.Regions { // a scale-out an act left behind
+		if err := x.scaleIn(ctx, r); err != nil {
+			t.Errorf("scale %s in after the scenario: %v", r, err)
+		}
+	}
 	load.Stop()
 	end := time.Now()
 	states := obs.Stop(ctx)
-	res := Check(Input{Lag: Lag, States: states, Admitted: rec.Admitted(), Instances: env.instances()})
-	r := report(t, "scenario "+name, nil, rec.Summary(), res, states, rec)
+	res := check(t, env, states, rec, x)
+	r := report(t, env, "scenario "+name, x, rec.Summary(), res, states, rec)
 	fleetCounters(t, ctx, env, before, &r)
+	if log := x.Log(); len(log) > 0 {
+		t.Logf("what ran:\n  %s", strings.Join(log, "\n  "))
+	}
 	r.events = name
-	return r, rec, id, start, end
+	return r, rec, su.ids, start, end
 }
 
 // stallScenario is issue 14 item 1: capacity 20 (40 over two regions at 50/50), refill
@@ -54,8 +71,8 @@ func scenarioRun(t *testing.T, ctx context.Context, env *Env, name string, plan 
 // most 21 admitted, with the default Redis timeout and breaker. The stall begins 200 ms
 // into the load, while the bucket still holds tokens.
 func stallScenario(t *testing.T, ctx context.Context, env *Env) row {
-	g := env.GatewaysOf(env.Regions[0])[0]
-	r, rec, id, _, _ := scenarioRun(t, ctx, env, "stall-3s", tenantPlan{prefix: "stall", capacity: 40, refill: 0.02, rate: 50}, []string{g.ID}, func(string, *Load) {
+	g := env.LiveOf(env.Regions[0])[0]
+	r, rec, ids, _, _ := scenarioRun(t, ctx, env, "stall-3s", []tenantPlan{{prefix: "stall", capacity: 40, refill: 0.02, rate: 50}}, []string{g.ID}, func([]string, *Load, func(Event)) {
 		// The stall comes while the bucket still holds tokens (about 10 decided):
 		// what the fallback admits meanwhile must be charged back, not handed out again.
 		hold(ctx, 200*time.Millisecond)
@@ -68,7 +85,7 @@ func stallScenario(t *testing.T, ctx context.Context, env *Env) row {
 		}
 		hold(ctx, 4*time.Second)
 	})
-	if n := rec.Total(id, time.Time{}); n > 21 {
+	if n := rec.Total(ids[0], time.Time{}); n > 21 {
 		t.Errorf("a 3 s Redis stall: %d admitted, want at most 21 (capacity 20, refill 0.01/s)", n)
 	} else {
 		t.Logf("a 3 s Redis stall: %d admitted (at most 21)", n)
@@ -94,11 +111,11 @@ func stallScenario(t *testing.T, ctx context.Context, env *Env) row {
 func costScenario(t *testing.T, ctx context.Context, env *Env) row {
 	region := env.Regions[0]
 	var ids []string
-	for _, g := range env.GatewaysOf(region) {
+	for _, g := range env.LiveOf(region) {
 		ids = append(ids, g.ID)
 	}
 	before := fleetScrape(ctx, env)
-	r, _, _, _, _ := scenarioRun(t, ctx, env, "cost-5-stall", tenantPlan{prefix: "cost", capacity: 16, refill: 4, rate: 4, bulk: true}, ids, func(_ string, load *Load) {
+	r, _, _, _, _ := scenarioRun(t, ctx, env, "cost-5-stall", []tenantPlan{{prefix: "cost", capacity: 16, refill: 4, rate: 4, bulk: true}}, ids, func(_ []string, load *Load, _ func(Event)) {
 		hold(ctx, 2*time.Second)
 		for _, id := range ids {
 			if err := load.Drain(id, 15*time.Second); err != nil {
@@ -135,7 +152,8 @@ func reshardScenario(t *testing.T, ctx context.Context, env *Env) row {
 			t.Error(err)
 		}
 	}
-	r, rec, id, began, end := scenarioRun(t, ctx, env, "reshard-1-4-8", tenantPlan{prefix: "reshard", capacity: 100, refill: 0.01, rate: 10}, nil, func(id string, _ *Load) {
+	r, rec, ids, began, end := scenarioRun(t, ctx, env, "reshard-1-4-8", []tenantPlan{{prefix: "reshard", capacity: 100, refill: 0.01, rate: 10}}, nil, func(ids []string, _ *Load, _ func(Event)) {
+		id := ids[0]
 		hold(ctx, 4*time.Second)
 		setShards(id, 4)
 		hold(ctx, 5*time.Second)
@@ -143,7 +161,7 @@ func reshardScenario(t *testing.T, ctx context.Context, env *Env) row {
 		hold(ctx, 5*time.Second)
 	})
 	bound := 100 + 0.01*end.Sub(began).Seconds() + 1
-	if n := rec.Total(id, time.Time{}); float64(n) > bound {
+	if n := rec.Total(ids[0], time.Time{}); float64(n) > bound {
 		t.Errorf("shards 1 -> 4 -> 8 at the limit: %d admitted, want at most C + R·t + 1 = %.2f", n, bound)
 	} else {
 		t.Logf("shards 1 -> 4 -> 8 at the limit: %d admitted (at most %.2f)", n, bound)
@@ -156,9 +174,10 @@ func reshardScenario(t *testing.T, ctx context.Context, env *Env) row {
 // to capacity 1000: at most the old bucket (2) plus the refill since the change.
 func raiseScenario(t *testing.T, ctx context.Context, env *Env) row {
 	var changed time.Time
-	r, rec, id, _, end := scenarioRun(t, ctx, env, "raise-after-ttl", tenantPlan{prefix: "raise", capacity: 2, refill: 1, rate: 5}, nil, func(id string, load *Load) {
+	r, rec, ids, _, end := scenarioRun(t, ctx, env, "raise-after-ttl", []tenantPlan{{prefix: "raise", capacity: 2, refill: 1, rate: 5}}, nil, func(ids []string, load *Load, _ func(Event)) {
+		id := ids[0]
 		hold(ctx, 3*time.Second) // drained
-		for _, g := range env.Gateways {
+		for _, g := range env.Live() {
 			if err := load.Drain(g.ID, 15*time.Second); err != nil {
 				t.Error(err)
 			}
@@ -168,16 +187,87 @@ func raiseScenario(t *testing.T, ctx context.Context, env *Env) row {
 		if err := env.Store.SetRule(store.WithAudit(ctx, "torture", "raise"), regions.Rule{Tenant: id, Route: stack.Route, Capacity: 1000, RefillPerSecond: 1, Shards: 1}); err != nil {
 			t.Error(err)
 		}
-		for _, g := range env.Gateways {
+		for _, g := range env.Live() {
 			load.Route(g.ID)
 		}
 		hold(ctx, 5*time.Second)
 	})
 	bound := 2 + 1*end.Sub(changed).Seconds()
-	if n := rec.Total(id, changed); float64(n) > bound {
+	if n := rec.Total(ids[0], changed); float64(n) > bound {
 		t.Errorf("capacity raised 2 -> 1000 after the key expired: %d admitted since the change, want at most the old bucket + refill = %.2f", n, bound)
 	} else {
 		t.Logf("capacity raised 2 -> 1000 after the key expired: %d admitted since the change (at most %.2f)", n, bound)
 	}
+	return r
+}
+
+// fleetScenario is issue 21's operator during an outage, in both regions at once, each
+// with a tenant of capacity 40 / 0.02 per s pinned 50/50 (20 / 0.01 per s a region) at
+// its limit: in us-east the Redis is stopped (SIGSTOP) for 8 s while every gateway of
+// the region is restarted one after the other, twice round (kubectl rollout restart
+// during an incident), in eu-west while the region scales out from 2 gateways to 5, and
+// back to 2 right after. Before issue 21 each new process started its fallback bucket
+// full at C/N and the debts of the old ones were gone: 61-62 admitted for the rolling
+// restart, 30-31 for the scale-out, where the bound is about 20.
+func fleetScenario(t *testing.T, ctx context.Context, env *Env) row {
+	east, west := env.Regions[0], env.Regions[1]
+	plans := []tenantPlan{
+		{prefix: "roll", capacity: 40, refill: 0.02, rate: 10, region: east},
+		{prefix: "scale", capacity: 40, refill: 0.02, rate: 10, region: west},
+	}
+	r, rec, ids, _, _ := scenarioRun(t, ctx, env, "fleet-stall", plans, nil, func(ids []string, load *Load, do func(Event)) {
+		hold(ctx, 2*time.Second) // both at their limit
+		var wg sync.WaitGroup
+		for _, region := range []string{east, west} {
+			wg.Go(func() { do(Event{Kind: RedisStall, Region: region, Hold: 8 * time.Second}) })
+		}
+		hold(ctx, 500*time.Millisecond)
+		wg.Go(func() { do(Event{Kind: RollingRestart, Region: east}) })
+		do(Event{Kind: ScaleOut, Region: west, Gateways: 5})
+		wg.Wait()
+		do(Event{Kind: ScaleIn, Region: west})
+		hold(ctx, 3*time.Second)
+	})
+	t.Logf("a rolling restart of %s twice round during an 8 s Redis stall: %d admitted (20 / 0.01 per s in the region)", east, rec.Total(ids[0], time.Time{}))
+	t.Logf("%s scaled out from 2 to 5 during an 8 s Redis stall, and back: %d admitted (20 / 0.01 per s in the region)", west, rec.Total(ids[1], time.Time{}))
+	return r
+}
+
+// deleteScenario is issue 21's rule deletion and its old-answer case, one in each region,
+// each tenant at its limit on the region's first gateway, and the second gateway joining
+// its load when the region's Redis is stopped (SIGSTOP) for 3 s:
+//   - us-east: a tenant with its own rule of 20 / 0.02 per s (about 10 / 0.01 a region:
+//     its share is not pinned, so that nothing but its rule names it); its own rule is
+//     deleted (the route's larger default applies, RouteDefault: 200 / 0.05 per s), an
+//     unrelated rule is written a second later (any reload), then the stall. The second
+//     gateway never decided the tenant. Before issue 21: 40 admitted where the bound is
+//     10 (the raise marker dropped for a tenant the snapshot no longer names, so the new
+//     fallback bucket read full at the new capacity).
+//   - eu-west: a tenant of 40 / 0.02 (20 a region), no restart, no change: the second
+//     gateway's last answer is from before the first drained the bucket. Before issue
+//     21: 29 where the bound is 20 (a fallback started from that old answer).
+func deleteScenario(t *testing.T, ctx context.Context, env *Env) row {
+	east, west := env.Regions[0], env.Regions[1]
+	e, w := env.LiveOf(east), env.LiveOf(west)
+	const stallAt = 5500 * time.Millisecond
+	plans := []tenantPlan{
+		{prefix: "del", capacity: 20, refill: 0.02, rate: 10, on: []string{e[0].ID}, joins: []string{e[1].ID}, joinAt: stallAt, fresh: true, unpinned: true},
+		{prefix: "old", capacity: 40, refill: 0.02, rate: 10, on: []string{w[0].ID}, joins: []string{w[1].ID}, joinAt: stallAt},
+	}
+	r, rec, ids, _, _ := scenarioRun(t, ctx, env, "delete-stall", plans, nil, func(ids []string, load *Load, do func(Event)) {
+		hold(ctx, 3*time.Second) // at their limits
+		do(Event{Kind: RuleDelete, Tenant: ids[0]})
+		hold(ctx, time.Second)
+		do(Event{Kind: ShardChange, Tenant: ids[1], Shards: 1}) // unrelated: the same rule written again
+		waitFor(ctx, load.began.Add(stallAt))
+		var wg sync.WaitGroup
+		for _, region := range []string{east, west} {
+			wg.Go(func() { do(Event{Kind: RedisStall, Region: region, Hold: 3 * time.Second}) })
+		}
+		wg.Wait()
+		hold(ctx, 3*time.Second)
+	})
+	t.Logf("own rule deleted, then a reload and a 3 s stall in %s, a gateway that never decided it joining: %d admitted (about 10 / 0.01 per s in the region before the deletion)", east, rec.Total(ids[0], time.Time{}))
+	t.Logf("a 3 s stall in %s, no restart and no change, a gateway with an old answer joining: %d admitted (20 / 0.01 per s in the region)", west, rec.Total(ids[1], time.Time{}))
 	return r
 }
