@@ -1,21 +1,26 @@
--- inspect.lua: read one token bucket as a call now would see it, writing nothing (for
--- `ratectl bucket inspect`). Run with prelude.lua in front of it; same bucket, record and
--- maths as token_bucket.lua.
+-- inspect.lua: read one bucket as a take now would see it, writing nothing (for
+-- `ratectl bucket inspect`). Run with state.lua in front of it.
 --
 -- KEYS[1]  the bucket
--- KEYS[2]  (optional) its rule record
--- ARGV[1]  capacity: an integer, 1 <= capacity <= 1e15
--- ARGV[2]  refill per second: 0 < refill <= 1e12
+-- ARGV[1]  capacity (1..1e15);  ARGV[2]  refill per second (0 < r <= 1e12)
 --
 -- Reply: {exists (0|1), tokens (a string: the float, negative in debt), reset_ms,
 --         pttl_ms (-1 no expiry, -2 missing), stored_capacity (string, "" if none),
 --         stored_refill (string, "" if none)}
-local capacity, refill, err = rule_args()
-if err then
-  return err
+local c, r = tonumber(ARGV[1]), tonumber(ARGV[2])
+if not (c and c >= 1 and c <= MAX_CAPACITY and c == math.floor(c)) then
+  return redis.error_reply('QPINVALID capacity must be an integer between 1 and 1e15, got ' .. tostring(ARGV[1]))
 end
-local key, rkey = KEYS[1], KEYS[2]
-local v = redis.call('HMGET', key, 'c', 'r')
-local exists = redis.call('EXISTS', key)
-local tokens = load(key, rkey, capacity, refill, now_us(), false)
-return {exists, string.format('%.17g', tokens), wait_ms(capacity, tokens, refill), redis.call('PTTL', key), v[1] or '', v[2] or ''}
+if not (r and r > 0 and r <= MAX_REFILL) then
+  return redis.error_reply('QPINVALID refill per second must be a number > 0 and <= 1e12, got ' .. tostring(ARGV[2]))
+end
+local t, c0, r0 = read(KEYS[1])
+local exists, sc, sr = 0, '', ''
+if t == nil then
+  t = c
+else
+  exists, sc, sr = 1, string.format('%.17g', c0), string.format('%.17g', r0)
+  t = math.max(math.min(t, c), -c)
+end
+local reset = math.min(math.max(math.ceil((c - t) * 1000 / r - EPS), 0), MAX_WAIT_MS)
+return {exists, string.format('%.17g', t), reset, redis.call('PTTL', KEYS[1]), sc, sr}

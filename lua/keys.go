@@ -20,13 +20,6 @@ type Keys struct {
 	Prefix string
 }
 
-// Ref names one bucket: its key and its rule record (see prelude.lua), or no record
-// ("") for a bucket that starts empty when missing and never expires.
-type Ref struct {
-	Key    string
-	Record string
-}
-
 func (k Keys) prefix() string {
 	if k.Prefix == "" {
 		return DefaultPrefix
@@ -34,26 +27,22 @@ func (k Keys) prefix() string {
 	return k.Prefix
 }
 
-// Bucket is a tenant's bucket for one route: key "rl:{tenant}:route", record
-// "rl:{tenant}:route:rule". The hash tag {tenant} keeps all of one tenant's buckets and
-// records in one Redis Cluster slot.
-func (k Keys) Bucket(tenant, route string) Ref {
-	b := k.prefix() + ":{" + tenant + "}:" + route
-	return Ref{Key: b, Record: b + ":rule"}
+// Bucket is a tenant's bucket for one route: "rl:{tenant}:route". The hash tag {tenant}
+// keeps all of one tenant's buckets in one Redis Cluster slot, so the buckets of one
+// decision (a route bucket and a client value's bucket nested in it) fit one script call.
+func (k Keys) Bucket(tenant, route string) string {
+	return k.prefix() + ":{" + tenant + "}:" + route
 }
 
 // Shard is sub-bucket i of a sharded rule. Shard 0 is the unsharded bucket itself (same
-// key and record), so a change of the shard count, or back to none, carries shard 0's
-// tokens over and lets its record see the change. Shards i >= 1 are
-// "rl:tenant:route:i", without a hash tag on purpose, so the shards of one hot key
-// spread over a Redis Cluster; they cannot reach the record in another slot, so they
-// have none: a missing shard starts empty (never a full bucket out of nothing) and
-// never expires.
-func (k Keys) Shard(tenant, route string, i int) Ref {
+// key), so a change of the shard count, or back to none, carries shard 0's tokens over.
+// Shards i >= 1 are "rl:tenant:route:i", without a hash tag on purpose, so the shards of
+// one hot key spread over a Redis Cluster.
+func (k Keys) Shard(tenant, route string, i int) string {
 	if i == 0 {
 		return k.Bucket(tenant, route)
 	}
-	return Ref{Key: k.prefix() + ":" + tenant + ":" + route + ":" + strconv.Itoa(i)}
+	return k.prefix() + ":" + tenant + ":" + route + ":" + strconv.Itoa(i)
 }
 
 // ValueHashLen is the bytes of SHA-256 kept in a value's key: 128 bits, so two values
@@ -61,11 +50,9 @@ func (k Keys) Shard(tenant, route string, i int) Ref {
 const ValueHashLen = 16
 
 // Value is the bucket of one client value (an IP, a header value, an RLS descriptor
-// value) of a tenant's route: key "rl:{tenant}:route:v:<base64url of SHA-256(value)
-// truncated to 16 bytes>", 22 characters whatever the value, record "rl:{tenant}:route:v"
-// (one per route, shared by its values).
-func (k Keys) Value(tenant, route, value string) Ref {
+// value) of a tenant's route: "rl:{tenant}:route:v:<base64url of SHA-256(value)
+// truncated to 16 bytes>", 22 characters whatever the value, in the tenant's slot.
+func (k Keys) Value(tenant, route, value string) string {
 	sum := sha256.Sum256([]byte(value))
-	fam := k.prefix() + ":{" + tenant + "}:" + route + ":v"
-	return Ref{Key: fam + ":" + base64.RawURLEncoding.EncodeToString(sum[:ValueHashLen]), Record: fam}
+	return k.prefix() + ":{" + tenant + "}:" + route + ":v:" + base64.RawURLEncoding.EncodeToString(sum[:ValueHashLen])
 }

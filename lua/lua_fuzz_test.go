@@ -3,7 +3,6 @@ package lua
 import (
 	"context"
 	"math"
-	"strconv"
 	"strings"
 	"testing"
 
@@ -12,165 +11,90 @@ import (
 	"github.com/quotaplane/quotaplane/internal/testenv"
 )
 
-// FuzzLuaArguments sends arbitrary argument strings straight to the three bucket scripts
-// on a real Redis, past the Go-side checks of this package, as any client of that Redis
-// could. Whatever the arguments, a script either refuses them with a QPINVALID error and
-// leaves the bucket and its rule record exactly as they were, or answers integers in
-// range and leaves a sane bucket: tokens a finite number in [-capacity, capacity], and a
-// TTL (a bucket with a rule record never lives forever). For canonical decimal
-// arguments, the script accepts exactly what the Go checks accept.
+// FuzzLuaArguments sends arbitrary decisions straight to decide.lua on a real Redis,
+// past the Go-side checks, as any client of that Redis could. Whatever the numbers, the
+// script either refuses them with a QPINVALID error and leaves the bucket exactly as it
+// was, or answers integers in range and leaves a sane bucket: a 28-byte value whose
+// tokens are a finite number in [-capacity, capacity], with a TTL. It accepts exactly
+// what Decision.Check accepts. Trailing bytes (extra) are refused.
 func FuzzLuaArguments(f *testing.F) {
-	for _, s := range [][5]string{
-		{"take", "10", "1", "1", ""}, {"take", "1000000000000000", "1", "1", ""}, {"take", "0x10", "0.5", "2", ""},
-		{"take", "nan", "1", "1", ""}, {"take", " 5 ", "1", "1", ""}, {"take", "1", "inf", "1", ""}, {"take", "5", "1", "6", ""},
-		{"take", "2.5", "1", "1", ""}, {"lease", "10", "1", "100", ""}, {"lease", "10", "1", "0", ""},
-		{"return", "10", "1", "3", ""}, {"return", "10", "1", "-1", ""}, {"return", "1e15", "1e300", "1e15", ""},
-		{"take", "10", "1", "1", "10"}, {"take", "10", "1", "1", "11"}, {"take", "10", "1", "1", "-1"},
-		{"lease", "10", "1", "3", "7"}, {"lease", "10", "1", "3", "0.5"},
+	for _, s := range []struct {
+		op                 uint8
+		n, c, r, debt, cap float64
+	}{
+		{1, 1, 10, 1, 0, -1}, {1, 1, 1e15, 1, 0, -1}, {1, 2, 16, 0.5, 0, -1}, {1, 1, math.NaN(), 1, 0, -1},
+		{1, 1, 1, math.Inf(1), 0, -1}, {1, 6, 5, 1, 0, -1}, {1, 1, 2.5, 1, 0, -1}, {2, 100, 10, 1, 0, -1},
+		{2, 0, 10, 1, 0, -1}, {3, 3, 10, 1, 0, -1}, {3, -1, 10, 1, 0, -1}, {1, 1, 10, 1, 10, -1},
+		{1, 1, 10, 1, 11, 3}, {4, 0, 10, 1, 7, -1}, {2, 3, 10, 1, 0.5, -1}, {1, 1, 10, 1, 0, 1e300}, {9, 1, 10, 1, 0, -1},
 	} {
-		f.Add(s[0], s[1], s[2], s[3], s[4], true)
+		f.Add(s.op, s.n, s.c, s.r, s.debt, s.cap, true, []byte{})
 	}
 	rp := testenv.Redis(f)
 	rdb := redis.NewClient(&redis.Options{Addr: rp.Addr()})
 	f.Cleanup(func() { _ = rdb.Close() })
-	scripts := map[string]*redis.Script{
-		"take":   redis.NewScript(TokenBucketSource()),
-		"lease":  redis.NewScript(LeaseSource()),
-		"return": redis.NewScript(ReturnSource()),
-	}
+	b := NewTokenBucket(rdb)
 	ctx := context.Background()
-	const key, record = "fz:{t}:r", "fz:{t}:r:rule"
-	keys := []string{key, record}
-	f.Fuzz(func(t *testing.T, op, a1, a2, a3, debt string, used bool) {
-		s, ok := scripts[op]
-		if !ok {
-			return
-		}
-		if err := rdb.Del(ctx, key, record).Err(); err != nil {
+	const key = "fz:{t}:r"
+	f.Fuzz(func(t *testing.T, op uint8, n, c, r, debt, cp float64, used bool, extra []byte) {
+		if err := rdb.Del(ctx, key).Err(); err != nil {
 			t.Fatal(err)
 		}
 		if used { // a half-spent bucket of another rule first
-			if err := scripts["take"].Run(ctx, rdb, keys, 10, 1, 5).Err(); err != nil {
-				t.Fatal(err)
+			mustTake(t, b, key, 10, 1, 5)
+		}
+		before, _ := rdb.Get(ctx, key).Result()
+		arg := append(raw(op, n, [4]float64{c, r, debt, cp}), extra...)
+		reply, err := rdb.Eval(ctx, DecideSource(), []string{key}, arg).Result()
+		d, exact := goDecision(op, n, c, r, debt, cp)
+		goOK := exact && d.Check() == nil && len(extra) == 0
+		if err != nil {
+			if !strings.HasPrefix(err.Error(), invalidPrefix) {
+				t.Fatalf("%v: error %v, want QPINVALID or an answer", arg, err)
+			}
+			if after, _ := rdb.Get(ctx, key).Result(); after != before {
+				t.Fatalf("%v refused but changed the bucket", arg)
+			}
+			if goOK {
+				t.Fatalf("%+v: the script refused what Go accepts: %v", d, err)
+			}
+			return
+		}
+		if !goOK {
+			t.Fatalf("op %d n %v c %v r %v debt %v cap %v extra %d bytes: the script accepted what Go refuses", op, n, c, r, debt, cp, len(extra))
+		}
+		v, ok := reply.([]any)
+		if !ok || len(v) != 5 {
+			t.Fatalf("%+v: reply %v, want 5 integers", d, reply)
+		}
+		for i, e := range v {
+			if x, ok := e.(int64); !ok || x < 0 || (i == 1 || i == 3) && x > 1<<40 {
+				t.Fatalf("%+v: reply element %d = %v, want an integer in range", d, i, e)
 			}
 		}
-		before, err := rdb.HGetAll(ctx, key).Result()
-		if err != nil {
-			t.Fatal(err)
-		}
-		beforeRecord, err := rdb.HGetAll(ctx, record).Result()
-		if err != nil {
-			t.Fatal(err)
-		}
-		args := []any{a1, a2, a3}
-		if debt != "" {
-			args = append(args, debt)
-		}
-		reply, err := s.Run(ctx, rdb, keys, args...).Result()
-		accepted := err == nil
-		if err != nil {
-			if !strings.HasPrefix(err.Error(), "QPINVALID") {
-				t.Fatalf("%s(%q, %q, %q, %q): error %v, want QPINVALID or an answer", op, a1, a2, a3, debt, err)
+		if s, err := rdb.Get(ctx, key).Result(); err == nil {
+			st := readStored(t, rdb, key)
+			tok := tokensNow(t, rdb, key)
+			if math.IsNaN(tok) || math.IsInf(tok, 0) || tok < -st.c-1e-6 || tok > st.c+1e-6 {
+				t.Fatalf("%+v: bucket %+v holds %v tokens", d, st, tok)
 			}
-			after, _ := rdb.HGetAll(ctx, key).Result()
-			afterRecord, _ := rdb.HGetAll(ctx, record).Result()
-			if !equalMaps(before, after) || !equalMaps(beforeRecord, afterRecord) {
-				t.Fatalf("%s(%q, %q, %q, %q) refused but changed the bucket %v -> %v or its record %v -> %v", op, a1, a2, a3, debt, before, after, beforeRecord, afterRecord)
+			if ttl := rdb.PTTL(ctx, key).Val(); ttl <= 0 && s != before {
+				t.Fatalf("%+v: a written bucket without a TTL (%v)", d, ttl)
 			}
-		} else {
-			checkReply(t, op, reply)
-			checkBucketState(t, ctx, rdb, key, a1)
-		}
-		if want, known := goAccepts(op, a1, a2, a3, debt); known && want != accepted {
-			t.Fatalf("%s(%q, %q, %q, %q): script accepted %v, the Go checks %v", op, a1, a2, a3, debt, accepted, want)
 		}
 	})
 }
 
-func equalMaps(a, b map[string]string) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for k, v := range a {
-		if b[k] != v {
-			return false
+// goDecision is the Decision the numbers mean, and whether Go can hold them exactly
+// (integers where the script wants integers), so the script and Go must agree on them.
+func goDecision(op uint8, n, c, r, debt, cp float64) (Decision, bool) {
+	for _, v := range []float64{n, c, debt} {
+		if v != math.Trunc(v) || math.Abs(v) > 1<<62 {
+			return Decision{}, false
 		}
 	}
-	return true
-}
-
-// checkReply: integers, as many as the script documents, none negative; allowed or
-// granted consistent with retry_after.
-func checkReply(t *testing.T, op string, reply any) {
-	t.Helper()
-	v, ok := reply.([]any)
-	want := map[string]int{"take": 5, "lease": 5, "return": 2}[op]
-	if !ok || len(v) != want {
-		t.Fatalf("%s: reply %v, want %d integers", op, reply, want)
+	b := Bucket{Key: "k", Capacity: int64(c), Refill: r, Debt: int64(debt), Cap: cp}
+	if cp <= -2 {
+		b.Cap, b.CapAll = -2-cp, true
 	}
-	for i, e := range v {
-		n, ok := e.(int64)
-		if !ok || n < 0 {
-			t.Fatalf("%s: reply element %d = %v (%T), want an integer >= 0 (reply %v)", op, i, e, e, v)
-		}
-	}
-	if op == "take" && v[0].(int64) > 1 {
-		t.Fatalf("take: allowed = %d", v[0])
-	}
-}
-
-// checkBucketState: a bucket that exists has finite tokens in [-capacity, capacity] (below
-// 0 only with a charged debt) and a TTL.
-func checkBucketState(t *testing.T, ctx context.Context, rdb *redis.Client, key, capacity string) {
-	t.Helper()
-	h, err := rdb.HGetAll(ctx, key).Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(h) == 0 {
-		return
-	}
-	tokens, err := strconv.ParseFloat(h["tokens"], 64)
-	if err != nil || math.IsNaN(tokens) || math.IsInf(tokens, 0) {
-		t.Fatalf("bucket tokens %q after a call with capacity %q", h["tokens"], capacity)
-	}
-	if c, err := strconv.ParseFloat(strings.TrimSpace(capacity), 64); err == nil && c >= 1 && math.Abs(tokens) > math.Max(c, 10)+1e-6 {
-		t.Fatalf("bucket holds %v tokens, capacity %q", tokens, capacity)
-	}
-	ttl, err := rdb.PTTL(ctx, key).Result()
-	if err != nil || ttl <= 0 {
-		t.Fatalf("bucket %v has TTL %v (%v): a key that never expires", h, ttl, err)
-	}
-}
-
-// goAccepts is what package lua's and the limiter's Go checks accept, for arguments in
-// the canonical form Go sends (integers in decimal, a float as strconv formats it; a debt
-// of "" is no debt argument); known is false for any other form, which only a foreign
-// client could send.
-func goAccepts(op, a1, a2, a3, debt string) (ok, known bool) {
-	capacity, err1 := strconv.ParseInt(a1, 10, 64)
-	refill, err2 := strconv.ParseFloat(a2, 64)
-	n, err3 := strconv.ParseInt(a3, 10, 64)
-	if err1 != nil || err2 != nil || err3 != nil || strconv.FormatFloat(refill, 'f', -1, 64) != a2 {
-		return false, false
-	}
-	if debt != "" && op != "return" { // return.lua reads no fourth argument
-		d, err := strconv.ParseInt(debt, 10, 64)
-		if err != nil {
-			return false, false
-		}
-		if d < 0 || d > capacity {
-			return false, true
-		}
-	}
-	ok = capacity >= 1 && capacity <= MaxCapacity && refill > 0 && refill <= MaxRefill
-	switch op {
-	case "take":
-		ok = ok && n >= 1 && n <= capacity
-	case "lease":
-		ok = ok && n >= 1
-	case "return":
-		ok = ok && n >= 0
-	}
-	return ok, true
+	return Decision{Op: Op(op), N: int64(n), Buckets: []Bucket{b}}, true
 }

@@ -26,6 +26,9 @@ type SnapshotData struct {
 	LoadedAt time.Time
 	// Skipped lists the rows the store could not accept and left out (see SkippedRow).
 	Skipped []SkippedRow
+	// Raises are the changes that may have raised tenants' regional capacities
+	// (Raise; the store's limit_raise table).
+	Raises []Raise
 }
 
 // SkippedRow is a stored row a loader left out of a snapshot because it is invalid (an
@@ -54,9 +57,9 @@ type Snapshot struct {
 	nextExpiry time.Time
 	// rebScopes are the distinct scopes with rebalancer rows, sorted by String().
 	rebScopes []Scope
-	// changedAt is, per region and tenant ("*": all), when a change that may have raised
-	// its capacity was seen by the holder (Since); nil until Since.
-	changedAt map[raiseKey]time.Time
+	// raises are, per region, its tenants' latest raises, the rows for every region
+	// ("*") folded in (raise.go).
+	raises map[string]map[string]Raise
 }
 
 type ruleKey struct{ tenant, route string }
@@ -156,6 +159,7 @@ func NewSnapshot(d SnapshotData) (*Snapshot, error) {
 		}
 	}
 	slices.SortFunc(s.rebScopes, func(a, b Scope) int { return strings.Compare(a.String(), b.String()) })
+	s.raises = foldRaises(d.Raises, s.regions)
 	for _, in := range d.Instances {
 		if d.InstanceTTL <= 0 || d.LoadedAt.Sub(in.LastSeen) <= d.InstanceTTL {
 			s.live[in.Region]++
@@ -253,81 +257,3 @@ func (s *Snapshot) RegionalRule(region, tenant, route string) (Rule, Limit, floa
 // LiveInstances is the number of gateways of region whose heartbeat is fresh; 0 when
 // unknown.
 func (s *Snapshot) LiveInstances(region string) int { return s.live[region] }
-
-// globalChange is the tenant of a change that applies to every tenant: a rule of tenant
-// "*" or a share of the global scope.
-const globalChange = Wildcard
-
-// raiseKey names a tenant ("*": all) in a region, for changedAt.
-type raiseKey struct{ region, tenant string }
-
-// Since returns a copy of s that knows, per region and tenant, when a change that may
-// have raised the tenant's regional capacity was first seen by the holder: now for a
-// rule whose capacity grew or that was added or removed (another rule applies then), and
-// for a share that grew in a region or was added or removed there; prev's time where
-// nothing of the kind happened since. A "*" rule or a global share counts for every
-// tenant. A change that can only lower a capacity is not marked. Without prev (the first
-// snapshot) no change is known.
-//
-// The fallback of the gateway's limiter uses it: a bucket it holds nothing for would
-// read as full at the limit now in force, which, after a raise, is more than the shared
-// bucket in Redis can hold (its rule record grows it at the new refill from the change).
-// ChangedAt lets it start such a bucket from what refilled since the change instead.
-func (s *Snapshot) Since(prev *Snapshot, now time.Time) *Snapshot {
-	c := *s
-	c.changedAt = map[raiseKey]time.Time{}
-	if prev == nil {
-		return &c
-	}
-	everywhere := func(tenant string) {
-		for _, r := range s.regions {
-			c.changedAt[raiseKey{r, tenant}] = now
-		}
-	}
-	for k, r := range s.rules {
-		if p, ok := prev.rules[k]; !ok || r.Capacity > p.Capacity {
-			everywhere(k.tenant)
-		}
-	}
-	for k := range prev.rules {
-		if _, ok := s.rules[k]; !ok {
-			everywhere(k.tenant)
-		}
-	}
-	for k, sh := range s.shares {
-		if p, ok := prev.shares[k]; !ok || sh.Share > p.Share {
-			c.changedAt[raiseKey{k.region, k.scope.Tenant}] = now
-		}
-	}
-	for k := range prev.shares {
-		if _, ok := s.shares[k]; !ok {
-			c.changedAt[raiseKey{k.region, k.scope.Tenant}] = now
-		}
-	}
-	if len(prev.changedAt) == 0 {
-		return &c
-	}
-	present := map[string]bool{globalChange: true} // tenants s still names
-	for k := range s.rules {
-		present[k.tenant] = true
-	}
-	for k := range s.shares {
-		present[k.scope.Tenant] = true
-	}
-	for k, at := range prev.changedAt {
-		if _, ok := c.changedAt[k]; !ok && present[k.tenant] {
-			c.changedAt[k] = at
-		}
-	}
-	return &c
-}
-
-// ChangedAt is when a change that may have raised tenant's capacity in region was last
-// seen by the holder of s (see Since); zero when none is known.
-func (s *Snapshot) ChangedAt(region, tenant string) time.Time {
-	t, g := s.changedAt[raiseKey{region, tenant}], s.changedAt[raiseKey{region, globalChange}]
-	if g.After(t) {
-		return g
-	}
-	return t
-}

@@ -267,45 +267,39 @@ func BenchmarkSnapshotHotPath(b *testing.B) {
 	}
 }
 
-// TestSinceStampsRaises: Since marks, per region, a tenant whose capacity may have been
-// raised (a rule's capacity grown, a rule or share added or removed, a share grown) with
-// the holder's now, keeps an earlier mark while nothing of the kind happens, leaves a
-// lowering unmarked, and marks every tenant for a "*" rule or a global share.
-func TestSinceStampsRaises(t *testing.T) {
-	t1, t2, t3 := t0.Add(time.Minute), t0.Add(2*time.Minute), t0.Add(3*time.Minute)
-	const us, eu = "us-east", "eu-west"
-	rule := func(tenant string, c int64) Rule {
-		return Rule{Tenant: tenant, Route: "r", Capacity: c, RefillPerSecond: 1, Shards: 1}
+// TestRaise: a tenant's raise and every tenant's ("*") fold into the later time and the
+// smaller ratio; a raise for every region counts in each; the age runs from the store's
+// clock at load plus the caller's time since.
+func TestRaise(t *testing.T) {
+	d := SnapshotData{
+		Regions: []string{"us-east", "eu-west"},
+		Rules:   []Rule{{Tenant: Wildcard, Route: Wildcard, Capacity: 20, RefillPerSecond: 10, Shards: 1}},
+		Raises: []Raise{
+			{Region: "us-east", Tenant: "a", At: t0.Add(-10 * time.Second), Ratio: 0.5},
+			{Region: Wildcard, Tenant: "a", At: t0.Add(-30 * time.Second), Ratio: 0.8},
+			{Region: "eu-west", Tenant: Wildcard, At: t0.Add(-5 * time.Second), Ratio: 0.9},
+		},
+		LoadedAt: t0,
 	}
-	share := func(tenant string, v float64) Share {
-		return Share{Scope: Scope{Tenant: tenant, Route: Wildcard}, Region: us, Share: v, Source: SourceOverride}
+	s, err := NewSnapshot(d)
+	if err != nil {
+		t.Fatal(err)
 	}
-	snap := func(rules []Rule, shares []Share) *Snapshot {
-		return mustSnapshot(t, SnapshotData{Regions: []string{us, eu}, Rules: append(rules, defaultRule()), Shares: shares, LoadedAt: t0})
-	}
-	check := func(name string, s *Snapshot, want map[[2]string]time.Time) {
-		t.Helper()
-		for k, w := range want {
-			if got := s.ChangedAt(k[0], k[1]); !got.Equal(w) {
-				t.Errorf("%s: ChangedAt(%s, %s) = %v, want %v", name, k[0], k[1], got, w)
-			}
+	for _, tt := range []struct {
+		region, tenant string
+		ago            time.Duration
+		ratio          float64
+		ok             bool
+	}{
+		{"us-east", "a", 10*time.Second + time.Second, 0.5, true},
+		{"eu-west", "a", 5*time.Second + time.Second, 0.8, true}, // its own 30 s ago folded with everyone's 5 s ago
+		{"eu-west", "b", 5*time.Second + time.Second, 0.9, true},
+		{"us-east", "b", 0, 0, false},
+		{"ap-south", "a", 0, 0, false},
+	} {
+		ago, ratio, ok := s.Raise(tt.region, tt.tenant, time.Second)
+		if ago != tt.ago || ratio != tt.ratio || ok != tt.ok {
+			t.Errorf("Raise(%s, %s) = %v, %v, %v; want %v, %v, %v", tt.region, tt.tenant, ago, ratio, ok, tt.ago, tt.ratio, tt.ok)
 		}
 	}
-	var zero time.Time
-	a := snap([]Rule{rule("a", 10), rule("b", 10)}, []Share{share("c", 0.5)}).Since(nil, t0)
-	check("first snapshot", a, map[[2]string]time.Time{{us, "a"}: zero, {eu, "b"}: zero, {us, "c"}: zero})
-
-	b := snap([]Rule{rule("a", 20), rule("b", 5)}, []Share{share("c", 0.5), share("d", 0.3)}).Since(a, t1)
-	check("a raised, b lowered, d's share added in us-east", b, map[[2]string]time.Time{
-		{us, "a"}: t1, {eu, "a"}: t1, {us, "b"}: zero, {eu, "b"}: zero, {us, "c"}: zero, {us, "d"}: t1, {eu, "d"}: zero,
-	})
-	c := snap([]Rule{rule("a", 20), rule("b", 5)}, []Share{share("d", 0.2)}).Since(b, t2)
-	check("c's override cleared, d's lowered", c, map[[2]string]time.Time{
-		{us, "a"}: t1, {us, "c"}: t2, {eu, "c"}: zero, {us, "d"}: t1,
-	})
-	global := Share{Scope: GlobalScope, Region: us, Share: 0.6, Source: SourceOverride}
-	d := snap([]Rule{rule("a", 20), rule("b", 5)}, []Share{share("d", 0.2), global}).Since(c, t3)
-	check("a global share set in us-east", d, map[[2]string]time.Time{
-		{us, "a"}: t3, {us, "b"}: t3, {us, "z"}: t3, {eu, "b"}: zero, {eu, "a"}: t1,
-	})
 }

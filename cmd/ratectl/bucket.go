@@ -7,6 +7,7 @@ import (
 	"io"
 	"math"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -48,18 +49,18 @@ type bucketLimit struct {
 type bucketState struct {
 	Key    string `json:"key"`
 	Exists bool   `json:"exists"`
-	// Tokens is the stored count at LastRefill; null when the key does not exist (a
+	// FullAt is when the stored bucket is full again, and StoredCapacity and
+	// StoredRefill the rule it was written under; null when the key does not exist (a
 	// missing bucket is a full one).
-	Tokens     *float64   `json:"tokens"`
-	LastRefill *time.Time `json:"last_refill"`
+	FullAt         *time.Time `json:"full_at"`
+	StoredCapacity *float64   `json:"stored_capacity"`
+	StoredRefill   *float64   `json:"stored_refill"`
 	// TTLMillis is the key's remaining time to live; null when it does not exist.
 	TTLMillis *int64 `json:"ttl_ms"`
 	// TokensNow is the count after refilling up to RedisTime (null without a limit);
 	// FullInMillis is how long until the bucket is full if nothing is taken.
 	TokensNow    *float64 `json:"tokens_now"`
 	FullInMillis *int64   `json:"full_in_ms"`
-	// startsEmpty: a shard i >= 1, which has no rule record, so a missing one is empty.
-	startsEmpty bool
 }
 
 type bucketOptions struct {
@@ -169,7 +170,7 @@ func (a *app) bucketInspect(cmd *cobra.Command, o bucketOptions) error {
 	}
 
 	keys := lua.Keys{Prefix: o.prefix}
-	names := []lua.Ref{keys.Bucket(o.tenant, o.route)}
+	names := []string{keys.Bucket(o.tenant, o.route)}
 	limits := []*bucketLimit{limit}
 	shardLimit := limit
 	switch {
@@ -227,51 +228,47 @@ func (quietRedisLogger) Printf(context.Context, string, ...any) {}
 // readBuckets reads each bucket named in names, and Redis TIME, in one MULTI/EXEC, so
 // all figures are of one instant on the buckets' own clock; limits[i] (nil when
 // unknown) is the size of bucket i. Its tokens now come from lua's own reader
-// (TokenBucket.Inspect: the scripts' maths, rule record included), not from a copy of
-// the refill maths here. Nothing is written.
-func readBuckets(ctx context.Context, rdb *redis.Client, names []lua.Ref, limits []*bucketLimit) (bucketReport, error) {
+// (TokenBucket.Inspect: the scripts' maths), not from a copy of the refill maths here.
+// Nothing is written.
+func readBuckets(ctx context.Context, rdb *redis.Client, names []string, limits []*bucketLimit) (bucketReport, error) {
 	var (
 		timeCmd *redis.TimeCmd
-		hashes  = make([]*redis.MapStringStringCmd, len(names))
+		values  = make([]*redis.StringCmd, len(names))
 		ttls    = make([]*redis.DurationCmd, len(names))
 	)
 	_, err := rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
 		timeCmd = p.Time(ctx)
 		for i, k := range names {
-			hashes[i] = p.HGetAll(ctx, k.Key)
-			ttls[i] = p.PTTL(ctx, k.Key)
+			values[i] = p.Get(ctx, k)
+			ttls[i] = p.PTTL(ctx, k)
 		}
 		return nil
 	})
-	if err != nil {
+	if err != nil && !errors.Is(err, redis.Nil) && !redis.HasErrorPrefix(err, "WRONGTYPE") {
 		return bucketReport{}, err
 	}
 	now := timeCmd.Val()
 	rep := bucketReport{RedisTime: now.UTC(), Buckets: []bucketState{}}
 	tb := lua.NewTokenBucket(rdb)
 	for i, k := range names {
-		b := bucketState{Key: k.Key, startsEmpty: k.Record == ""}
+		b := bucketState{Key: k}
 		limit := limits[i]
-		h := hashes[i].Val()
-		tokS, okT := h["tokens"]
-		tsS, okTS := h["ts"]
-		if okT && okTS {
-			tokens, err1 := strconv.ParseFloat(tokS, 64)
-			ts, err2 := strconv.ParseInt(tsS, 10, 64)
-			if err1 != nil || err2 != nil {
-				return bucketReport{}, fmt.Errorf("key %s holds tokens=%q ts=%q: not a bucket", k.Key, tokS, tsS)
+		switch v, err := values[i].Bytes(); {
+		case errors.Is(err, redis.Nil):
+		case err != nil:
+			return bucketReport{}, fmt.Errorf("key %s is not a bucket: %w", k, err)
+		default:
+			st, err := lua.DecodeStored(v)
+			if err != nil {
+				return bucketReport{}, fmt.Errorf("key %s is not a bucket: %w", k, err)
 			}
 			b.Exists = true
-			t := roundTo(tokens, 3)
-			b.Tokens = &t
-			lr := time.UnixMicro(ts).UTC()
-			b.LastRefill = &lr
+			full := st.Full.UTC()
+			b.FullAt, b.StoredCapacity, b.StoredRefill = &full, &st.Capacity, &st.Refill
 			if d := ttls[i].Val(); d >= 0 {
 				ms := d.Milliseconds()
 				b.TTLMillis = &ms
 			}
-		} else if len(h) > 0 {
-			return bucketReport{}, fmt.Errorf("key %s is not a bucket (fields %v)", k.Key, sortedKeys(h))
 		}
 		if limit != nil {
 			st, err := tb.Inspect(ctx, k, limit.Capacity, limit.RefillPerSecond)
@@ -312,14 +309,16 @@ func bucketTable(w io.Writer, rep bucketReport, shard *bucketLimit) {
 			fmt.Fprintln(w)
 		}
 		row(w, "KEY", b.Key)
-		if !b.Exists && b.startsEmpty {
-			row(w, "EXISTS", "no (a missing shard starts empty)")
-		} else if !b.Exists {
-			row(w, "EXISTS", "no (a missing bucket is full)")
+		if !b.Exists {
+			row(w, "EXISTS", "no (a missing bucket is full, unless a raise of the limit holds it back)")
 		} else {
 			row(w, "EXISTS", "yes")
-			row(w, "TOKENS", tokenCell(b.Tokens)+" at last refill")
-			row(w, "LAST REFILL", b.LastRefill.Format(time.RFC3339Nano)+" ("+rep.RedisTime.Sub(*b.LastRefill).Round(time.Millisecond).String()+" ago)")
+			row(w, "STORED RULE", "capacity "+strconv.FormatFloat(*b.StoredCapacity, 'f', -1, 64)+", refill "+strconv.FormatFloat(*b.StoredRefill, 'f', -1, 64)+"/s")
+			when := "full since"
+			if b.FullAt.After(rep.RedisTime) {
+				when = "full at"
+			}
+			row(w, strings.ToUpper(when), b.FullAt.Format(time.RFC3339Nano)+" ("+b.FullAt.Sub(rep.RedisTime).Round(time.Millisecond).String()+" from now)")
 			row(w, "TTL", msCell(b.TTLMillis))
 		}
 		if b.TokensNow != nil {

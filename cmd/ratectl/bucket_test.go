@@ -19,7 +19,7 @@ func normBucket(s string) string {
 	s = normTimes(s)
 	for _, re := range []*regexp.Regexp{
 		regexp.MustCompile(`(?m)^(TTL\s+|FULL IN\s+)\S+$`),
-		regexp.MustCompile(`\(\S+ ago\)`),
+		regexp.MustCompile(`\(\S+ from now\)`),
 		regexp.MustCompile(`("ttl_ms": |"full_in_ms": )\d+`),
 	} {
 		s = re.ReplaceAllString(s, "${1}X")
@@ -68,22 +68,20 @@ func TestBucketInspect(t *testing.T) {
 		})
 	}
 
-	// Tokens now = stored + elapsed x refill, on Redis's clock: a bucket at 2.5 tokens
-	// refilled 1 s ago, refilling 2/s, holds 4.5 now (plus the test's own delay).
-	tm, err := rdb.Time(ctx).Result()
-	if err != nil {
+	// Tokens now on Redis's clock, by the scripts' maths: a bucket of 10 refilling 2/s,
+	// 7 tokens taken, is full 3.5 s later and holds 3 now (plus the test's own delay).
+	key := keys.Bucket("shop-c", "r")
+	if _, err := tb.Take(ctx, key, 10, 2, 7); err != nil {
 		t.Fatal(err)
 	}
-	key := keys.Bucket("shop-c", "r")
-	rdb.HSet(ctx, key.Key, "tokens", "2.5", "ts", tm.Add(-time.Second).UnixMicro())
-	rdb.PExpire(ctx, key.Key, time.Minute)
 	r := c.ok("bucket", "inspect", "--tenant", "shop-c", "--route", "r", "--capacity", "10", "--refill", "2", "-o", "json")
 	var rep bucketReport
 	if err := json.Unmarshal([]byte(r.stdout), &rep); err != nil {
 		t.Fatal(err)
 	}
 	b := rep.Buckets[0]
-	if !b.Exists || *b.Tokens != 2.5 || *b.TokensNow < 4.5 || *b.TokensNow > 5 || *b.TTLMillis > 60000 || *b.TTLMillis < 50000 {
+	if !b.Exists || *b.StoredCapacity != 10 || *b.StoredRefill != 2 || *b.TokensNow < 3 || *b.TokensNow > 3.5 ||
+		*b.TTLMillis > 4600 || *b.TTLMillis < 4000 || b.FullAt.Sub(rep.RedisTime) > 3500*time.Millisecond {
 		t.Errorf("bucket = %+v (tokens now %v, ttl %v)", b, *b.TokensNow, *b.TTLMillis)
 	}
 	// Without a size, the stored state only, and a warning.
@@ -92,8 +90,8 @@ func TestBucketInspect(t *testing.T) {
 		t.Errorf("no size: stdout %q stderr %q", r.stdout, r.stderr)
 	}
 	// Not a bucket.
-	rdb.Set(ctx, keys.Bucket("shop-d", "r").Key, "x", 0)
-	checkError(t, c.run("bucket", "inspect", "--tenant", "shop-d", "--route", "r"), exitFailure, "WRONGTYPE", "")
+	rdb.Set(ctx, keys.Bucket("shop-d", "r"), "x", 0)
+	checkError(t, c.run("bucket", "inspect", "--tenant", "shop-d", "--route", "r"), exitFailure, "not a bucket", "")
 
 	redisURL := testenv.RedisURL(rp)
 	rp.Kill()

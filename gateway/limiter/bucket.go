@@ -3,6 +3,8 @@ package limiter
 import (
 	"math"
 	"time"
+
+	"github.com/quotaplane/quotaplane/regions"
 )
 
 // eps absorbs float rounding in token counts, as in lua/token_bucket.lua: ten refills
@@ -40,6 +42,28 @@ func (b *Bucket) Take(now time.Time, capacity int64, refill float64, cost int64)
 	return d
 }
 
+// has reports whether the bucket, refilled to now under lim, holds cost tokens.
+func (b *Bucket) has(now time.Time, lim regions.Limit, cost int64) bool {
+	b.refill(now, float64(lim.Capacity), lim.RefillPerSecond)
+	return b.tokens+eps >= float64(cost)
+}
+
+// decide is Take when take, and otherwise the same refusal Take would give, with
+// nothing taken (the other bucket of a nested request refused).
+func (b *Bucket) decide(now time.Time, lim regions.Limit, cost int64, take bool) Decision {
+	if take {
+		return b.Take(now, lim.Capacity, lim.RefillPerSecond, cost)
+	}
+	b.refill(now, float64(lim.Capacity), lim.RefillPerSecond)
+	d := Decision{Limit: lim.Capacity, RefillPerSecond: lim.RefillPerSecond, Remaining: int64(math.Floor(b.tokens + eps))}
+	if b.tokens+eps < float64(cost) {
+		d.RetryAfter = secondsUp((float64(cost) - b.tokens) / lim.RefillPerSecond)
+	}
+	d.ResetAfter = secondsUp((float64(lim.Capacity) - b.tokens) / lim.RefillPerSecond)
+	d.Remaining = max(d.Remaining, 0)
+	return d
+}
+
 // refill brings the bucket up to now and clips it to capacity c.
 func (b *Bucket) refill(now time.Time, c, refill float64) {
 	t := now.UnixNano()
@@ -51,6 +75,14 @@ func (b *Bucket) refill(now time.Time, c, refill float64) {
 	}
 	if b.tokens > c {
 		b.tokens = c
+	}
+}
+
+// empty makes a bucket that has never been used (last == 0) an empty one at now; it then
+// holds only what it refills from now on. A used bucket is left as it is.
+func (b *Bucket) empty(now time.Time) {
+	if b.last == 0 {
+		b.tokens, b.last = 0, now.UnixNano()
 	}
 }
 

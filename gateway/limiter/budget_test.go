@@ -2,8 +2,6 @@ package limiter
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"net"
 	"testing"
 	"time"
@@ -16,16 +14,17 @@ import (
 )
 
 // unreachableRedis is a limiter whose Redis closes every connection at once (so every
-// call fails fast, without go-redis's background redial), with a frozen clock (no
-// refill) and n instances: every decision comes from the fallback.
-func unreachableRedis(t *testing.T, n int, reg prometheus.Registerer) *Redis {
+// call fails fast, without go-redis's background redial), with a frozen fake clock and n
+// instances, whose breaker is open: every decision comes from the fallback, whose
+// buckets start empty and earn only what the test advances the clock by.
+func unreachableRedis(t *testing.T, n int, reg prometheus.Registerer) (*Redis, *fakeClock) {
 	t.Helper()
 	return unreachableRedisWith(t, Options{Region: "test", Registerer: reg, Instances: func() int { return n }})
 }
 
 // unreachableRedisWith is unreachableRedis with opts (its Now, Timeout and breaker are
 // set here).
-func unreachableRedisWith(t *testing.T, opts Options) *Redis {
+func unreachableRedisWith(t *testing.T, opts Options) (*Redis, *fakeClock) {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -46,8 +45,108 @@ func unreachableRedisWith(t *testing.T, opts Options) *Redis {
 	clock := newFakeClock()
 	rdb := redis.NewClient(&redis.Options{Addr: ln.Addr().String(), ContextTimeoutEnabled: true, MaxRetries: -1})
 	t.Cleanup(func() { _ = rdb.Close() })
-	opts.Now, opts.Timeout, opts.Breaker = clock.Now, time.Second, BreakerOptions{Failures: 1 << 30}
-	return newTestRedis(t, rdb, opts)
+	opts.Now, opts.Timeout = clock.Now, time.Second
+	opts.Breaker = BreakerOptions{Failures: 1, FailureSpan: time.Millisecond, OpenFor: time.Hour}
+	l := newTestRedis(t, rdb, opts)
+	openBreaker(t, l, clock)
+	return l, clock
+}
+
+// openBreaker fails calls (on a key of its own) until the breaker is open: two failures
+// a fake millisecond apart, the breaker's failure span.
+func openBreaker(t *testing.T, l *Redis, clock *fakeClock) {
+	t.Helper()
+	trip := Request{Tenant: "trip", Route: "trip", Limit: regions.Limit{Capacity: 1 << 20, RefillPerSecond: 1}}
+	for i := 0; !l.FallbackActive(); i++ {
+		if i == 10 {
+			t.Fatal("the breaker did not open after 10 failed calls")
+		}
+		mustDecide(t, l, trip)
+		clock.Advance(time.Millisecond)
+	}
+}
+
+// TestFallbackStartsEmpty (issue 21 item 2): a fallback bucket holds nothing it has not
+// earned: it starts empty when first used in an episode and earns this instance's share
+// of the refill, R/N, up to floor(C/N); a key first used late in the episode starts
+// empty then, not with what the episode could have earned for it.
+func TestFallbackStartsEmpty(t *testing.T) {
+	l, clock := unreachableRedis(t, 2, nil)
+	r := Request{Tenant: "t", Route: "r", Limit: regions.Limit{Capacity: 10, RefillPerSecond: 2}} // 5 tokens, 1/s each
+	if n := decideN(t, l, r, 10); n != 0 {
+		t.Fatalf("admitted %d from a bucket first used now, want 0: it starts empty", n)
+	}
+	clock.Advance(3 * time.Second)
+	if n := decideN(t, l, r, 10); n != 3 {
+		t.Fatalf("admitted %d after 3 s at 1/s, want 3", n)
+	}
+	clock.Advance(time.Hour)
+	if n := decideN(t, l, r, 10); n != 5 {
+		t.Fatalf("admitted %d after an hour, want the bucket's 5 (floor(10/2))", n)
+	}
+	late := Request{Tenant: "t", Route: "late", Limit: r.Limit}
+	if n := decideN(t, l, late, 10); n != 0 {
+		t.Fatalf("a key first used an hour into the episode admitted %d, want 0", n)
+	}
+}
+
+// TestFallbackRefusesWhileTheBreakerIsClosed: a call that fails while the breaker is
+// closed (a slow call, a stall shorter than the failure span) is refused, not decided
+// from a bucket: the other gateways still reach Redis, and a second allowance would add
+// to theirs.
+func TestFallbackRefusesWhileTheBreakerIsClosed(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			_ = c.Close()
+		}
+	}()
+	rdb := redis.NewClient(&redis.Options{Addr: ln.Addr().String(), ContextTimeoutEnabled: true, MaxRetries: -1})
+	t.Cleanup(func() { _ = rdb.Close() })
+	l := newTestRedis(t, rdb, Options{Region: "test", Registerer: reg, Breaker: BreakerOptions{Failures: 1 << 30}})
+	r := Request{Tenant: "t", Route: "r", Limit: regions.Limit{Capacity: 10, RefillPerSecond: 1000}}
+	for i := range 20 {
+		if d := mustDecide(t, l, r); d.Allowed || d.Source != SourceFallback || d.RetryAfter <= 0 {
+			t.Fatalf("decision %d with the breaker closed: %+v, want refused by the fallback with a RetryAfter", i, d)
+		}
+	}
+	if v := metricValue(t, reg, "ratelimit_fallback_refused_total", map[string]string{"reason": "breaker_closed"}); v != 20 {
+		t.Errorf("refused{reason=breaker_closed} = %v, want 20", v)
+	}
+}
+
+// TestFallbackEarnsNothingUntilCounted: a gateway the others do not count in their N
+// yet (it has just started) earns nothing: its share would come on top of theirs.
+func TestFallbackEarnsNothingUntilCounted(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	counted := false
+	l, clock := unreachableRedisWith(t, Options{Region: "test", Registerer: reg, Counted: func() bool { return counted }})
+	r := Request{Tenant: "t", Route: "r", Limit: regions.Limit{Capacity: 10, RefillPerSecond: 1}}
+	before := metricValue(t, reg, "ratelimit_fallback_refused_total", map[string]string{"reason": "not_counted"})
+	clock.Advance(time.Hour)
+	if n := decideN(t, l, r, 5); n != 0 {
+		t.Fatalf("admitted %d before the others count this gateway, want 0", n)
+	}
+	if v := metricValue(t, reg, "ratelimit_fallback_refused_total", map[string]string{"reason": "not_counted"}) - before; v != 5 {
+		t.Errorf("refused{reason=not_counted} grew by %v, want 5", v)
+	}
+	counted = true
+	if n := decideN(t, l, r, 1); n != 0 {
+		t.Fatalf("admitted %d once counted, from a bucket first used now, want 0", n)
+	}
+	clock.Advance(3 * time.Second)
+	if n := decideN(t, l, r, 5); n != 3 {
+		t.Fatalf("admitted %d 3 s after being counted at 1/s, want 3", n)
+	}
 }
 
 // TestFallbackRoundsDown (issue 14 item 4): each instance's fallback bucket is
@@ -65,11 +164,13 @@ func TestFallbackRoundsDown(t *testing.T) {
 		{5, 20, 1, true},
 	} {
 		reg := prometheus.NewRegistry()
-		l := unreachableRedis(t, int(tt.n), reg)
+		l, clock := unreachableRedis(t, int(tt.n), reg)
 		r := Request{Tenant: "t", Route: "r", Limit: regions.Limit{Capacity: tt.capacity, RefillPerSecond: 1}}
-		got := int64(decideN(t, l, r, 100))
+		decideN(t, l, r, 1) // the bucket starts empty...
+		clock.Advance(time.Hour)
+		got := int64(decideN(t, l, r, 100)) // ...and an hour fills it
 		if got != tt.want {
-			t.Errorf("capacity %d over %d instances: a fallback bucket admitted %d, want floor = %d", tt.capacity, tt.n, got, tt.want)
+			t.Errorf("capacity %d over %d instances: a full fallback bucket admitted %d, want floor = %d", tt.capacity, tt.n, got, tt.want)
 		}
 		if got*tt.n > max(tt.capacity, tt.n) {
 			t.Errorf("capacity %d over %d instances: %d region-wide", tt.capacity, tt.n, got*tt.n)
@@ -86,8 +187,9 @@ func TestFallbackRoundsDown(t *testing.T) {
 // instances is 25 tokens each; cost-50 requests must not pass at all.
 func TestFallbackNeverClipsCost(t *testing.T) {
 	reg := prometheus.NewRegistry()
-	l := unreachableRedis(t, 4, reg)
+	l, clock := unreachableRedis(t, 4, reg)
 	r := Request{Tenant: "t", Route: "r", Limit: regions.Limit{Capacity: 100, RefillPerSecond: 1}, Cost: 50}
+	clock.Advance(time.Hour)
 	for i := range 10 {
 		d := mustDecide(t, l, r)
 		if d.Allowed || d.Source != SourceFallback || d.RetryAfter <= 0 {
@@ -98,46 +200,68 @@ func TestFallbackNeverClipsCost(t *testing.T) {
 		t.Errorf("ratelimit_fallback_cost_rejections_total = %v, want 10", v)
 	}
 	r.Cost = 25
+	decideN(t, l, r, 1)
+	clock.Advance(time.Hour)
 	if d := mustDecide(t, l, r); !d.Allowed {
-		t.Errorf("cost 25 = the fallback bucket: %+v, want allowed", d)
+		t.Errorf("cost 25 = the full fallback bucket: %+v, want allowed", d)
+	}
+}
+
+// TestDebtKeepsTheCapacityItWasAdmittedUnder (issue 21): N grows from 2 to 5 during the
+// episode; what the fallback admitted under 5 tokens a bucket stays owed whole, not cut
+// to the 2 tokens a bucket holds with 5 instances.
+func TestDebtKeepsTheCapacityItWasAdmittedUnder(t *testing.T) {
+	n := 2
+	l, clock := unreachableRedisWith(t, Options{Region: "test", Instances: func() int { return n }})
+	r := Request{Tenant: "t", Route: "r", Limit: regions.Limit{Capacity: 10, RefillPerSecond: 0.001}}
+	decideN(t, l, r, 1)
+	clock.Advance(time.Hour * 3) // 10.8 tokens at 0.001/s over 2: the 5 of a full bucket
+	if got := decideN(t, l, r, 10); got != 5 {
+		t.Fatalf("admitted %d with N = 2, want 5", got)
+	}
+	n = 5
+	if d := l.fb.owed(bucketID{tenant: "t", route: "r"}, 100).total(); d != 5 {
+		t.Fatalf("owed %d after N went from 2 to 5, want the 5 admitted", d)
 	}
 }
 
 // TestRepaidCountsWhatLuaCharged (issue 14 item 6): the repaid counter counts what the
-// script charged after its -capacity floor, and the rest is counted as written off.
-// The shared bucket is already a whole capacity in debt; the fallback admits 10 while
-// Redis is behind a black hole; the debt of 10 then sent charges nothing.
+// script charged after its -capacity floor, and the rest is counted as written off. The
+// shared bucket is already a whole capacity in debt; the fallback admits 10 while Redis
+// is behind a black hole; the debt of 10 then sent charges nothing.
 func TestRepaidCountsWhatLuaCharged(t *testing.T) {
 	p := testenv.Redis(t)
 	bh := startBlackHole(t, p.Addr())
 	reg := prometheus.NewRegistry()
 	clock := newFakeClock()
 	l := newTestRedis(t, newClient(t, &testenv.Process{Host: "127.0.0.1", Port: bh.port()}), Options{
-		Region: "test", Registerer: reg, Now: clock.Now, Timeout: 100 * time.Millisecond, Breaker: BreakerOptions{Failures: 1 << 30},
+		Region: "test", Registerer: reg, Now: clock.Now, Timeout: 100 * time.Millisecond,
+		Breaker: BreakerOptions{Failures: 1, FailureSpan: time.Millisecond, OpenFor: 200 * time.Millisecond},
 	})
 	ctx := context.Background()
 	if err := l.Load(ctx); err != nil {
 		t.Fatal(err)
 	}
 	r := Request{Tenant: "t", Route: "r", Limit: regions.Limit{Capacity: 10, RefillPerSecond: 0.00001}}
-	rdb := newClient(t, p)
-	key := l.keys.Bucket("t", "r")
-	tm, err := rdb.Time(ctx).Result()
-	if err != nil {
-		t.Fatal(err)
+	drain := r
+	drain.Cost = 10
+	if d := mustDecide(t, l, drain); !d.Allowed { // now empty...
+		t.Fatalf("draining take: %+v", d)
 	}
-	if err := rdb.HSet(ctx, key.Key, "tokens", -10, "ts", tm.UnixMicro(), "c", 10, "r", 0.00001).Err(); err != nil {
-		t.Fatal(err)
-	}
+	setDebt(t, l, r, 10) // ...and a whole capacity in debt
+	repaidBefore := metricValue(t, reg, "ratelimit_fallback_repaid_tokens_total", nil)
 	bh.set(true)
+	openBreaker(t, l, clock)
+	decideN(t, l, r, 1)
+	clock.Advance(1e7 * time.Second) // the fallback bucket (the whole 10: N = 1) refills
 	if n := decideN(t, l, r, 10); n != 10 {
-		t.Fatalf("fallback admitted %d with an unknown (full) fallback bucket of 10, want 10", n)
+		t.Fatalf("fallback admitted %d from a full bucket of 10, want 10", n)
 	}
 	bh.set(false)
 	pollUntil(t, 5*time.Second, "redis answers again", func() bool {
 		return mustDecide(t, l, r).Source == SourceRedis
 	})
-	repaid := metricValue(t, reg, "ratelimit_fallback_repaid_tokens_total", nil)
+	repaid := metricValue(t, reg, "ratelimit_fallback_repaid_tokens_total", nil) - repaidBefore
 	off := metricValue(t, reg, "ratelimit_fallback_debt_written_off_tokens_total", nil)
 	if repaid != 0 || off != 10 {
 		t.Fatalf("repaid %v, written off %v; want 0 charged (the bucket was at -capacity) and 10 written off", repaid, off)
@@ -147,68 +271,57 @@ func TestRepaidCountsWhatLuaCharged(t *testing.T) {
 	}
 }
 
-// TestDroppedDebtIsCounted (issue 14 item 6): the one path that still drops a debt, a
-// fallback bucket evicted past MaxFallbackBuckets while it owes, counts what it dropped.
-func TestDroppedDebtIsCounted(t *testing.T) {
-	reg := prometheus.NewRegistry()
-	l := unreachableRedisWith(t, Options{Region: "test", Registerer: reg, MaxFallbackBuckets: 64}) // one bucket a shard
-	for i := range 1000 {
-		r := Request{Tenant: "t", Route: fmt.Sprintf("r%d", i), Limit: regions.Limit{Capacity: 5, RefillPerSecond: 0.001}}
-		if !mustDecide(t, l, r).Allowed {
-			t.Fatalf("first request of %s rejected", r.Route)
-		}
-	}
-	kept := 0
-	for i := range 1000 {
-		r := Request{Tenant: "t", Route: fmt.Sprintf("r%d", i), Limit: regions.Limit{Capacity: 5, RefillPerSecond: 0.001}}
-		kept += int(l.fb.owed(r, r.Limit))
-	}
-	dropped := metricValue(t, reg, "ratelimit_fallback_debt_dropped_tokens_total", nil)
-	if dropped == 0 || int(dropped)+kept != 1000 {
-		t.Fatalf("dropped %v + still owed %d, want 1000 tokens of debt in all, some dropped", dropped, kept)
-	}
-	if owed := metricValue(t, reg, "ratelimit_fallback_owed_tokens_total", nil); owed != 1000 {
-		t.Fatalf("ratelimit_fallback_owed_tokens_total %v, want the 1000 tokens the fallback admitted", owed)
+// setDebt charges n tokens of debt to r's shared bucket, as a fallback's debt would be.
+func setDebt(t *testing.T, l *Redis, r Request, n int64) {
+	t.Helper()
+	l.fb.debts.add(bucketID{tenant: r.Tenant, route: r.Route}, r.Limit, n)
+	if d := mustDecide(t, l, r); d.Source != SourceRedis || d.Allowed {
+		t.Fatalf("the call that charges the debt: %+v, want refused by redis", d)
 	}
 }
 
-// TestFallbackAfterRaiseStartsFromTheChange: the torture checker's find. A cost-5 route
-// in a region at 2 tokens over 2 instances: every request is refused before Redis is
-// asked (no bucket of 2 can hold 5), so the fallback holds nothing for the key, and a
-// missing bucket reads as full. The share is then raised to 12 tokens while Redis
-// cannot be reached: the missing bucket used to read as full at the new size, 6, and
-// each instance admitted a cost-5 request, 10 tokens where Redis held 2. With the
-// change's time (Options.ChangedAt) it starts from what refilled since.
-func TestFallbackAfterRaiseStartsFromTheChange(t *testing.T) {
+// TestFlushChargesDebtsAtShutdown (issue 21 item 2): a gateway that stops while its
+// fallback owes charges its debts to Redis when Redis answers; when it does not, the
+// tokens are counted as lost.
+func TestFlushChargesDebtsAtShutdown(t *testing.T) {
 	p := testenv.Redis(t)
 	bh := startBlackHole(t, p.Addr())
+	reg := prometheus.NewRegistry()
 	clock := newFakeClock()
-	changed := map[string]time.Time{} // tenant -> when a raise was seen (Options.ChangedAt)
 	l := newTestRedis(t, newClient(t, &testenv.Process{Host: "127.0.0.1", Port: bh.port()}), Options{
-		Region: "test", Now: clock.Now, Timeout: 100 * time.Millisecond, Breaker: BreakerOptions{Failures: 1 << 30},
-		Instances: func() int { return 2 },
-		ChangedAt: func(tenant string) time.Time { return changed[tenant] },
+		Region: "test", Registerer: reg, Now: clock.Now, Timeout: 100 * time.Millisecond,
+		Breaker: BreakerOptions{Failures: 1, FailureSpan: time.Millisecond, OpenFor: time.Hour},
 	})
 	ctx := context.Background()
 	if err := l.Load(ctx); err != nil {
 		t.Fatal(err)
 	}
-	r := Request{Tenant: "t", Route: "r", Limit: regions.Limit{Capacity: 2, RefillPerSecond: 0.05}, Cost: 5}
-	if _, err := l.Decide(ctx, r); !errors.Is(err, ErrInvalidRequest) {
-		t.Fatalf("cost 5 against a capacity of 2: %v, want ErrInvalidRequest", err)
-	}
+	a := Request{Tenant: "t", Route: "a", Limit: regions.Limit{Capacity: 10, RefillPerSecond: 0.001}}
+	v := Request{Tenant: "t", Route: "v", Limit: a.Limit, Value: "10.0.0.1", ValueLimit: regions.Limit{Capacity: 4, RefillPerSecond: 0.001}}
 	bh.set(true)
-	r.Limit, changed["t"] = regions.Limit{Capacity: 12, RefillPerSecond: 0.29}, clock.Now()
-	clock.Advance(time.Second)
-	if d := mustDecide(t, l, r); d.Source != SourceFallback || d.Allowed {
-		t.Fatalf("a cost-5 request 1 s after a raise to 12 tokens (6 per instance, 0.145/s): %+v; want the fallback to refuse it", d)
+	openBreaker(t, l, clock)
+	decideN(t, l, a, 1)
+	decideN(t, l, v, 1)
+	clock.Advance(time.Hour * 3)
+	if n := decideN(t, l, a, 20) + decideN(t, l, v, 20); n != 14 {
+		t.Fatalf("fallback admitted %d, want 10 + 4", n)
 	}
-	clock.Advance(40 * time.Second) // 5.8 tokens have refilled since the change
-	if d := mustDecide(t, l, r); !d.Allowed {
-		t.Fatalf("a cost-5 request 41 s after the raise: %+v; want it admitted", d)
+	fctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	charged, lost := l.Flush(fctx) // Redis still unreachable
+	cancel()
+	if charged != 0 || lost != 18 { // a's 10; v's route bucket 4 and its value bucket 4
+		t.Errorf("flush with Redis unreachable: charged %d, lost %d; want 0 and 18", charged, lost)
 	}
-	r.Tenant = "u" // a tenant whose limits did not change: full, as before
-	if d := mustDecide(t, l, r); !d.Allowed {
-		t.Fatalf("a cost-5 request of an unchanged tenant: %+v; want it admitted from a full bucket", d)
+	if v := metricValue(t, reg, "ratelimit_fallback_debt_lost_tokens_total", nil); v != float64(lost) || lost == 0 {
+		t.Errorf("lost metric %v for %d tokens lost, want them equal and > 0", v, lost)
+	}
+	// Another limiter's debts, flushed with Redis answering.
+	l2 := newTestRedis(t, newClient(t, p), Options{Region: "test2", Registerer: prometheus.NewRegistry(), Now: clock.Now})
+	l2.fb.debts.add(bucketID{tenant: "t", route: "a"}, a.Limit, 6)
+	if charged, lost := l2.Flush(ctx); charged != 6 || lost != 0 {
+		t.Fatalf("flush with Redis answering: charged %d, lost %d; want 6 and 0", charged, lost)
+	}
+	if d := mustDecide(t, l2, Request{Tenant: "t", Route: "a", Limit: a.Limit, Cost: 5}); d.Allowed {
+		t.Errorf("a cost of 5 after 6 of 10 were charged: %+v, want refused", d)
 	}
 }

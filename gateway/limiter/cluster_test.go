@@ -63,7 +63,7 @@ func TestRedisClusterDecisions(t *testing.T) {
 		if d := mustDecide(t, l, r); d.Source != SourceRedis {
 			t.Fatalf("%+v, want a redis decision", d)
 		}
-		n := nodeOf(t, c, keys.Bucket("shop-a", r.Route).Key)
+		n := nodeOf(t, c, keys.Bucket("shop-a", r.Route))
 		if n < 0 {
 			t.Fatalf("bucket of shop-a/%s not in the cluster", r.Route)
 		}
@@ -80,7 +80,7 @@ func TestRedisClusterDecisions(t *testing.T) {
 	}
 	perNode := make([]int, len(c.Nodes))
 	for i := range 16 {
-		if n := nodeOf(t, c, keys.Shard("hot", "r", i).Key); n >= 0 {
+		if n := nodeOf(t, c, keys.Shard("hot", "r", i)); n >= 0 {
 			perNode[n]++
 		}
 	}
@@ -104,12 +104,11 @@ func TestRedisClusterDecisions(t *testing.T) {
 	if err := victim.Kill(); err != nil {
 		t.Fatal(err)
 	}
-	// A route not asked before: the fallback bucket starts full (one asked before holds
-	// what Redis last reported left).
+	// Refused until the breaker opens, then from a fallback bucket that starts empty.
 	r := Request{Tenant: "shop-a", Route: "r-down", Limit: regions.Limit{Capacity: 1000, RefillPerSecond: 1}}
 	for i := range 20 {
-		if d := mustDecide(t, l, r); d.Source != SourceFallback || !d.Allowed {
-			t.Fatalf("decision %d with shop-a's node down: %+v, want allowed by the fallback", i, d)
+		if d := mustDecide(t, l, r); d.Source != SourceFallback {
+			t.Fatalf("decision %d with shop-a's node down: %+v, want the fallback's", i, d)
 		}
 	}
 	if !l.FallbackActive() {
@@ -126,7 +125,7 @@ func TestRedisClusterDecisions(t *testing.T) {
 	pollUntil(t, 15*time.Second, "redis decisions after the node restarted", func() bool {
 		return mustDecide(t, l, r).Source == SourceRedis
 	})
-	if n := nodeOf(t, c, keys.Bucket("shop-a", r.Route).Key); n != tenantNode {
+	if n := nodeOf(t, c, keys.Bucket("shop-a", r.Route)); n != tenantNode {
 		t.Errorf("shop-a's bucket on node %d after the restart, want %d", n, tenantNode)
 	}
 }

@@ -21,9 +21,20 @@ func decideN(t *testing.T, l *Redis, r Request, n int) int {
 	return admitted
 }
 
+// raisedSince is r with a raise at since: what the gateway's snapshot says after a change
+// that may raise r's limit (more shards, a larger capacity), with ratio the old capacity
+// over the new.
+func raisedSince(r Request, since time.Time, ratio float64) Request {
+	r.RaisedAgo, r.RaiseRatio = max(time.Since(since), time.Nanosecond), ratio
+	return r
+}
+
 // TestReshardingConservesTokens (issue 14 item 2): a tenant at its limit (capacity 100,
-// refill 0.01/s) whose rule goes from 1 to 4 to 8 shards, and back to 1, gains no tokens:
-// admitted in total <= C + R*t + 1.
+// refill 0.01/s) whose rule goes from 1 to 4 to 8 shards, and back to 1, and to 8 again,
+// gains no tokens: admitted in total <= C + R*t + 1. Every shard count change is a raise
+// (the gateway's snapshot marks it): shards i >= 1 start from their refill, and the 7
+// shards left over from the first 8 (refilled while the rule had one) do not come back
+// full. Without the raise they do: 223 admitted.
 func TestReshardingConservesTokens(t *testing.T) {
 	p := testenv.Redis(t)
 	l := newTestRedis(t, newClient(t, p), Options{Timeout: time.Second})
@@ -31,7 +42,12 @@ func TestReshardingConservesTokens(t *testing.T) {
 	start := time.Now()
 	admitted := 0
 	for _, shards := range []int{1, 4, 8, 1, 8} {
-		admitted += decideN(t, l, Request{Tenant: "t", Route: "r", Limit: lim, Shards: shards}, 300)
+		changed := time.Now()
+		for range 300 {
+			if mustDecide(t, l, raisedSince(Request{Tenant: "t", Route: "r", Limit: lim, Shards: shards}, changed, 1)).Allowed {
+				admitted++
+			}
+		}
 	}
 	bound := float64(lim.Capacity) + lim.RefillPerSecond*time.Since(start).Seconds() + 1
 	if float64(admitted) > bound {
@@ -51,7 +67,11 @@ func TestShareIncreaseConservesShards(t *testing.T) {
 	big := regions.Limit{Capacity: 100, RefillPerSecond: 0.01}
 	admitted := decideN(t, l, Request{Tenant: "t", Route: "r", Limit: small, Shards: 8}, 50)
 	start := time.Now()
-	admitted += decideN(t, l, Request{Tenant: "t", Route: "r", Limit: big, Shards: 8}, 300)
+	for range 300 {
+		if mustDecide(t, l, raisedSince(Request{Tenant: "t", Route: "r", Limit: big, Shards: 8}, start, 0.04)).Allowed {
+			admitted++
+		}
+	}
 	bound := float64(small.Capacity) + big.RefillPerSecond*time.Since(start).Seconds() + 1
 	if float64(admitted) > bound {
 		t.Fatalf("admitted %d across a share increase (4 -> 8 shards), want at most %.2f", admitted, bound)
@@ -60,7 +80,8 @@ func TestShareIncreaseConservesShards(t *testing.T) {
 
 // TestRuleRaisedAfterIdle (issue 14 item 3): rule 2 tokens / 1 per s, drained; after the
 // old TTL (the key expired) the capacity is raised to 1000: admitted <= the old bucket
-// (2) + the new refill (1/s) since the change + 1.
+// (2) + the new refill (1/s) since the change + 1. The raise reaches the limiter as the
+// gateway's snapshot marks it (Request.RaisedAgo); without it a missing key reads full.
 func TestRuleRaisedAfterIdle(t *testing.T) {
 	p := testenv.Redis(t)
 	rdb := newClient(t, p)
@@ -69,7 +90,7 @@ func TestRuleRaisedAfterIdle(t *testing.T) {
 	if n := decideN(t, l, r, 5); n != 2 {
 		t.Fatalf("admitted %d of a 2-token rule, want 2", n)
 	}
-	key := l.keys.Bucket("t", "r").Key
+	key := l.keys.Bucket("t", "r")
 	ttl := rdb.PTTL(context.Background(), key).Val()
 	if ttl <= 0 || ttl > 4*time.Second {
 		t.Fatalf("PTTL of the drained key %v, want within (0, 4s]", ttl)
@@ -79,7 +100,12 @@ func TestRuleRaisedAfterIdle(t *testing.T) {
 	})
 	r.Limit.Capacity = 1000
 	start := time.Now()
-	n := decideN(t, l, r, 1000)
+	n := 0
+	for range 1000 {
+		if mustDecide(t, l, raisedSince(r, start, 2.0/1000)).Allowed {
+			n++
+		}
+	}
 	if bound := 2 + r.Limit.RefillPerSecond*time.Since(start).Seconds() + 1; float64(n) > bound {
 		t.Fatalf("admitted %d after the rule was raised to 1000 past the old TTL, want at most %.1f", n, bound)
 	}

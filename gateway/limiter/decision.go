@@ -85,11 +85,44 @@ type Request struct {
 	// limiter and the fallback ignore it, and so does a request with a Value.
 	Shards int
 	// Value, when not empty, is a client value (a client IP, a header value, an RLS
-	// descriptor value) that gets a bucket of its own of the rule's size: key
-	// "rl:{tenant}:route:v:<hash>" (lua.Keys.Value: 22 characters of SHA-256 whatever the
-	// value's length). The Local limiter and the fallback key by it too. Any length hashes
-	// to the same key size; the gateway refuses values above MaxValueLen before asking.
+	// descriptor value) whose own bucket, of ValueLimit, is nested inside the tenant's
+	// route bucket: a request is admitted only if both admit, in one script call, and
+	// then takes its cost from both. Key "rl:{tenant}:route:v:<hash>" (lua.Keys.Value:
+	// 22 characters of SHA-256 whatever the value's length). The Local limiter and the
+	// fallback key by it too. The gateway refuses values above MaxValueLen before asking.
 	Value string
+	// ValueLimit is the per-value bucket's limit (already scaled by the region's share);
+	// required with Value.
+	ValueLimit regions.Limit
+	// RaisedAgo, when > 0, says the tenant's limit may have been raised that long ago
+	// (regions.Snapshot.Raise: a larger rule or share, a rule or share added or removed,
+	// more shards), and RaiseRatio is the old capacity over the new (0 when unknown).
+	// Until one fill time has passed, a missing bucket of the request holds at most
+	// RaiseRatio x its capacity plus its refill over RaisedAgo, so a bucket that expired
+	// full under the old limit does not come back full at the new one (a stored one
+	// carries its tokens through the change exactly). A shard other than shard 0 is held
+	// to that as a new one (ratio 0) even when it is stored, so one left over from an
+	// earlier layout, which refilled while unused, does not come back full either.
+	RaisedAgo  time.Duration
+	RaiseRatio float64
+}
+
+// capFor is the most a bucket of lim (shard i of a sharded rule; 0 for any other) may
+// hold now after the request's raise: lua.NoCap when no raise is known or its fill time
+// has passed.
+func (r Request) capFor(lim regions.Limit, shard int) float64 {
+	if r.RaisedAgo <= 0 {
+		return lua.NoCap
+	}
+	ratio := max(0, min(r.RaiseRatio, 1))
+	if shard > 0 {
+		ratio = 0
+	}
+	c := float64(lim.Capacity)*ratio + lim.RefillPerSecond*r.RaisedAgo.Seconds()
+	if !(c < float64(lim.Capacity)) {
+		return lua.NoCap
+	}
+	return c
 }
 
 // ErrInvalidRequest is wrapped by the error of a request no bucket can answer: a
@@ -102,11 +135,8 @@ const MaxValueLen = 256
 
 // cost validates r and returns its cost in tokens (0 means 1).
 func (r Request) cost() (int64, error) {
-	if r.Limit.Capacity < 1 || r.Limit.Capacity > lua.MaxCapacity {
-		return 0, fmt.Errorf("%w %s/%s: capacity %d must be between 1 and %d", ErrInvalidRequest, r.Tenant, r.Route, r.Limit.Capacity, int64(lua.MaxCapacity))
-	}
-	if !(r.Limit.RefillPerSecond > 0) || r.Limit.RefillPerSecond > lua.MaxRefill {
-		return 0, fmt.Errorf("%w %s/%s: refill per second %v must be > 0 and at most %g", ErrInvalidRequest, r.Tenant, r.Route, r.Limit.RefillPerSecond, float64(lua.MaxRefill))
+	if err := checkLimit(r, "", r.Limit); err != nil {
+		return 0, err
 	}
 	cost := r.Cost
 	if cost == 0 {
@@ -115,5 +145,26 @@ func (r Request) cost() (int64, error) {
 	if cost < 1 || cost > r.Limit.Capacity {
 		return 0, fmt.Errorf("%w %s/%s: cost %d must be between 1 and capacity %d", ErrInvalidRequest, r.Tenant, r.Route, r.Cost, r.Limit.Capacity)
 	}
+	if r.Value != "" {
+		if err := checkLimit(r, "value ", r.ValueLimit); err != nil {
+			return 0, err
+		}
+		if cost > r.ValueLimit.Capacity {
+			return 0, fmt.Errorf("%w %s/%s: cost %d must be between 1 and the value's capacity %d", ErrInvalidRequest, r.Tenant, r.Route, r.Cost, r.ValueLimit.Capacity)
+		}
+	}
+	if r.RaisedAgo < 0 || !(r.RaiseRatio >= 0 && r.RaiseRatio <= 1) {
+		return 0, fmt.Errorf("%w %s/%s: raise %v ago with ratio %v (want a duration >= 0 and a ratio in [0, 1])", ErrInvalidRequest, r.Tenant, r.Route, r.RaisedAgo, r.RaiseRatio)
+	}
 	return cost, nil
+}
+
+func checkLimit(r Request, what string, l regions.Limit) error {
+	if l.Capacity < 1 || l.Capacity > lua.MaxCapacity {
+		return fmt.Errorf("%w %s/%s: %scapacity %d must be between 1 and %d", ErrInvalidRequest, r.Tenant, r.Route, what, l.Capacity, int64(lua.MaxCapacity))
+	}
+	if !(l.RefillPerSecond > 0) || l.RefillPerSecond > lua.MaxRefill {
+		return fmt.Errorf("%w %s/%s: %srefill per second %v must be > 0 and at most %g", ErrInvalidRequest, r.Tenant, r.Route, what, l.RefillPerSecond, float64(lua.MaxRefill))
+	}
+	return nil
 }

@@ -1,52 +1,118 @@
 package limiter
 
 import (
-	"math"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/quotaplane/quotaplane/regions"
 )
 
-// fallback decides when Redis cannot, and owns everything that costs: this instance's
+// fallback decides while Redis cannot, and owns everything that costs: this instance's
 // in-memory buckets, each holding 1/N of a rule, and the debts of what they admitted.
-// Two things keep it close to the shared bucket, so that a breaker that opens (or a call
-// that times out) does not hand out a second allowance:
 //
-//   - Every answer from Redis lowers the fallback bucket to this instance's share of
-//     what Redis reported left (remaining / N; observe). A tenant Redis is throttling
-//     meets an empty fallback bucket, not a full one.
-//   - Every token the fallback admits is owed to the shared bucket, and the next call
-//     to Redis for that rule charges it first, in the same script call, into debt if
-//     need be (the debt argument of the scripts). The shared bucket, which went on
-//     refilling while Redis was not asked, does not admit those tokens a second time.
+// The rule it keeps: a fallback bucket never holds more than the shared bucket is known
+// to hold now, and nothing is known of it: any answer from Redis may be stale by the
+// time Redis fails (other gateways take from the same bucket meanwhile), and a new
+// process, or one that has not asked for a key yet, knows nothing at all. So:
 //
-// A debt is cleared only once a reply saying what the script charged was read (settle):
-// a call that failed, timed out or got no answer keeps its debt, even if Redis may run
-// it later (a paused Redis runs it on resume; a HELLO that timed out never sent it).
-// That can charge twice (under-admission), never hand out a second bucket. Every Redis
-// call that may carry a debt goes through Redis.callCharging, the one path that takes a
-// debt (owed), sends it and settles it: the plain, sharded and lease paths alike.
+//   - It decides only during an episode: from the moment this gateway's breaker opens
+//     until it closes. A call that fails while the breaker is closed (one slow call, a
+//     CPU stall) is refused, not decided from a bucket: that costs a 429, never a
+//     second allowance while the other gateways still reach Redis.
+//   - Every bucket starts EMPTY when it is first used in an episode, and earns this
+//     instance's share of the refill, R/N per second, up to floor(C/N) (at least 1). The
+//     N instances together earn the rule's refill, no more. The buckets go when the
+//     episode ends: the next one starts empty again.
+//   - An instance earns nothing until the other gateways of the region count it in
+//     their N (Options.Counted): a gateway that has just started would otherwise earn a
+//     share no one else has given up.
+//   - What it admits is owed to the shared bucket, and the next call to Redis for that
+//     bucket charges it first, in the same script call, into debt if need be (down to
+//     -capacity). A debt decays as the fallback bucket refills (Local.owedBy: what its
+//     refill covered, the shared bucket would have admitted for this instance anyway),
+//     capped by the limit it was admitted under, whatever N has become. It is cleared
+//     only once a reply saying what the script charged was read: a call that failed,
+//     timed out or got no answer keeps it. So an outage's refill is spent once, by the
+//     fallbacks, not again by Redis afterwards.
+//   - When an episode ends, its debts become fixed amounts (as owedBy caps them then),
+//     kept until charged; Redis.Flush charges them at shutdown, and what it cannot
+//     (Redis still down) is counted as lost (ratelimit_fallback_debt_lost_tokens_total).
 //
-// So a fallback episode costs latency, not accuracy: what the N fallback buckets admit
-// beyond their refill is taken off what Redis admits afterwards (see owed for the
-// bound), down to one bucket of debt at the most.
+// So a Redis outage costs a region its bursts and a few hundred milliseconds of refusals
+// while the breaker opens, never more than the rule: during a full outage the region
+// admits at most its refill; during a partial one (some gateways cut off, the others
+// still answered by Redis) the cut gateways add their refill share while it lasts, and
+// what they admit is charged when Redis answers them again.
 type fallback struct {
-	local     *Local
-	instances func() int
-	expected  int
-	openFor   time.Duration                 // the breaker's open interval: the RetryAfter of a cost no fallback bucket holds
-	changedAt func(tenant string) time.Time // Options.ChangedAt; nil: no raise is known
-	m         *redisMetrics
+	episode    atomic.Pointer[Local] // the buckets of the episode in progress; nil while the breaker is closed
+	mu         sync.Mutex
+	ended      []*Local     // episodes ended whose debts are not yet fixed (guarded by mu)
+	endedN     atomic.Int32 // len(ended), read without mu on the hot path
+	debts      *debtTable   // fixed debts of ended episodes
+	instances  func() int
+	expected   int
+	counted    func() bool
+	openFor    time.Duration // the breaker's open interval: the RetryAfter of a refusal
+	maxBuckets int
+	now        func() time.Time
+	m          *redisMetrics
 }
 
 func newFallback(o Options, m *redisMetrics) *fallback {
+	max := o.MaxFallbackBuckets
+	if max <= 0 {
+		max = DefaultMaxBuckets
+	}
 	return &fallback{
-		local:     newLocal(LocalOptions{Now: o.Now, MaxBuckets: o.MaxFallbackBuckets}),
-		instances: o.Instances,
-		expected:  o.ExpectedInstances,
-		openFor:   o.Breaker.OpenFor,
-		changedAt: o.ChangedAt,
-		m:         m,
+		debts:      newDebtTable(max),
+		instances:  o.Instances,
+		expected:   o.ExpectedInstances,
+		counted:    o.Counted,
+		openFor:    o.Breaker.OpenFor,
+		maxBuckets: max,
+		now:        o.Now,
+		m:          m,
+	}
+}
+
+// begin starts an episode: the breaker left the closed state. Every bucket starts anew.
+// It is called under the breaker's lock, so it only swaps a pointer.
+func (f *fallback) begin() {
+	if f.episode.Load() == nil {
+		f.episode.Store(newLocal(LocalOptions{Now: f.now, MaxBuckets: f.maxBuckets}, true))
+	}
+}
+
+// end ends the episode: the breaker closed. Its buckets go once their debts are fixed
+// (fix, on the next call). It is called under the breaker's lock.
+func (f *fallback) end() {
+	ep := f.episode.Swap(nil)
+	if ep == nil {
+		return
+	}
+	f.mu.Lock()
+	f.ended = append(f.ended, ep)
+	f.endedN.Store(int32(len(f.ended)))
+	f.mu.Unlock()
+}
+
+// fix turns the debts of ended episodes into fixed amounts in the debt table, so their
+// buckets can go.
+func (f *fallback) fix() {
+	if f.endedN.Load() == 0 {
+		return
+	}
+	f.mu.Lock()
+	ended := f.ended
+	f.ended = nil
+	f.endedN.Store(0)
+	f.mu.Unlock()
+	now := f.now()
+	for _, ep := range ended {
+		for _, o := range ep.drainOwed(now) {
+			f.debts.add(o.id, o.lim, o.tokens)
+		}
 	}
 }
 
@@ -61,8 +127,8 @@ func (f *fallback) n() int {
 // fallbackLimit is this instance's 1/N of lim (n = instances), rounded DOWN:
 // floor(capacity/n) tokens, refill/n, so the n fallback buckets together never hold more
 // than the regional capacity. A rule with fewer tokens than instances keeps one token
-// per instance (a bucket of 0 would reject everything), the one case where the region
-// may admit more than its capacity (n tokens), counted by
+// per instance (a bucket of 0 would reject everything), the one case where the region's
+// fallbacks may hold more than its capacity (n tokens), counted by
 // ratelimit_fallback_min_capacity_total.
 func fallbackLimit(lim regions.Limit, n int) regions.Limit {
 	if n <= 1 {
@@ -71,39 +137,34 @@ func fallbackLimit(lim regions.Limit, n int) regions.Limit {
 	return regions.Limit{Capacity: max(1, lim.Capacity/int64(n)), RefillPerSecond: lim.RefillPerSecond / float64(n)}
 }
 
-// decide decides r with this instance's 1/N of the rule and records what it admits as
-// owed to the shared bucket. A cost above the fallback bucket's capacity is rejected,
-// never clipped (that would admit the request for fewer tokens than it costs); it may
-// pass again once Redis answers.
+// decide decides r, whose call to Redis failed or was not made (the breaker), with this
+// instance's 1/N of the rule (and of the value's), and records what it admits as owed.
+// Outside an episode, before the instance is counted, or for a cost above the fallback
+// bucket (never clipped into a cheaper pass), it refuses.
 func (f *fallback) decide(r Request, cost int64) Decision {
 	n := f.n()
 	lim := fallbackLimit(r.Limit, n)
+	refuse := Decision{Limit: lim.Capacity, RefillPerSecond: lim.RefillPerSecond, RetryAfter: f.openFor, Source: SourceFallback}
+	ep := f.episode.Load()
+	switch {
+	case ep == nil:
+		f.m.refused[refuseClosed].Inc()
+		return refuse
+	case f.counted != nil && !f.counted():
+		f.m.refused[refuseUncounted].Inc()
+		return refuse
+	}
 	if n > 1 && r.Limit.Capacity < int64(n) {
-		// Fewer tokens than instances: together they may admit up to n, not capacity.
-		f.m.minCapacity.Inc()
+		f.m.minCapacity.Inc() // fewer tokens than instances: together they may hold n
 	}
-	if cost > lim.Capacity {
+	vlim := fallbackLimit(r.ValueLimit, n)
+	if cost > lim.Capacity || (r.Value != "" && cost > vlim.Capacity) {
 		f.m.costAboveFallback.Inc()
-		return Decision{Limit: lim.Capacity, RefillPerSecond: lim.RefillPerSecond, RetryAfter: f.openFor, Source: SourceFallback}
+		return refuse
 	}
-	now := f.local.now()
-	var d Decision
-	f.local.update(now, idOf(r), lim, func(e entry, owed int64) (entry, int64, bool) {
-		if e.b.last == 0 && f.changedAt != nil {
-			// A bucket this instance holds nothing for reads as full, at the limit in
-			// force now. After a raise that is more than the shared bucket holds (its
-			// rule record grows it at the new refill from the change), so it starts from
-			// what refilled since the change, which is never more.
-			if since := f.changedAt(r.Tenant); !since.IsZero() {
-				e.b.lower(now, lim.Capacity, lim.RefillPerSecond, lim.RefillPerSecond*max(0, now.Sub(since).Seconds()))
-			}
-		}
-		d = e.b.Take(now, lim.Capacity, lim.RefillPerSecond, cost)
-		if d.Allowed {
-			owed += cost
-		}
-		return e, owed, true
-	})
+	plain := r
+	plain.RaisedAgo = 0 // its buckets start empty: a raise can hold them to no less
+	d := ep.take(f.now(), plain, lim, vlim, cost, true)
 	if d.Allowed {
 		f.m.owed.Add(float64(cost))
 	}
@@ -111,75 +172,63 @@ func (f *fallback) decide(r Request, cost int64) Decision {
 	return d
 }
 
-// observe lowers the fallback bucket of r to this instance's share of remaining, the
-// whole rule's tokens left as Redis just reported them. It never raises the bucket. A
-// missing (full) bucket is added whenever the share is below full: a fallback that
-// started full while Redis held less would admit, in an outage, tokens Redis had
-// already given out, and a debt charged afterwards cannot take back what was admitted
-// within the window. (Local evicts buckets once they are full again, so a healthy
-// gateway holds buckets only for keys used within their time-to-fill.)
-func (f *fallback) observe(r Request, remaining int64) {
-	n := f.n()
-	lim := fallbackLimit(r.Limit, n)
-	share := float64(remaining) / float64(max(n, 1))
-	if share >= float64(lim.Capacity) {
-		return // a missing bucket is full: nothing to lower
-	}
-	now := f.local.now()
-	f.local.update(now, idOf(r), lim, func(e entry, owed int64) (entry, int64, bool) {
-		e.b.lower(now, lim.Capacity, lim.RefillPerSecond, share)
-		return e, owed, true
-	})
+// taken is a debt owed took: from the fixed debts of ended episodes, and from a bucket of
+// the episode in progress (the probes of a half-open breaker), with that bucket's debt.
+type taken struct {
+	fixed, live int64
+	ep          *Local
+	o           owing
 }
 
-// owed takes what the fallback admitted for r since Redis last answered, to be charged
-// to the shared bucket (holding lim: the rule's, or one shard's) by the next call; the
-// caller must settle it.
-//
-// The debt is at most what the fallback bucket is short of full: the fallback refills
-// at this instance's share of the rule while it admits, and admissions that its refill
-// has covered since are no more than the shared bucket would have admitted for this
-// instance meanwhile. So a debt decays as the bucket refills, and is void once it is
-// full; N instances together never charge more than their admissions beyond the rule.
-// Past lim.Capacity (the most debt a bucket holds) the rest stays owed, for the next
-// call (another shard of a sharded rule).
-func (f *fallback) owed(r Request, lim regions.Limit) int64 {
-	if f.local.owing.Load() == 0 {
-		return 0 // the usual case: no bucket owes anything
+func (t taken) total() int64 { return t.fixed + t.live }
+
+// owed takes what the fallback admitted for the bucket id and is still owed, at most n
+// (a call charges at most twice its bucket's capacity: the script floors at -capacity),
+// to be sent with a call; the caller settles it.
+func (f *fallback) owed(id bucketID, n int64) taken {
+	f.fix()
+	t := taken{fixed: f.debts.take(id, n)}
+	if ep := f.episode.Load(); ep != nil && t.fixed < n {
+		t.ep = ep
+		t.live, t.o = ep.owedBy(id, f.now(), n-t.fixed)
 	}
-	now := f.local.now()
-	flim := fallbackLimit(r.Limit, f.n())
-	var debt int64
-	f.local.update(now, idOf(r), flim, func(e entry, owed int64) (entry, int64, bool) {
-		if owed <= 0 {
-			return e, 0, false
-		}
-		c := float64(flim.Capacity)
-		e.b.refill(now, c, flim.RefillPerSecond)
-		short := int64(math.Ceil(c - e.b.tokens - eps))
-		owed = max(0, min(owed, short))
-		debt = min(owed, lim.Capacity)
-		return e, owed - debt, false
-	})
-	return debt
+	return t
 }
 
 // settle ends a debt that owed took: with a reply read (answered), the script charged
-// charged of it, counted as repaid, and the rest (clipped by the bucket's -capacity
-// floor) as written off; without one, the call did not count and the whole debt stays
-// owed.
-func (f *fallback) settle(r Request, debt int64, answered bool, charged int64) {
+// charged of it, counted as repaid; the rest was clipped by the bucket's -capacity floor,
+// and with it whatever the bucket still owes is written off (a bucket a whole capacity
+// in debt admits nothing for a fill time already). Without a reply the call did not
+// count and the whole debt is owed again, where it was: a debt of the episode in
+// progress goes on decaying with its bucket.
+func (f *fallback) settle(id bucketID, lim regions.Limit, t taken, answered bool, charged int64) {
+	debt := t.total()
 	if debt == 0 {
-		return // a counter's Add is an atomic write: not for every decision
+		return
 	}
 	if !answered {
-		f.local.update(f.local.now(), idOf(r), fallbackLimit(r.Limit, f.n()), func(e entry, owed int64) (entry, int64, bool) {
-			return e, owed + debt, false
-		})
+		f.debts.add(id, lim, t.fixed)
+		if t.live > 0 {
+			t.o.tokens = t.live
+			t.ep.reowe(id, t.o)
+		}
 		return
 	}
 	f.m.repaid.Add(float64(charged))
 	if debt > charged {
-		f.m.writtenOff.Add(float64(debt - charged))
+		rest := f.debts.take(id, 1<<62)
+		f.m.writtenOff.Add(float64(debt - charged + rest))
 	}
+}
+
+// drain fixes every debt, the episode in progress's too, and removes them all (a
+// flush).
+func (f *fallback) drain() []owedBucket {
+	if ep := f.episode.Load(); ep != nil {
+		for _, o := range ep.drainOwed(f.now()) {
+			f.debts.add(o.id, o.lim, o.tokens)
+		}
+	}
+	f.fix()
+	return f.debts.drain()
 }

@@ -99,7 +99,8 @@ type leaseShard struct {
 	_  [48]byte // one 64-byte cache line per shard
 }
 
-// hotKey is one tracked key; its fields are guarded by its shard's mutex.
+// hotKey is one tracked key; its fields are guarded by its shard's mutex, and only next
+// and refilled (the lease's transitions) change its lease.
 type hotKey struct {
 	tenant, route string
 
@@ -109,18 +110,27 @@ type hotKey struct {
 	prevRate  float64
 
 	// The lease.
-	held         int64 // tokens leased and not yet spent
-	expires      int64 // held tokens may be spent before this time (Unix ns)
-	batch        int64 // the batch of the last lease; 0 when not leasing
-	instances    int
-	key          lua.Ref       // the bucket (or shard) the held tokens came from
-	lim          regions.Limit // that bucket's limit, for Return
-	refilling    bool          // a lease call is out; wait is closed when it returns
-	wait         chan struct{}
-	blockedUntil int64 // the shared bucket was empty: no lease call before this
-	remaining    int64 // the shared bucket's remaining tokens at the last lease call
-	resetAt      int64 // when the shared bucket is full, per the last lease call
+	state        leaseState
+	held         int64         // tokens leased and not yet spent
+	expires      int64         // held tokens may be spent before this time (Unix ns)
+	batch        int64         // the batch of the last lease; 0 when not leasing
+	instances    int           // the N the batch was sized for
+	key          string        // the bucket (or shard) the held tokens came from
+	lim          regions.Limit // that bucket's limit, for a return
+	wait         chan struct{} // closed when the lease call out (state refilling) returns
+	blockedUntil int64         // the shared bucket was empty: no lease call before this
+	remaining    int64         // the shared bucket's remaining tokens at the last lease call
+	resetAt      int64         // when the shared bucket is full, per the last lease call
 }
+
+// leaseState is where a hot key's lease is.
+type leaseState uint8
+
+const (
+	leaseNone      leaseState = iota // not leasing: Redis decides the key's requests
+	leaseHolding                     // tokens held (maybe none) until expires
+	leaseRefilling                   // a lease call is out; the others wait for it
+)
 
 func newLeaseTable(o LeaseOptions, now func() time.Time) *leaseTable {
 	t := &leaseTable{
@@ -189,7 +199,7 @@ func (t *leaseTable) insertLocked(s *leaseShard, h uint64, tenant, route string,
 			seen    int
 		)
 		for kh, k := range s.m {
-			if !k.refilling && (k.held == 0 || now >= k.expires) {
+			if k.state != leaseRefilling && (k.held == 0 || now >= k.expires) {
 				if r := k.rate(now); r < coldest {
 					victim, coldest, found = kh, r, true
 				}
@@ -221,82 +231,171 @@ func (k *hotKey) decision(lim regions.Limit, now int64, allowed bool) Decision {
 	return d
 }
 
-// decideLease answers r from this instance's lease on its key, taking or topping up
-// the lease when the key is hot. ok is false when the key is not leased (cold, untracked,
-// or a rule too small to lease): the caller decides with Redis.
-func (l *Redis) decideLease(ctx context.Context, r Request, cost int64, shards int) (d Decision, ok bool) {
-	t := l.leases
-	h, s := t.key(r.Tenant, r.Route)
-	s.mu.Lock()
-	k := s.m[h]
-	if k != nil && (k.tenant != r.Tenant || k.route != r.Route) {
-		s.mu.Unlock() // a hash collision: the slot is another key's
-		return Decision{}, false
+// leaseAction is what a request on a leased key does next (leaseStep).
+type leaseAction uint8
+
+const (
+	actRedis  leaseAction = iota // not leased (cold, too small, or a cost above a batch): Redis decides
+	actSpend                     // spent from the lease: the answer is d
+	actReject                    // the shared bucket is known to be empty: the answer is d
+	actWait                      // another request's lease call is out: wait for it, then look again
+	actRefill                    // this request tops the lease up with a call, then looks again
+	actReturn                    // give n tokens back to key; then look again (trim) or let Redis decide (cooled)
+)
+
+// leaseStep is one transition's outcome: the action and what it needs.
+type leaseStep struct {
+	act   leaseAction
+	d     Decision      // actSpend, actReject
+	wait  chan struct{} // actWait
+	want  int64         // actRefill: tokens to ask for
+	batch int64         // actRefill: the batch being filled
+	n     int           // actRefill: the N it is sized for
+	key   string        // actReturn
+	lim   regions.Limit // actReturn
+	give  int64         // actReturn
+	again bool          // actReturn: look again after it (a trim, not a cooled key)
+}
+
+// next is the lease's one transition for a request of cost at now, with the shard's
+// mutex held: spend, refuse, wait, refill, return or leave it to Redis, in that order of
+// preference. It never does I/O; the caller does what the step says outside the lock.
+func (t *leaseTable) next(k *hotKey, lim regions.Limit, cost int64, shards, instances int, now int64) leaseStep {
+	switch {
+	case k.state == leaseHolding && k.held >= cost && now < k.expires:
+		k.held -= cost
+		return leaseStep{act: actSpend, d: k.decision(lim, now, true)}
+	case k.state == leaseRefilling:
+		return leaseStep{act: actWait, wait: k.wait}
+	case k.batch > 0 && now < k.blockedUntil:
+		return leaseStep{act: actReject, d: k.decision(lim, now, false)}
 	}
-	if k == nil && rand.Uint32N(admitEvery) != 0 {
-		s.mu.Unlock() // the clock is read only for tracked keys
-		return Decision{}, false
-	}
-	now := t.now().UnixNano()
-	if k == nil {
-		if k = t.insertLocked(s, h, r.Tenant, r.Route, now); k == nil {
-			s.mu.Unlock()
-			return Decision{}, false
+	b := t.batchFor(k, lim, instances, shards, now)
+	switch {
+	case b > 0 && cost > b:
+		return leaseStep{act: actRedis} // a request larger than a batch: Redis decides it, the lease stays
+	case b == 0:
+		// Cold, or too small to lease: unspent tokens go back, Redis decides.
+		step := leaseStep{act: actRedis}
+		if k.held > 0 {
+			step = leaseStep{act: actReturn, key: k.key, lim: k.lim, give: k.held}
 		}
+		k.state, k.held, k.batch, k.expires, k.blockedUntil = leaseNone, 0, 0, 0, 0
+		return step
+	case k.held > b:
+		// The batch shrank (fewer requests, more instances): give the excess back.
+		step := leaseStep{act: actReturn, key: k.key, lim: k.lim, give: k.held - b, again: true}
+		k.held, k.expires = b, now+t.ttl
+		return step
 	}
-	k.observe(now, cost)
+	k.state, k.wait = leaseRefilling, make(chan struct{})
+	return leaseStep{act: actRefill, want: b - k.held, batch: b, n: instances}
+}
+
+// leaseResult is what a lease call (one or two shards) brought back.
+type leaseResult struct {
+	answered bool
+	granted  int64
+	calls    int
+	key      string
+	lim      regions.Limit
+	res      lua.Outcome // the sum over the shards asked, for backoff
+}
+
+// refilled applies a lease call's result to k, with the shard's mutex held, and wakes the
+// requests that waited for it.
+func (t *leaseTable) refilled(k *hotKey, step leaseStep, lr leaseResult, shards int, lim regions.Limit, now int64) {
+	k.state = leaseHolding
+	close(k.wait)
+	if !lr.answered {
+		return
+	}
+	// Held tokens from two shards go back to the last one; a return clips at its
+	// capacity, which can only lose tokens, never add any.
+	k.held += lr.granted
+	k.key, k.lim = lr.key, lr.lim
+	k.batch, k.instances = step.batch, step.n
+	k.expires = now + t.ttl
+	remaining := lr.res.Buckets[0].Remaining
+	k.remaining, k.resetAt = remaining, now+int64(lr.res.Buckets[0].ResetAfter)
+	if wait := backoff(lr.granted, step.want, remaining, lr.res.RetryAfter, shards, lr.calls, step.n, step.batch, lim.RefillPerSecond); wait > 0 {
+		k.blockedUntil = now + int64(wait)
+	}
+}
+
+// decideLease answers r from this instance's lease on its key, taking or topping up the
+// lease when the key is hot. ok is false when the key is not leased (cold, untracked, or
+// a rule too small to lease): the caller decides with Redis. The lease's state changes
+// only in next and refilled, each called under the key's shard lock; what a step needs
+// (a Redis call, a wait) happens outside it.
+func (l *Redis) decideLease(ctx context.Context, r Request, cost int64, shards int) (Decision, bool) {
+	t := l.leases
+	k, s := t.track(r.Tenant, r.Route, cost)
+	if k == nil {
+		return Decision{}, false
+	}
 	// Many requests may wait for one refill of a batch that serves only some of them;
 	// the others take their turn (refill, or wait for the next one), bounded by the
 	// timeout of a Redis call, and only then ask Redis themselves.
 	deadline := time.Now().Add(l.timeout)
 	for {
-		if k.held >= cost && now < k.expires {
-			k.held -= cost
-			d := k.decision(r.Limit, now, true)
-			s.mu.Unlock()
-			return d, true
-		}
-		if now < k.blockedUntil && k.batch > 0 {
-			d := k.decision(r.Limit, now, false)
-			s.mu.Unlock()
+		s.mu.Lock()
+		step := t.next(k, r.Limit, cost, shards, l.fb.n(), t.now().UnixNano())
+		s.mu.Unlock()
+		switch step.act {
+		case actSpend:
+			return step.d, true
+		case actReject:
 			l.m.leaseRejected.Inc()
-			return d, true
-		}
-		b := t.batchFor(k, r.Limit, l.fb.n(), shards, now)
-		if b > 0 && cost > b {
-			s.mu.Unlock() // a request larger than a batch: Redis decides it, the lease stays
+			return step.d, true
+		case actRedis:
 			return Decision{}, false
-		}
-		if b == 0 {
-			// Cold, or too small to lease: unspent tokens go back, Redis decides.
-			held, key, lim := k.held, k.key, k.lim
-			k.held, k.batch, k.expires, k.blockedUntil = 0, 0, 0, 0
-			s.mu.Unlock()
-			if held > 0 {
-				l.giveBack(ctx, key, lim, held)
-			}
-			return Decision{}, false
-		}
-		if k.refilling {
-			w := k.wait
-			s.mu.Unlock()
-			if !waitRefill(ctx, w, deadline) {
+		case actReturn:
+			l.giveBack(ctx, step.key, step.lim, step.give)
+			if !step.again {
 				return Decision{}, false
 			}
+		case actWait:
+			if !waitRefill(ctx, step.wait, deadline) {
+				return Decision{}, false
+			}
+		case actRefill:
+			lr := l.leaseCall(ctx, r, step.want, shards)
 			s.mu.Lock()
-			now = t.now().UnixNano()
-			continue
+			t.refilled(k, step, lr, shards, r.Limit, t.now().UnixNano())
+			s.mu.Unlock()
+			if !lr.answered {
+				return l.fb.decide(r, cost), true
+			}
 		}
 		if time.Now().After(deadline) {
-			s.mu.Unlock()
 			return Decision{}, false
 		}
-		if !l.refillLocked(ctx, s, k, r.Limit, shards, b) {
-			s.mu.Unlock()
-			return l.fb.decide(r, cost), true
-		}
-		now = t.now().UnixNano()
 	}
+}
+
+// track finds or starts tracking (tenant, route)'s hot key and counts cost tokens asked
+// for, or returns nil: an untracked key is admitted on 1 in admitEvery decisions, a hash
+// collision with another key's slot or a full shard leaves it untracked.
+func (t *leaseTable) track(tenant, route string, cost int64) (*hotKey, *leaseShard) {
+	h, s := t.key(tenant, route)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	k := s.m[h]
+	if k != nil && (k.tenant != tenant || k.route != route) {
+		return nil, nil // a hash collision: the slot is another key's
+	}
+	if k == nil && rand.Uint32N(admitEvery) != 0 {
+		return nil, nil // the clock is read only for tracked keys
+	}
+	now := t.now().UnixNano()
+	if k == nil {
+		if k = t.insertLocked(s, h, tenant, route, now); k == nil {
+			return nil, nil
+		}
+	}
+	k.observe(now, cost)
+	return k, s
 }
 
 // waitRefill waits for another request's lease call on the same key, until deadline.
@@ -323,80 +422,45 @@ func waitRefill(ctx context.Context, w <-chan struct{}, deadline time.Time) bool
 	}
 }
 
-// refillLocked tops k's lease up to batch b with one Lease call (two for a sharded rule
-// whose first shard could not give half of it), with the shard's mutex held on entry and on
-// return but not during the call. It reports whether Redis answered; if it did not, the
-// failure is counted and the caller decides with the fallback.
-func (l *Redis) refillLocked(ctx context.Context, s *leaseShard, k *hotKey, lim regions.Limit, shards int, b int64) bool {
-	t := l.leases
+// leaseCall takes up to want tokens for r's key with one lease call, and a second on
+// another shard of a sharded rule whose first shard gave less than half of them. It
+// runs without the shard's lock.
+func (l *Redis) leaseCall(ctx context.Context, r Request, want int64, shards int) leaseResult {
 	ctx = context.WithoutCancel(ctx) // a client hanging up must not waste a batch
-	if k.held >= b {
-		// The batch shrank (fewer requests, more instances): give the excess back.
-		excess, key, klim := k.held-b, k.key, k.lim
-		k.held = b
-		k.expires = t.now().UnixNano() + t.ttl
-		if excess > 0 {
-			s.mu.Unlock()
-			l.giveBack(ctx, key, klim, excess)
-			s.mu.Lock()
-		}
-		return true
-	}
-	want := b - k.held
-	n := l.fb.n()
-	k.refilling, k.wait = true, make(chan struct{})
-	s.mu.Unlock()
-
-	key, slim := l.keys.Bucket(k.tenant, k.route), lim
-	var second int
+	first, second := 0, 0
 	if shards > 1 {
-		var first int
 		first, second = twoShards(shards)
-		key, slim = l.keys.Shard(k.tenant, k.route, first), lim.Shard(shards, first)
 	}
+	lim := r.Limit.Shard(shards, first)
+	key := l.keys.Shard(r.Tenant, r.Route, first)
+	id := []bucketID{{tenant: r.Tenant, route: r.Route}}
 	l.m.leaseCalls.Inc()
-	r := Request{Tenant: k.tenant, Route: k.route, Limit: lim}
-	a, answered, _ := l.callCharging(ctx, r, lua.ScriptLease, key, slim, want)
-	granted, calls := a.granted, 1
-	if answered && 2*granted < want && shards > 1 {
+	out, ok, _ := l.callCharging(ctx, lua.OpLease, want, []lua.Bucket{{Key: key, Capacity: lim.Capacity, Refill: lim.RefillPerSecond, Cap: r.capFor(lim, first), CapAll: first > 0}}, id, r)
+	lr := leaseResult{answered: ok, granted: out.Granted, calls: 1, key: key, lim: lim, res: out}
+	if !ok {
+		return lr
+	}
+	if 2*lr.granted < want && shards > 1 {
 		// Less than half a batch: the next shard may have more. (At half or more, a
 		// second call would cost more than the tokens it adds are worth.)
-		calls++
-		key2, lim2 := l.keys.Shard(k.tenant, k.route, second), lim.Shard(shards, second)
+		lim2 := r.Limit.Shard(shards, second)
+		key2 := l.keys.Shard(r.Tenant, r.Route, second)
 		l.m.leaseCalls.Inc()
-		if a2, ok2, _ := l.callCharging(ctx, r, lua.ScriptLease, key2, lim2, want-granted); ok2 {
-			if granted == 0 || a2.granted > 0 {
-				key, slim = key2, lim2 // give back to a shard that had tokens
+		out2, ok2, _ := l.callCharging(ctx, lua.OpLease, want-lr.granted, []lua.Bucket{{Key: key2, Capacity: lim2.Capacity, Refill: lim2.RefillPerSecond, Cap: r.capFor(lim2, second), CapAll: second > 0}}, id, r)
+		if ok2 {
+			lr.calls++
+			if lr.granted == 0 || out2.Granted > 0 {
+				lr.key, lr.lim = key2, lim2 // give back to a shard that had tokens
 			}
-			granted += a2.granted
-			a.res.Remaining += a2.res.Remaining
-			a.res.RetryAfter = min(a.res.RetryAfter, a2.res.RetryAfter)
+			lr.granted += out2.Granted
+			lr.res.Buckets[0].Remaining += out2.Buckets[0].Remaining
+			lr.res.RetryAfter = min(lr.res.RetryAfter, out2.RetryAfter)
 		}
 	}
-	if answered {
-		// What the shards asked hold, spread over all of them: the rule's estimate.
-		l.fb.observe(r, min(lim.Capacity, a.res.Remaining*int64(max(shards, 1))/int64(calls)))
-	}
-
-	s.mu.Lock()
-	k.refilling = false
-	close(k.wait)
-	if !answered {
-		return false
-	}
-	now := t.now().UnixNano()
-	l.m.leaseGranted.Add(float64(granted))
-	// Held tokens from two shards go back to the last one; Return clips at its
-	// capacity, which can only lose tokens, never add any.
-	k.held += granted
-	k.key, k.lim = key, slim
-	k.batch, k.instances = b, n
-	k.expires = now + t.ttl
-	k.remaining, k.resetAt = a.res.Remaining, now+int64(a.res.ResetAfter)
-	if wait := backoff(granted, want, a.res, shards, calls, n, b, lim.RefillPerSecond); wait > 0 {
-		k.blockedUntil = now + int64(wait)
-	}
-	return true
+	l.m.leaseGranted.Add(float64(lr.granted))
+	// What the shards asked hold, spread over all of them: the rule's estimate.
+	lr.res.Buckets[0].Remaining = min(r.Limit.Capacity, lr.res.Buckets[0].Remaining*int64(max(shards, 1))/int64(lr.calls))
+	return lr
 }
 
 // backoff is how long an instance should not ask for a lease again after a lease call
@@ -408,8 +472,8 @@ func (l *Redis) refillLocked(ctx context.Context, s *leaseShard, k *hotKey, lim 
 // together ask about once per batch refilled, and a backlog in the bucket shortens the
 // wait, so tokens do not pile up unspent. For a sharded rule, what the bucket holds is
 // estimated from the shards asked.
-func backoff(granted, want int64, res lua.Result, shards, calls, instances int, batch int64, refill float64) time.Duration {
-	held := float64(res.Remaining)
+func backoff(granted, want, remaining int64, retryAfter time.Duration, shards, calls, instances int, batch int64, refill float64) time.Duration {
+	held := float64(remaining)
 	if shards > 1 {
 		held = held / float64(calls) * float64(shards)
 	}
@@ -419,16 +483,17 @@ func backoff(granted, want int64, res lua.Result, shards, calls, instances int, 
 	}
 	wait := time.Duration(max(missing, 1) / refill * 1e9)
 	if granted == 0 {
-		wait = max(wait, res.RetryAfter)
+		wait = max(wait, retryAfter)
 	}
 	return wait
 }
 
 // giveBack returns n unspent tokens to the bucket at key. A failure loses them (the
 // bucket refills them), which can only under-admit; it is counted with the others.
-func (l *Redis) giveBack(ctx context.Context, key lua.Ref, lim regions.Limit, n int64) {
+func (l *Redis) giveBack(ctx context.Context, key string, lim regions.Limit, n int64) {
 	l.m.returnCalls.Inc()
-	if _, ok, _ := l.call(context.WithoutCancel(ctx), lua.ScriptReturn, key, lim, n, 0); ok {
+	d := lua.Decision{Op: lua.OpReturn, N: n, Buckets: []lua.Bucket{{Key: key, Capacity: lim.Capacity, Refill: lim.RefillPerSecond, Cap: lua.NoCap}}}
+	if _, ok, _ := l.call(context.WithoutCancel(ctx), d); ok {
 		l.m.leaseReturned.Add(float64(n))
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"hash/maphash"
+	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -41,43 +42,42 @@ type LocalOptions struct {
 	Now func() time.Time
 	// MaxBuckets caps the buckets held (0 means DefaultMaxBuckets). Idle buckets are
 	// evicted exactly (see Local); only past this cap is a bucket that is not yet full
-	// evicted, which forgets its debt, and that is counted
-	// (ratelimit_local_evictions_total{reason="capacity"}).
+	// evicted (ratelimit_local_evictions_total{reason="capacity"}).
 	MaxBuckets int
 	// Registerer receives the metrics; nil means they are not registered.
 	Registerer prometheus.Registerer
 }
 
-// Local is an in-memory limiter: a sharded map of Buckets keyed by (tenant, route). It is
-// the whole limiter of a standalone gateway (SourceLocal) and the store of Redis's
-// fallback (SourceFallback).
+// Local is an in-memory limiter: a sharded map of Buckets keyed by (tenant, route,
+// value). It is the whole limiter of a standalone gateway (SourceLocal) and holds the
+// buckets of the Redis limiter's fallback (SourceFallback; see fallback).
 //
-// A bucket is keyed by a 64-bit hash of (tenant, route) with a per-process random seed,
-// not by the strings: 32 bytes a slot and no pointers for the garbage collector to scan
-// in a map of a million buckets. Two pairs share a bucket only if their hashes collide:
-// with a million buckets the chance that any two do is about 3e-8, and the seed keeps
-// anyone from choosing ids that do.
+// A bucket is keyed by a 64-bit hash of (tenant, route, value) with a per-process random
+// seed, not by the strings: 32 bytes a slot and no pointers for the garbage collector to
+// scan in a map of a million buckets. Two keys share a bucket only if their hashes
+// collide: with a million buckets the chance that any two do is about 3e-8, and the seed
+// keeps anyone from choosing ids that do.
 //
 // Memory stays bounded without a background goroutine. A bucket idle until it has
 // refilled to capacity is indistinguishable from a missing bucket (a missing bucket is
-// full), so evicting it changes no decision (while the rule stays the same; a rule that
-// grows meanwhile starts full at its new capacity, as a new rule does). Every insert inspects a few buckets of its
-// shard (Go's randomised map iteration makes them a random sample) and deletes the full
-// ones, as Redis does for expiring keys: with k inspected per insert, at most about 1/k
-// of a shard is dead weight, so a shard holds about the buckets used within their
-// time-to-fill, times k/(k-1). A shard that shrinks to a quarter of its peak is rebuilt,
-// because Go maps keep their memory after deletes. Above MaxBuckets, the closest-to-full
-// sampled bucket is evicted, inexactly, and counted.
+// full, or held to the request's raise cap like a stored one), so evicting it changes no
+// decision. Every insert inspects a few buckets of its shard (Go's randomised map
+// iteration makes them a random sample) and deletes the full ones, as Redis does for
+// expiring keys: with k inspected per insert, at most about 1/k of a shard is dead
+// weight. A shard that shrinks to a quarter of its peak is rebuilt, because Go maps keep
+// their memory after deletes. Above MaxBuckets, the closest-to-full sampled bucket is
+// evicted, inexactly, and counted. The fallback's buckets start empty instead
+// (startEmpty): there an idle bucket is never evicted, only past MaxBuckets.
 //
 // It is safe for concurrent use.
 type Local struct {
-	now    func() time.Time
-	seed   maphash.Seed
-	max    int64        // MaxBuckets: a cap on the whole limiter, not per shard
-	size   atomic.Int64 // buckets held, over every shard
-	shards [localShards]shard
-	m      *localMetrics
-	owing  atomic.Int64 // buckets with a debt (shard.owed), so a fallback with none skips the lookup
+	now        func() time.Time
+	seed       maphash.Seed
+	max        int64        // MaxBuckets: a cap on the whole limiter, not per shard
+	size       atomic.Int64 // buckets held, over every shard
+	startEmpty bool         // a missing bucket is empty (the fallback), not full
+	shards     [localShards]shard
+	m          *localMetrics
 }
 
 type shard struct {
@@ -85,15 +85,21 @@ type shard struct {
 	m    map[uint64]entry
 	peak int
 	hits uint32
+	size *atomic.Int64 // the Local's count of buckets
 	// owed is, for a fallback, what a bucket admitted while Redis could not be asked:
-	// tokens the shared bucket has yet to be charged (fallback.go). Once the bucket is
-	// full again its debt is void (the shared bucket would have refilled as well), so it
-	// goes with the bucket. nil unless some bucket owes, and always in a Local limiter
-	// of its own, so a bucket costs no more for it.
-	owed  map[uint64]int64
-	owing *atomic.Int64 // the Local's count of buckets with a debt
-	size  *atomic.Int64 // the Local's count of buckets
-	_     [8]byte       // 56 + 8 bytes: each shard on its own 64-byte cache line
+	// tokens the shared bucket has yet to be charged (fallback.go), with the bucket's
+	// name and the limit it admitted them under. nil unless some bucket owes, and always
+	// in a standalone Local, so a bucket costs no more for it.
+	owed map[uint64]owing
+	_    [16]byte // 48 + 16 bytes: each shard on its own 64-byte cache line
+}
+
+// owing is one bucket's debt in a fallback's Local.
+type owing struct {
+	tokens int64
+	id     bucketID
+	lim    regions.Limit // the fallback bucket's limit when it last admitted
+	rule   regions.Limit // the shared bucket's (the regional limit), to charge it under
 }
 
 type entry struct {
@@ -103,32 +109,32 @@ type entry struct {
 
 // NewLocal returns a Local limiter. It starts no goroutines.
 func NewLocal(opts LocalOptions) (*Local, error) {
-	l := newLocal(opts)
+	l := newLocal(opts, false)
 	if err := register(opts.Registerer, opts.Region, l.m.collectors(l.Len)...); err != nil {
 		return nil, fmt.Errorf("new local limiter: %w", err)
 	}
 	return l, nil
 }
 
-func newLocal(opts LocalOptions) *Local {
+func newLocal(opts LocalOptions, startEmpty bool) *Local {
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
 	if opts.MaxBuckets <= 0 {
 		opts.MaxBuckets = DefaultMaxBuckets
 	}
-	l := &Local{now: opts.Now, seed: maphash.MakeSeed(), max: int64(opts.MaxBuckets), m: newLocalMetrics()}
+	l := &Local{now: opts.Now, seed: maphash.MakeSeed(), max: int64(opts.MaxBuckets), startEmpty: startEmpty, m: newLocalMetrics()}
 	for i := range l.shards {
 		l.shards[i].m = make(map[uint64]entry)
-		l.shards[i].owing = &l.owing
 		l.shards[i].size = &l.size
 	}
 	return l
 }
 
 // Decide takes r.Cost tokens (0 means 1) from the local bucket of (r.Tenant, r.Route)
-// holding r.Limit. Decisions have SourceLocal. The error is non-nil only for an
-// invalid request (ErrInvalidRequest) or a context that has already ended.
+// holding r.Limit, and from r.Value's bucket nested in it: from both or from neither.
+// Decisions have SourceLocal. The error is non-nil only for an invalid request
+// (ErrInvalidRequest) or a context that has already ended.
 func (l *Local) Decide(ctx context.Context, r Request) (Decision, error) {
 	cost, err := r.cost()
 	if err != nil {
@@ -137,27 +143,22 @@ func (l *Local) Decide(ctx context.Context, r Request) (Decision, error) {
 	if err := ctx.Err(); err != nil {
 		return Decision{}, fmt.Errorf("decide %s/%s: %w", r.Tenant, r.Route, err)
 	}
-	d := l.takeID(l.now(), idOf(r), r.Limit, cost)
+	d := l.take(l.now(), r, r.Limit, r.ValueLimit, cost, false)
 	d.Source = SourceLocal
 	return d, nil
 }
 
 // Len is the number of buckets held.
-func (l *Local) Len() int {
-	n := 0
-	for i := range l.shards {
-		s := &l.shards[i]
-		s.mu.Lock()
-		n += len(s.m)
-		s.mu.Unlock()
-	}
-	return n
-}
+func (l *Local) Len() int { return int(l.size.Load()) }
 
 // Sweep deletes every bucket that is full by now and returns how many. Buckets are
 // evicted as new ones arrive anyway; Sweep is for a caller that wants memory back after
-// a burst of keys with no traffic since (for example on a timer).
+// a burst of keys with no traffic since (for example on a timer). A Local whose buckets
+// start empty keeps them all.
 func (l *Local) Sweep() int {
+	if l.startEmpty {
+		return 0
+	}
 	now := l.now().UnixNano()
 	n := 0
 	for i := range l.shards {
@@ -180,8 +181,6 @@ func (l *Local) Sweep() int {
 // (Request.Value) or "".
 type bucketID struct{ tenant, route, value string }
 
-func idOf(r Request) bucketID { return bucketID{r.Tenant, r.Route, r.Value} }
-
 // key hashes id and picks its shard. Each id is hashed on its own, with the seed (no
 // copy through a Hash's buffer), and the hashes are mixed by odd multipliers, so
 // ("ab", "c") and ("a", "bc"), or ("a", "b") and ("b", "a"), differ. A value, of any
@@ -194,71 +193,170 @@ func (l *Local) key(id bucketID) (uint64, *shard) {
 	return k, &l.shards[k>>58] // the top 6 bits pick one of 64 shards
 }
 
-// take is takeID for a (tenant, route) without a value.
-func (l *Local) take(now time.Time, tenant, route string, lim regions.Limit, cost int64) Decision {
-	return l.takeID(now, bucketID{tenant: tenant, route: route}, lim, cost)
-}
-
-// takeID is the decision of every local bucket, at now, with a validated limit and cost.
-func (l *Local) takeID(now time.Time, id bucketID, lim regions.Limit, cost int64) Decision {
-	var d Decision
-	l.update(now, id, lim, func(e entry, owed int64) (entry, int64, bool) {
-		d = e.b.Take(now, lim.Capacity, lim.RefillPerSecond, cost)
-		return e, owed, true
-	})
+// take is the decision of every local request, at now, with validated limits and cost:
+// the route bucket of r holding lim and, when r has a value, the value's bucket holding
+// vlim, admitted together or not at all. The two are locked in shard order, so two
+// requests on them never deadlock and never both pass a check that only one can. With
+// owe, what is admitted is recorded as owed by each bucket (a fallback's).
+func (l *Local) take(now time.Time, r Request, lim, vlim regions.Limit, cost int64, owe bool) Decision {
+	// (lim and vlim are the buckets' own; r.Limit and r.ValueLimit the shared buckets'.)
+	rid := bucketID{tenant: r.Tenant, route: r.Route}
+	rk, rs := l.key(rid)
+	if r.Value == "" {
+		rs.mu.Lock()
+		defer rs.mu.Unlock()
+		e, ok := rs.m[rk]
+		l.open(&e, ok, now, lim, r.capFor(lim, 0))
+		d := e.b.Take(now, lim.Capacity, lim.RefillPerSecond, cost)
+		l.store(rs, rk, e, ok, now, lim)
+		if owe && d.Allowed {
+			rs.owe(rk, owing{tokens: cost, id: rid, lim: lim, rule: r.Limit})
+		}
+		return d
+	}
+	vid := bucketID{r.Tenant, r.Route, r.Value}
+	vk, vs := l.key(vid)
+	first, second := rs, vs
+	if vk>>58 < rk>>58 {
+		first, second = vs, rs
+	}
+	first.mu.Lock()
+	defer first.mu.Unlock()
+	if second != first {
+		second.mu.Lock()
+		defer second.mu.Unlock()
+	}
+	re, rok := rs.m[rk]
+	ve, vok := vs.m[vk]
+	l.open(&re, rok, now, lim, r.capFor(lim, 0))
+	l.open(&ve, vok, now, vlim, r.capFor(vlim, 0))
+	both := re.b.has(now, lim, cost) && ve.b.has(now, vlim, cost)
+	d := tighter(re.b.decide(now, lim, cost, both), ve.b.decide(now, vlim, cost, both))
+	l.store(rs, rk, re, rok, now, lim)
+	l.store(vs, vk, ve, vok, now, vlim)
+	if owe && both {
+		rs.owe(rk, owing{tokens: cost, id: rid, lim: lim, rule: r.Limit})
+		vs.owe(vk, owing{tokens: cost, id: vid, lim: vlim, rule: r.ValueLimit})
+	}
 	return d
 }
 
-// update runs f on the bucket id, a full one if there is none, and its
-// debt (see shard.owed), under its shard's lock, and stores what f returns unless f
-// says not to keep a missing bucket (then it stays missing, owing nothing). It keeps the
-// shard bounded as described on Local. (Values in and out, not pointers: a pointer
-// handed to f would put the entry on the heap on every decision.)
-func (l *Local) update(now time.Time, id bucketID, lim regions.Limit, f func(e entry, owed int64) (entry, int64, bool)) {
-	t := now.UnixNano()
+// owe adds o.tokens to what bucket k owes, with o's limits (the latest); the shard's
+// lock is held.
+func (s *shard) owe(k uint64, o owing) {
+	if s.owed == nil {
+		s.owed = make(map[uint64]owing)
+	}
+	o.tokens += s.owed[k].tokens
+	s.owed[k] = o
+}
+
+// owedBy takes what bucket id owes, at most n, never more than its bucket is short of
+// full at now under the limit it admitted under: the fallback refills at this instance's
+// share of the rule while it admits, and what its refill has covered since is no more
+// than the shared bucket would have admitted for this instance meanwhile, so a debt
+// decays as the bucket refills and is void once it is full. (The N instances together
+// never charge less than their admissions beyond the rule, and a bucket of debt per
+// instance after a long outage would refuse a tenant that kept to its limit.) The debt
+// is capped by the limit it was admitted under, whatever N is now.
+func (l *Local) owedBy(id bucketID, now time.Time, n int64) (int64, owing) {
 	k, s := l.key(id)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	e, ok := s.m[k]
-	var owed int64
-	if s.owed != nil {
-		owed = s.owed[k]
-	}
-	was := owed
-	e, owed, keep := f(e, owed)
-	if !keep && !ok {
-		owed = 0
-	}
-	switch {
-	case owed != 0:
-		if s.owed == nil {
-			s.owed = make(map[uint64]int64)
-		}
-		s.owed[k] = owed
-		if was == 0 {
-			l.owing.Add(1)
-		}
-	case was != 0:
-		s.forgive(k)
-	}
-	if !keep && !ok {
-		return
-	}
-	idle, forced := 0, 0
+	o, ok := s.owed[k]
 	if !ok {
-		idle += s.sample(t, sampleOnInsert)
-		// The cap is the whole limiter's: a per-shard cap of MaxBuckets/64 would let a
-		// client landing in a blocked client's shard evict its bucket (and so give it a
-		// full one back) long before the limiter is full.
-		// The slot is taken before the check, so concurrent inserts cannot all pass it.
-		if l.size.Add(1) > l.max {
-			i, f, dropped := s.makeRoom(t)
-			idle, forced = idle+i, forced+f
-			if dropped > 0 {
-				l.m.debtDropped.Add(float64(dropped))
+		return 0, owing{}
+	}
+	e := s.m[k]
+	c := float64(o.lim.Capacity)
+	e.b.refill(now, c, o.lim.RefillPerSecond)
+	short := int64(math.Ceil(c - e.b.tokens - eps))
+	d := min(o.tokens, max(short, 0))
+	took := min(d, n)
+	if rest := d - took; rest > 0 {
+		o.tokens = rest
+		s.owed[k] = o
+	} else {
+		delete(s.owed, k)
+	}
+	return took, o
+}
+
+// reowe gives back a debt owedBy took (its call got no reply), o with its tokens.
+func (l *Local) reowe(id bucketID, o owing) {
+	k, s := l.key(id)
+	s.mu.Lock()
+	s.owe(k, o)
+	s.mu.Unlock()
+}
+
+// drainOwed removes every debt, each capped as owedBy caps it at now, and returns them.
+func (l *Local) drainOwed(now time.Time) []owedBucket {
+	var out []owedBucket
+	for i := range l.shards {
+		s := &l.shards[i]
+		s.mu.Lock()
+		for k, o := range s.owed {
+			e := s.m[k]
+			c := float64(o.lim.Capacity)
+			e.b.refill(now, c, o.lim.RefillPerSecond)
+			if d := min(o.tokens, max(int64(math.Ceil(c-e.b.tokens-eps)), 0)); d > 0 {
+				out = append(out, owedBucket{id: o.id, debt: debt{tokens: d, lim: o.rule}})
 			}
 		}
-	} else if s.hits++; s.hits%sampleEvery == 0 {
+		s.owed = nil
+		s.mu.Unlock()
+	}
+	return out
+}
+
+// open prepares the entry a request found (ok) or the missing one it gets: a missing
+// bucket of a fallback starts empty; a missing one of a standalone Local starts full, or
+// at capTokens after a raise (lua.NoCap for none). A bucket it holds keeps its tokens: a
+// rule change on it takes effect as Bucket.Take applies it.
+func (l *Local) open(e *entry, ok bool, now time.Time, lim regions.Limit, capTokens float64) {
+	switch {
+	case ok:
+	case l.startEmpty:
+		e.b.empty(now)
+	case capTokens >= 0:
+		e.b.lower(now, lim.Capacity, lim.RefillPerSecond, capTokens)
+	}
+}
+
+// tighter is the decision of the two buckets' that tells the client most: the one with
+// fewer tokens left (the one that refused), with its limit and reset, admitted only if
+// both were.
+func tighter(a, b Decision) Decision {
+	allowed, retry := a.Allowed && b.Allowed, max(a.RetryAfter, b.RetryAfter)
+	if b.Remaining < a.Remaining || (b.Remaining == a.Remaining && b.ResetAfter > a.ResetAfter) {
+		a = b
+	}
+	a.Allowed, a.RetryAfter = allowed, retry
+	if allowed {
+		a.RetryAfter = 0
+	}
+	return a
+}
+
+// store puts e back (was: whether it was there), keeping the shard bounded as described
+// on Local. The shard's lock is held.
+func (l *Local) store(s *shard, k uint64, e entry, was bool, now time.Time, lim regions.Limit) {
+	t := now.UnixNano()
+	idle, forced := 0, 0
+	if !was {
+		if !l.startEmpty {
+			idle += s.sample(t, sampleOnInsert)
+		}
+		// The cap is the whole limiter's: a per-shard cap of MaxBuckets/64 would let a
+		// client landing in a blocked client's shard evict its bucket (and so give it a
+		// full one back) long before the limiter is full. The slot is taken before the
+		// check, so concurrent inserts cannot all pass it.
+		if l.size.Add(1) > l.max {
+			i, f := s.makeRoom(t, !l.startEmpty)
+			idle, forced = idle+i, forced+f
+		}
+	} else if s.hits++; s.hits%sampleEvery == 0 && !l.startEmpty {
 		idle += s.sample(t, sampleOnHit)
 	}
 	e.fullAt = e.b.fullAt(lim.Capacity, lim.RefillPerSecond)
@@ -290,15 +388,18 @@ func (s *shard) sample(now int64, n int) int {
 	return deleted
 }
 
-// makeRoom is called when the shard is at its cap: it samples for full buckets, and if
-// there are none, evicts the sampled bucket closest to full. It returns the idle and
-// the forced evictions, and the debt the forced one forgot.
-func (s *shard) makeRoom(now int64) (idle, forced int, dropped int64) {
+// makeRoom is called when the limiter is at its cap: it samples for full buckets (when
+// full ones may go: idleOK), and if there are none, evicts the sampled bucket closest to
+// full. It returns the idle and the forced evictions.
+func (s *shard) makeRoom(now int64, idleOK bool) (idle, forced int) {
 	seen := 0
 	var victim uint64
 	victimAt, found := int64(0), false
 	for k, e := range s.m {
-		if e.fullAt <= now {
+		if _, owes := s.owed[k]; owes {
+			continue // its debt needs its bucket
+		}
+		if idleOK && e.fullAt <= now {
 			s.remove(k)
 			idle++
 		} else if !found || e.fullAt < victimAt {
@@ -309,33 +410,17 @@ func (s *shard) makeRoom(now int64) (idle, forced int, dropped int64) {
 		}
 	}
 	if idle == 0 && found {
-		dropped = s.remove(victim)
+		s.remove(victim)
 		forced = 1
 	}
-	return idle, forced, dropped
+	return idle, forced
 }
 
-// remove evicts the bucket k, and its debt with it, and returns that debt. (A full
-// bucket's debt is void anyway: see fallback.owed.)
-func (s *shard) remove(k uint64) int64 {
+// remove evicts the bucket k. A fallback never evicts a bucket that owes: makeRoom picks
+// among the others.
+func (s *shard) remove(k uint64) {
 	delete(s.m, k)
 	s.size.Add(-1)
-	if s.owed != nil {
-		if d, owed := s.owed[k]; owed {
-			s.forgive(k)
-			return d
-		}
-	}
-	return 0
-}
-
-// forgive drops k's debt, which must exist, and the debt map once it is empty.
-func (s *shard) forgive(k uint64) {
-	delete(s.owed, k)
-	s.owing.Add(-1)
-	if len(s.owed) == 0 {
-		s.owed = nil
-	}
 }
 
 // maybeShrink rebuilds the map once it holds a small part of its peak, so the memory of

@@ -188,7 +188,7 @@ func TestLocalIdleEvictionBoundsMemory(t *testing.T) {
 	}
 	peak := 0
 	for i := range keys {
-		l.take(clock.Now(), tenants[i%len(tenants)], routes[i/len(tenants)], lim, 1)
+		l.takeRoute(clock.Now(), tenants[i%len(tenants)], routes[i/len(tenants)], lim, 1)
 		clock.Advance(time.Microsecond)
 		if i%1000 == 0 {
 			peak = max(peak, l.Len())
@@ -235,7 +235,7 @@ func TestLocalMemoryPerBucket(t *testing.T) {
 	l := newTestLocal(t, LocalOptions{Now: clock.Now, MaxBuckets: 2 * keys})
 	lim := regions.Limit{Capacity: 10, RefillPerSecond: 1}
 	for i := range keys {
-		l.take(clock.Now(), "tenant", routes[i], lim, 1)
+		l.takeRoute(clock.Now(), "tenant", routes[i], lim, 1)
 	}
 	full := heapInUse()
 	per := float64(full-before) / float64(keys)
@@ -250,7 +250,7 @@ func TestLocalMemoryPerBucket(t *testing.T) {
 	// (a few buckets inspected per call); Sweep evicts the rest and the maps shrink.
 	clock.Advance(2 * time.Second)
 	for i := range keys / 10 {
-		l.take(clock.Now(), "other", routes[i], lim, 1)
+		l.takeRoute(clock.Now(), "other", routes[i], lim, 1)
 	}
 	if n := l.Len(); n > keys {
 		t.Errorf("after new keys with idle ones: %d buckets, want <= %d", n, keys)
@@ -280,7 +280,7 @@ func TestLocalMaxBuckets(t *testing.T) {
 	l := newTestLocal(t, LocalOptions{Region: "test", Now: clock.Now, MaxBuckets: 64 * 16, Registerer: reg})
 	lim := regions.Limit{Capacity: 10, RefillPerSecond: 0.001} // never full during the test
 	for i := range 10_000 {
-		l.take(clock.Now(), "t", strconv.Itoa(i), lim, 1)
+		l.takeRoute(clock.Now(), "t", strconv.Itoa(i), lim, 1)
 	}
 	if n := l.Len(); n > 64*16 {
 		t.Errorf("%d buckets, want <= %d", n, 64*16)
@@ -330,7 +330,7 @@ func TestLocalCapIsGlobal(t *testing.T) {
 	l := newTestLocal(t, LocalOptions{Now: clock.Now, MaxBuckets: 100})
 	lim := regions.Limit{Capacity: 1, RefillPerSecond: 0.001}
 	for i := range 100 {
-		if d := l.take(clock.Now(), "t", strconv.Itoa(i), lim, 1); !d.Allowed {
+		if d := l.takeRoute(clock.Now(), "t", strconv.Itoa(i), lim, 1); !d.Allowed {
 			t.Fatalf("key %d: first take refused", i)
 		}
 	}
@@ -338,8 +338,13 @@ func TestLocalCapIsGlobal(t *testing.T) {
 		t.Errorf("%d buckets held, want all 100 (within MaxBuckets)", n)
 	}
 	for i := range 100 {
-		if d := l.take(clock.Now(), "t", strconv.Itoa(i), lim, 1); d.Allowed {
+		if d := l.takeRoute(clock.Now(), "t", strconv.Itoa(i), lim, 1); d.Allowed {
 			t.Errorf("key %d: admitted again from a drained bucket (evicted below the cap)", i)
 		}
 	}
+}
+
+// takeRoute is take for a (tenant, route) without a value.
+func (l *Local) takeRoute(now time.Time, tenant, route string, lim regions.Limit, cost int64) Decision {
+	return l.take(now, Request{Tenant: tenant, Route: route}, lim, regions.Limit{}, cost, false)
 }

@@ -13,6 +13,17 @@ const (
 	evictCapacity = "capacity" // MaxBuckets reached: the bucket's debt is forgotten
 )
 
+// Reasons of ratelimit_fallback_refused_total: why the fallback refused a request
+// without a bucket deciding it.
+const (
+	refuseClosed    = iota // a call failed while the breaker was closed: no episode
+	refuseUncounted        // the other gateways do not count this one in their N yet
+	refuseDebtsFull        // no room to record another bucket's debt
+	refuseReasons
+)
+
+var refuseNames = [refuseReasons]string{"breaker_closed", "not_counted", "debts_full"}
+
 // Reasons of ratelimit_redis_errors_total.
 const (
 	reasonTimeout     = "timeout"      // the call exceeded Options.Timeout
@@ -24,22 +35,17 @@ const (
 // localMetrics are the metrics of one Local. They exist whether or not they are
 // registered, so the hot path never checks.
 type localMetrics struct {
-	evictions   *prometheus.CounterVec
-	idle        prometheus.Counter
-	capacity    prometheus.Counter
-	debtDropped prometheus.Counter
+	evictions *prometheus.CounterVec
+	idle      prometheus.Counter
+	capacity  prometheus.Counter
 }
 
 func newLocalMetrics() *localMetrics {
 	m := &localMetrics{
 		evictions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "ratelimit_local_evictions_total",
-			Help: "In-memory buckets evicted: idle (full, so exact) or capacity (MaxBuckets reached, forgets the bucket's debt).",
+			Help: "In-memory buckets evicted: idle (full, so exact) or capacity (MaxBuckets reached: a local bucket not yet full starts again full, a fallback one empty).",
 		}, []string{"reason"}),
-		debtDropped: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "ratelimit_fallback_debt_dropped_tokens_total",
-			Help: "Fallback debt forgotten, never charged to Redis, because the bucket owing it was evicted past MaxBuckets (the only path that drops a debt).",
-		}),
 	}
 	m.idle = m.evictions.WithLabelValues(evictIdle)
 	m.capacity = m.evictions.WithLabelValues(evictCapacity)
@@ -62,7 +68,6 @@ func (m *localMetrics) evicted(reason string, n int) {
 func (m *localMetrics) collectors(buckets func() int) []prometheus.Collector {
 	return []prometheus.Collector{
 		m.evictions,
-		m.debtDropped,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "ratelimit_local_buckets",
 			Help: "In-memory token buckets held by the local or fallback limiter.",
@@ -85,7 +90,12 @@ type redisMetrics struct {
 	writtenOff  prometheus.Counter
 	// costAboveFallback counts fallback rejections of a cost above the fallback bucket.
 	costAboveFallback prometheus.Counter
-	evictingPolicy    prometheus.Gauge
+	// refused counts the fallback's refusals that no bucket made, by reason.
+	refusedVec     *prometheus.CounterVec
+	refused        [refuseReasons]prometheus.Counter
+	lost           prometheus.Counter
+	flushed        prometheus.Counter
+	evictingPolicy prometheus.Gauge
 
 	pipelines    prometheus.Counter
 	pipelined    prometheus.Counter
@@ -129,7 +139,7 @@ func newRedisMetrics() *redisMetrics {
 		}),
 		owed: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "ratelimit_fallback_owed_tokens_total",
-			Help: "Tokens the fallback admitted, every one owed to the shared bucket in Redis. Each ends up repaid, written off, dropped, void (the fallback bucket refilled past it before Redis answered) or still owed.",
+			Help: "Tokens the fallback admitted, every one owed to the shared bucket in Redis. Each ends up repaid, written off, lost (never charged: still owed at shutdown with Redis down) or still owed (ratelimit_fallback_debt_tokens).",
 		}),
 		repaid: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "ratelimit_fallback_repaid_tokens_total",
@@ -137,8 +147,23 @@ func newRedisMetrics() *redisMetrics {
 		}),
 		writtenOff: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "ratelimit_fallback_debt_written_off_tokens_total",
-			Help: "Tokens of fallback debt sent to Redis that the bucket script did not charge because the bucket was already a whole capacity in debt.",
+			Help: "Tokens of fallback debt not charged because the bucket was already a whole capacity in debt (it admits nothing for a fill time then).",
 		}),
+		refusedVec: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ratelimit_fallback_refused_total",
+			Help: "Requests the fallback refused without a bucket deciding, by reason: breaker_closed (a Redis call failed while the breaker was closed: one slow call is not an outage), not_counted (this gateway started too recently for the others to count it in N), debts_full (no room for another bucket's debt).",
+		}, []string{"reason"}),
+		lost: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "ratelimit_fallback_debt_lost_tokens_total",
+			Help: "Tokens the fallback admitted that were never charged to Redis: still owed when the limiter was closed and Redis did not answer the flush.",
+		}),
+		flushed: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "ratelimit_fallback_debt_flushed_tokens_total",
+			Help: "Tokens of fallback debt charged to Redis by the flush at shutdown (also counted in repaid).",
+		}),
+	}
+	for i, n := range refuseNames {
+		m.refused[i] = m.refusedVec.WithLabelValues(n)
 	}
 	m.timeout = m.errors.WithLabelValues(reasonTimeout)
 	m.failed = m.errors.WithLabelValues(reasonError)
@@ -182,9 +207,22 @@ func newRedisMetrics() *redisMetrics {
 
 // collectors are what a Redis limiter registers; leases adds the per-key bound series
 // (nil when leases are off).
-func (m *redisMetrics) collectors(leases *leaseTable) []prometheus.Collector {
+func (m *redisMetrics) collectors(leases *leaseTable, fb *fallback) []prometheus.Collector {
 	cs := []prometheus.Collector{m.errors, m.active, m.state, m.minCapacity, m.owed, m.repaid, m.writtenOff, m.costAboveFallback, m.evictingPolicy,
-		m.pipelines, m.pipelined, m.noscript, m.shardRetries, m.leaseOps, m.leaseTokens, m.leaseRejected}
+		m.refusedVec, m.lost, m.flushed, m.pipelines, m.pipelined, m.noscript, m.shardRetries, m.leaseOps, m.leaseTokens, m.leaseRejected,
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "ratelimit_local_buckets",
+			Help: "In-memory token buckets held by the local or fallback limiter.",
+		}, func() float64 {
+			if ep := fb.episode.Load(); ep != nil {
+				return float64(ep.Len())
+			}
+			return 0
+		}),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "ratelimit_fallback_debt_tokens",
+			Help: "Tokens the fallback admitted that Redis has not been charged yet.",
+		}, func() float64 { return float64(fb.debts.total()) })}
 	if leases != nil {
 		cs = append(cs, &leaseCollector{t: leases})
 	}

@@ -48,18 +48,17 @@ type Options struct {
 	Instances func() int
 	// ExpectedInstances is N while Instances does not know (default 1).
 	ExpectedInstances int
-	// ChangedAt returns when a change that may have raised tenant's capacity in this
-	// region was first seen (regions.Snapshot.ChangedAt; zero: none known; nil: never).
-	// The fallback asks it only for a bucket it holds nothing for, which reads as full at
-	// the limit in force: after a raise that is more than the shared bucket holds (its rule
-	// record grows it at the new refill from the change), so such a bucket starts from what
-	// refilled since then. Off the hot path: Redis-decided requests never call it.
-	ChangedAt func(tenant string) time.Time
+	// Counted reports whether the other gateways of the region count this one in their
+	// N yet (a gateway's heartbeat reaches the others' snapshots a reload later): until
+	// then the fallback earns nothing, or the region's fallbacks together would earn more
+	// than its refill. nil means always.
+	Counted func() bool
 	// Now is the clock of the fallback buckets, of leases (rates, expiry) and of the
 	// breaker's failure span; nil means time.Now. The shared bucket itself runs on
 	// Redis TIME.
 	Now func() time.Time
-	// MaxFallbackBuckets caps the fallback's buckets (LocalOptions.MaxBuckets).
+	// MaxFallbackBuckets caps the fallback's buckets (LocalOptions.MaxBuckets), and the
+	// buckets that may owe it a debt (default DefaultMaxBuckets).
 	MaxFallbackBuckets int
 	// Registerer receives the metrics; nil means they are not registered.
 	Registerer prometheus.Registerer

@@ -17,21 +17,28 @@ import (
 	"github.com/quotaplane/quotaplane/regions"
 )
 
-// Redis decides with the region's shared token bucket in Redis (one EVALSHA per
-// decision, concurrent ones pipelined together), behind a per-call timeout and a circuit
-// breaker. When a call fails or the breaker is open, the fallback decides instead
-// (SourceFallback) with a local bucket holding floor(Limit/N), N being the live
-// instances of the region, so the region as a whole still admits at most its limit, and
-// what it admits is charged to Redis afterwards. Sharded rules (Request.Shards) spread
-// over sub-buckets; hot keys may be leased (Options.Leases).
+// Client is what the Redis limiter needs of a go-redis client: *redis.Client,
+// *redis.ClusterClient, *redis.Ring, a failover client and redis.UniversalClient all are.
+type Client interface {
+	redis.Scripter
+	Process(ctx context.Context, cmd redis.Cmder) error
+	Pipeline() redis.Pipeliner
+}
+
+// Redis decides with the region's shared token buckets in Redis (one script call per
+// batch of concurrent decisions), behind a per-call timeout and a circuit breaker. While
+// the breaker is open, the fallback decides instead (SourceFallback) with local buckets
+// that start empty and earn this instance's 1/N of the refill, N being the live
+// instances of the region, and what it admits is charged to Redis afterwards. Sharded
+// rules (Request.Shards) spread over sub-buckets; hot keys may be leased
+// (Options.Leases).
 //
-// It is safe for concurrent use. It has no goroutine of its own: the pipelining starts
-// short-lived ones that send queued calls and exit when the queue is empty, and a failed
-// call or a NOSCRIPT reply starts one that reloads the scripts under a deadline (rewarm),
-// which Close stops.
+// It is safe for concurrent use. It has no goroutine of its own: the batcher starts
+// short-lived ones that send queued decisions and exit when the queue is empty, and a
+// failed call or a NOSCRIPT reply starts one that reloads the scripts under a deadline
+// (rewarm), which Close stops.
 type Redis struct {
-	rdb     redis.Scripter
-	tb      *lua.TokenBucket
+	rdb     Client
 	batch   *batcher    // nil with Pipeline.Off
 	leases  *leaseTable // nil with leases off
 	fb      *fallback
@@ -68,15 +75,14 @@ type rewarmer struct {
 // nothing about Redis, so the breaker ignores it.
 var errCallerGone = errors.New("caller context ended")
 
-// NewRedis returns a limiter that runs the bucket script on rdb (a *redis.Client, a
-// *redis.ClusterClient, or any redis.Scripter). It dials nothing and starts no
-// goroutines.
+// NewRedis returns a limiter that runs the bucket script on rdb. It dials nothing and
+// starts no goroutines.
 //
 // A go-redis client ignores context deadlines on the socket unless its options set
 // ContextTimeoutEnabled: true, and then a stalled Redis would hold each request for the
 // client's ReadTimeout (seconds) instead of Options.Timeout. NewRedis therefore refuses a
 // *redis.Client, *redis.ClusterClient or *redis.Ring without it.
-func NewRedis(rdb redis.Scripter, opts Options) (*Redis, error) {
+func NewRedis(rdb Client, opts Options) (*Redis, error) {
 	if rdb == nil {
 		return nil, errors.New("new redis limiter: no redis client")
 	}
@@ -90,7 +96,6 @@ func NewRedis(rdb redis.Scripter, opts Options) (*Redis, error) {
 	m := newRedisMetrics()
 	l := &Redis{
 		rdb:     rdb,
-		tb:      lua.NewTokenBucket(rdb),
 		fb:      newFallback(opts, m),
 		keys:    lua.Keys{Prefix: opts.KeyPrefix},
 		timeout: opts.Timeout,
@@ -114,21 +119,20 @@ func NewRedis(rdb redis.Scripter, opts Options) (*Redis, error) {
 		// Called under the breaker's lock, only on a change: cheap, and the only log.
 		OnStateChange: func(_ string, from, to gobreaker.State) { l.stateChanged(from, to) },
 	})
-	if p, ok := rdb.(pipeliner); ok && !opts.Pipeline.Off {
-		l.batch = newBatcher(l, p, opts.Timeout, opts.Pipeline.Batch, opts.Pipeline.InFlight, m)
+	if !opts.Pipeline.Off {
+		l.batch = newBatcher(l, rdb, opts.Timeout, opts.Pipeline.Batch, opts.Pipeline.InFlight, m)
 	}
 	if opts.Leases.Threshold > 0 {
 		l.leases = newLeaseTable(opts.Leases, opts.Now)
 	}
-	cs := append(l.m.collectors(l.leases), l.fb.local.m.collectors(l.fb.local.Len)...)
-	if err := register(opts.Registerer, opts.Region, cs...); err != nil {
+	if err := register(opts.Registerer, opts.Region, l.m.collectors(l.leases, l.fb)...); err != nil {
 		return nil, fmt.Errorf("new redis limiter: %w", err)
 	}
 	return l, nil
 }
 
 // checkContextTimeouts refuses the go-redis clients known to ignore context deadlines.
-func checkContextTimeouts(rdb redis.Scripter) error {
+func checkContextTimeouts(rdb Client) error {
 	enabled := true
 	switch c := rdb.(type) {
 	case *redis.Client:
@@ -145,12 +149,13 @@ func checkContextTimeouts(rdb redis.Scripter) error {
 }
 
 // Decide takes r.Cost tokens (0 means 1) from the shared bucket of (r.Tenant, r.Route)
-// in Redis (of r.Value when set): from one random shard of it, then one other if that
-// one rejects, when r.Shards >= 2; or from this instance's lease on the key when it is
-// hot (Source lease). If Redis does not answer within the timeout, fails, or the
-// breaker is open, the fallback decides (Source fallback) and the error is nil: a Redis
-// outage is not the caller's error. The error is non-nil only for an invalid request
-// (ErrInvalidRequest) or when ctx ended before a decision.
+// in Redis, and from r.Value's bucket nested in it when set (both or neither): from one
+// random shard, then one other if that one rejects, when r.Shards >= 2; or from this
+// instance's lease on the key when it is hot (Source lease). If Redis does not answer
+// within the timeout, fails, or the breaker is open, the fallback decides (Source
+// fallback) and the error is nil: a Redis outage is not the caller's error. The error
+// is non-nil only for an invalid request (ErrInvalidRequest) or when ctx ended before a
+// decision.
 func (l *Redis) Decide(ctx context.Context, r Request) (Decision, error) {
 	cost, err := r.cost()
 	if err != nil {
@@ -160,101 +165,133 @@ func (l *Redis) Decide(ctx context.Context, r Request) (Decision, error) {
 	if err != nil {
 		return Decision{}, err
 	}
-	if r.Value != "" {
-		// A client value's bucket is small and its own: neither sharded nor leased.
-		return l.take(ctx, r, cost, l.keys.Value(r.Tenant, r.Route, r.Value), r.Limit)
-	}
-	if l.leases != nil {
+	if r.Value == "" && l.leases != nil {
 		if d, ok := l.decideLease(ctx, r, cost, shards); ok {
 			return d, nil
 		}
 	}
-	if shards <= 1 {
-		return l.take(ctx, r, cost, l.keys.Bucket(r.Tenant, r.Route), r.Limit)
+	if shards <= 1 || r.Value != "" {
+		return l.take(ctx, r, cost, 0, 1)
 	}
 	i, j := twoShards(shards)
-	d, err := l.take(ctx, r, cost, l.keys.Shard(r.Tenant, r.Route, i), r.Limit.Shard(shards, i))
+	d, err := l.take(ctx, r, cost, i, shards)
 	if err != nil || d.Allowed || d.Source != SourceRedis {
 		return d, err
 	}
 	l.m.shardRetries.Inc()
-	d2, err := l.take(ctx, r, cost, l.keys.Shard(r.Tenant, r.Route, j), r.Limit.Shard(shards, j))
+	d2, err := l.take(ctx, r, cost, j, shards)
 	if err == nil && !d2.Allowed && d2.Source == SourceRedis {
 		d2.RetryAfter = min(d.RetryAfter, d2.RetryAfter) // whichever shard refills first
 	}
 	return d2, err
 }
 
-// take decides r with cost tokens from the bucket key holding lim, or with the fallback
-// when Redis does not answer. A shard's answer is scaled back to the whole rule: Limit
-// is the rule's capacity and Remaining the shard's times the shards.
-func (l *Redis) take(ctx context.Context, r Request, cost int64, key lua.Ref, lim regions.Limit) (Decision, error) {
-	a, ok, err := l.callCharging(ctx, r, lua.ScriptTake, key, lim, cost)
+// take decides r with cost tokens from shard i of k of its bucket (k = 1: the bucket
+// itself) and its value's bucket, or with the fallback when Redis does not answer. A
+// shard's answer is scaled back to the whole rule: Limit is the rule's capacity and
+// Remaining the shard's times the shards.
+func (l *Redis) take(ctx context.Context, r Request, cost int64, i, k int) (Decision, error) {
+	lim := r.Limit.Shard(k, i)
+	var bs [2]lua.Bucket
+	var ids [2]bucketID
+	bs[0] = lua.Bucket{Key: l.keys.Shard(r.Tenant, r.Route, i), Capacity: lim.Capacity, Refill: lim.RefillPerSecond, Cap: r.capFor(lim, i), CapAll: i > 0}
+	ids[0] = bucketID{tenant: r.Tenant, route: r.Route}
+	n := 1
+	if r.Value != "" {
+		v := r.ValueLimit
+		bs[1] = lua.Bucket{Key: l.keys.Value(r.Tenant, r.Route, r.Value), Capacity: v.Capacity, Refill: v.RefillPerSecond, Cap: r.capFor(v, 0)}
+		ids[1] = bucketID{r.Tenant, r.Route, r.Value}
+		n = 2
+	}
+	out, ok, err := l.callCharging(ctx, lua.OpTake, cost, bs[:n], ids[:n], r)
 	if err != nil {
 		return Decision{}, fmt.Errorf("decide %s/%s: %w", r.Tenant, r.Route, err)
 	}
 	if !ok {
 		return l.fb.decide(r, cost), nil
 	}
-	remaining := a.res.Remaining
-	if lim.Capacity != r.Limit.Capacity && lim.Capacity > 0 {
-		remaining = min(r.Limit.Capacity, remaining*(r.Limit.Capacity/lim.Capacity))
+	d := Decision{Allowed: out.Granted > 0, RetryAfter: out.RetryAfter, Source: SourceRedis}
+	for b := range n {
+		lim := regions.Limit{Capacity: bs[b].Capacity, RefillPerSecond: bs[b].Refill}
+		o := out.Buckets[b]
+		if b == 0 && k > 1 {
+			lim = r.Limit
+			o.Remaining = min(r.Limit.Capacity, o.Remaining*int64(k))
+		}
+		db := Decision{Allowed: d.Allowed, Limit: lim.Capacity, RefillPerSecond: lim.RefillPerSecond, Remaining: o.Remaining, ResetAfter: o.ResetAfter, RetryAfter: d.RetryAfter, Source: SourceRedis}
+		if b == 0 {
+			d = db
+		} else {
+			d = tighter(d, db)
+		}
 	}
-	l.fb.observe(r, remaining)
-	return Decision{
-		Allowed:         a.res.Allowed,
-		Limit:           r.Limit.Capacity,
-		RefillPerSecond: r.Limit.RefillPerSecond,
-		Remaining:       remaining,
-		RetryAfter:      a.res.RetryAfter,
-		ResetAfter:      a.res.ResetAfter,
-		Source:          SourceRedis,
-	}, nil
+	d.RetryAfter = out.RetryAfter
+	return d, nil
 }
 
-// callCharging is the one charge/settle path of a call that may carry r's fallback
-// debt (Take and Lease, on a bucket, a shard or a lease): it takes the debt from the
-// fallback, sends it with the call, and settles it: cleared when a reply was read, kept
-// whole when none was (the call did not count).
-func (l *Redis) callCharging(ctx context.Context, r Request, op lua.Script, key lua.Ref, lim regions.Limit, n int64) (answer, bool, error) {
-	debt := l.fb.owed(r, lim)
-	a, ok, err := l.call(ctx, op, key, lim, n, debt)
-	l.fb.settle(r, debt, ok, a.res.Charged)
-	return a, ok, err
+// callCharging is the one charge/settle path of a call (a take or a lease, on a bucket,
+// a shard or a lease's bucket): it takes each bucket's debt from the fallback, sends it
+// with the call, and settles it: cleared when a reply was read, owed again when none
+// was (the call did not count). ids name the buckets for their debts; r is the request
+// whose limits they were admitted under.
+func (l *Redis) callCharging(ctx context.Context, op lua.Op, n int64, bs []lua.Bucket, ids []bucketID, r Request) (lua.Outcome, bool, error) {
+	var debts [2]taken
+	for b := range bs {
+		debts[b] = l.fb.owed(ids[b], 2*bs[b].Capacity)
+		bs[b].Debt = debts[b].total()
+	}
+	out, ok, err := l.call(ctx, lua.Decision{Op: op, N: n, Buckets: bs})
+	for b := range bs {
+		if bs[b].Debt == 0 {
+			continue
+		}
+		var charged int64
+		if ok {
+			charged = out.Buckets[b].Charged
+		}
+		lim := r.Limit
+		if ids[b].value != "" {
+			lim = r.ValueLimit
+		}
+		l.fb.settle(ids[b], lim, debts[b], ok, charged)
+	}
+	return out, ok, err
 }
 
-// call runs one script call on Redis behind the breaker and the timeout, pipelined
-// with concurrent calls unless pipelining is off. ok reports that Redis answered; when
-// it did not, the failure is counted (and fed to the breaker) and the caller uses the
-// fallback; the answer then says only whether the call may have run all the same
-// (maybeRan). err is non-nil only when the arguments were invalid (ErrInvalidRequest) or
+// call runs one decision on Redis behind the breaker and the timeout, batched with
+// concurrent ones unless pipelining is off. ok reports that Redis answered; when it did
+// not, the failure is counted (and fed to the breaker) and the caller uses the
+// fallback. err is non-nil only when the arguments were invalid (ErrInvalidRequest) or
 // ctx ended: then Redis is not to blame.
-func (l *Redis) call(ctx context.Context, op lua.Script, key lua.Ref, lim regions.Limit, n, debt int64) (answer, bool, error) {
+func (l *Redis) call(ctx context.Context, d lua.Decision) (lua.Outcome, bool, error) {
 	done, err := l.cb.Allow()
 	if err != nil { // open, or half-open with its probes already out
 		l.m.breakerOpen.Inc()
-		return answer{}, false, nil
+		return lua.Outcome{}, false, nil
 	}
-	var a answer
-	if l.batch != nil && op != lua.ScriptReturn {
-		a, err = l.batch.do(ctx, op, key, lim, n, debt)
+	var (
+		out      lua.Outcome
+		timedOut bool
+	)
+	if l.batch != nil && d.Op != lua.OpReturn {
+		out, timedOut, err = l.batch.do(ctx, d)
 	} else {
-		a, err = l.direct(ctx, op, key, lim, n, debt)
+		out, timedOut, err = l.direct(ctx, d)
 	}
 	switch {
 	case err == nil:
 		l.succeeded()
 		done(nil)
-		return a, true, nil
+		return out, true, nil
 	case errors.Is(err, lua.ErrInvalidArgument):
 		l.succeeded()
 		done(nil) // Redis answered, so it is healthy; the request is what is wrong
 		l.m.invalid.Inc()
-		return answer{}, false, fmt.Errorf("%w: %w", ErrInvalidRequest, err)
+		return lua.Outcome{}, false, fmt.Errorf("%w: %w", ErrInvalidRequest, err)
 	case ctx.Err() != nil:
 		done(errCallerGone)
-		return answer{}, false, ctx.Err()
-	case a.timedOut:
+		return lua.Outcome{}, false, ctx.Err()
+	case timedOut:
 		l.failingSince.CompareAndSwap(0, l.sinceOrigin())
 		done(err)
 		l.m.timeout.Inc()
@@ -264,8 +301,8 @@ func (l *Redis) call(ctx context.Context, op lua.Script, key lua.Ref, lim region
 		l.m.failed.Inc()
 		l.rewarmScripts("a redis call failed", slog.LevelDebug)
 	}
-	l.log.Debug("redis call failed; using fallback", "key", key.Key, "err", err)
-	return answer{}, false, nil
+	l.log.Debug("redis call failed; the fallback decides", "key", d.Buckets[0].Key, "err", err)
+	return lua.Outcome{}, false, nil
 }
 
 // sinceOrigin is the time since the limiter was made, in ns plus 1 (never 0).
@@ -319,7 +356,7 @@ func (l *Redis) rewarmScripts(why string, level slog.Level) bool {
 		tick := time.NewTicker(rewarmEvery)
 		defer tick.Stop()
 		for {
-			err := l.tb.Load(ctx)
+			err := lua.Load(ctx, l.rdb)
 			if err == nil {
 				l.log.Log(ctx, level, why+"; loaded the bucket scripts again")
 				return
@@ -337,7 +374,7 @@ func (l *Redis) rewarmScripts(why string, level slog.Level) bool {
 
 // Close stops a rewarm in progress, if any, and waits for it; no rewarm starts after it.
 // Decisions go on working (they need no goroutine of their own). It does not close the
-// Redis client, which the caller owns.
+// Redis client, which the caller owns. Call Flush first to charge what the fallback owes.
 func (l *Redis) Close() {
 	w := &l.rewarm
 	w.Lock()
@@ -360,7 +397,7 @@ const (
 // readiness probe): otherwise the first decisions pay for a dial and an EVAL, which may
 // exceed a 5 ms timeout and be answered by the fallback. It then runs CheckEviction.
 func (l *Redis) Load(ctx context.Context) error {
-	if err := l.tb.Load(ctx); err != nil {
+	if err := lua.Load(ctx, l.rdb); err != nil {
 		return err
 	}
 	l.CheckEviction(ctx)
@@ -420,10 +457,12 @@ func (l *Redis) FallbackActive() bool { return l.cb.State() != gobreaker.StateCl
 func (l *Redis) stateChanged(from, to gobreaker.State) {
 	l.m.state.Set(float64(stateValue(to)))
 	if to == gobreaker.StateClosed {
+		l.fb.end()
 		l.m.active.Set(0)
 		l.log.Info("redis circuit breaker closed; decisions from redis again", "from", from.String())
 		return
 	}
+	l.fb.begin()
 	l.m.active.Set(1)
 	l.log.Warn("redis circuit breaker state changed; decisions from local fallback", "from", from.String(), "to", to.String())
 }
@@ -439,3 +478,83 @@ func stateValue(s gobreaker.State) int {
 		return 0
 	}
 }
+
+// Flush charges what the fallback still owes to Redis, one charge per owing bucket,
+// batched into script calls (one per hash slot on a cluster), within ctx, whatever the
+// breaker says: a stopping gateway's debts would otherwise be gone with it. What Redis
+// does not answer for is lost: counted (ratelimit_fallback_debt_lost_tokens_total) and
+// logged. The gateway calls it when it stops, after its last request. It returns the
+// tokens charged and lost.
+func (l *Redis) Flush(ctx context.Context) (charged, lost int64) {
+	owed := l.fb.drain()
+	if len(owed) == 0 {
+		return 0, 0
+	}
+	g := groupingOf(l.rdb)
+	type part struct {
+		batch lua.Batch
+		debts []owedBucket
+	}
+	var parts []*part
+	bySlot := map[uint16]*part{}
+	for _, o := range owed {
+		key := l.keys.Bucket(o.id.tenant, o.id.route)
+		if o.id.value != "" {
+			key = l.keys.Value(o.id.tenant, o.id.route, o.id.value)
+		}
+		d := min(o.tokens, 2*o.lim.Capacity) // more cannot be charged: the script floors at -capacity
+		if o.tokens > d {
+			l.m.writtenOff.Add(float64(o.tokens - d))
+		}
+		o.tokens = d
+		sl := uint16(0)
+		if g != groupAll {
+			sl = slot(key)
+		}
+		p := bySlot[sl]
+		if p == nil || p.batch.Len() >= maxFlushBatch || g == groupNothing {
+			p = &part{}
+			parts = append(parts, p)
+			bySlot[sl] = p
+		}
+		p.batch.Add(lua.Decision{Op: lua.OpCharge, Buckets: []lua.Bucket{{Key: key, Capacity: o.lim.Capacity, Refill: o.lim.RefillPerSecond, Debt: d, Cap: lua.NoCap}}})
+		p.debts = append(p.debts, o)
+	}
+	pipe := l.rdb.Pipeline()
+	cmds := make([]*redis.Cmd, len(parts))
+	for i, p := range parts {
+		cmds[i] = p.batch.Cmd(ctx)
+		_ = pipe.Process(ctx, cmds[i])
+	}
+	_, _ = pipe.Exec(ctx)
+	for i, p := range parts {
+		if lua.IsNoScript(cmds[i].Err()) {
+			cmds[i] = p.batch.EvalCmd(ctx)
+			_ = l.rdb.Process(ctx, cmds[i])
+		}
+		outs, err := p.batch.Read(cmds[i], nil)
+		for j, o := range p.debts {
+			if err != nil {
+				lost += o.tokens
+				continue
+			}
+			c := outs[j].Buckets[0].Charged
+			charged += c
+			if o.tokens > c {
+				l.m.writtenOff.Add(float64(o.tokens - c))
+			}
+		}
+	}
+	l.m.repaid.Add(float64(charged))
+	l.m.flushed.Add(float64(charged))
+	l.m.lost.Add(float64(lost))
+	if lost > 0 {
+		l.log.Warn("fallback debts lost: redis did not answer the flush", "tokens", lost, "charged", charged)
+	} else {
+		l.log.Info("fallback debts charged to redis", "tokens", charged)
+	}
+	return charged, lost
+}
+
+// maxFlushBatch is the most charges one flush call carries.
+const maxFlushBatch = 256

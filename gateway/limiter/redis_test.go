@@ -27,7 +27,7 @@ func newClient(t testing.TB, p *testenv.Process) *redis.Client {
 	return rdb
 }
 
-func newTestRedis(t testing.TB, rdb redis.Scripter, opts Options) *Redis {
+func newTestRedis(t testing.TB, rdb Client, opts Options) *Redis {
 	t.Helper()
 	l, err := NewRedis(rdb, opts)
 	if err != nil {
@@ -173,10 +173,11 @@ func TestRedisKilledFallsBackAndRecovers(t *testing.T) {
 	if err := p.Kill(); err != nil {
 		t.Fatal(err)
 	}
+	// Refused until the breaker opens, then from fallback buckets that start empty and
+	// earn 1000/s: every decision is the fallback's, none an error.
 	for i := range 20 {
-		d := mustDecide(t, l, lots)
-		if d.Source != SourceFallback || !d.Allowed {
-			t.Fatalf("decision %d with Redis dead: %+v, want allowed by the fallback", i, d)
+		if d := mustDecide(t, l, lots); d.Source != SourceFallback {
+			t.Fatalf("decision %d with Redis dead: %+v, want the fallback's", i, d)
 		}
 	}
 	if !l.FallbackActive() || gauge("ratelimit_breaker_state") != 2 || gauge("ratelimit_fallback_active") != 1 {
@@ -263,8 +264,8 @@ func TestRedisPausedAnswersWithinTimeout(t *testing.T) {
 		if took > bound {
 			late++
 		}
-		if d.Source != SourceFallback || !d.Allowed {
-			t.Fatalf("decision %d with Redis paused: %+v, want allowed by the fallback", n, d)
+		if d.Source != SourceFallback {
+			t.Fatalf("decision %d with Redis paused: %+v, want the fallback's", n, d)
 		}
 		n++
 	}
@@ -305,8 +306,8 @@ func TestRedisFallbackScalesByInstances(t *testing.T) {
 		{"heartbeats unknown: expected instances", 0, 5, 100, 1, 20, 0},
 		{"one instance keeps the whole rule", 1, 20, 100, 1, 100, 0},
 		{"uneven split rounds", 3, 20, 100, 1, 33, 0},
-		{"too small to split keeps 1 token", 4, 20, 3, 1, 1, 3}, // 3 decisions below
-		{"half a token rounds up to 1", 4, 20, 2, 1, 1, 3},
+		{"too small to split keeps 1 token", 4, 20, 3, 1, 1, 4}, // 4 decisions below
+		{"half a token rounds up to 1", 4, 20, 2, 1, 1, 4},
 		{"cost above the instance's capacity is rejected, not clipped", 4, 20, 8, 4, 0, 0},
 	}
 	for _, tt := range tests {
@@ -317,8 +318,12 @@ func TestRedisFallbackScalesByInstances(t *testing.T) {
 				Region: "test", Now: clock.Now, Registerer: reg,
 				Instances:         func() int { return tt.live },
 				ExpectedInstances: tt.expected,
+				Breaker:           BreakerOptions{Failures: 1, FailureSpan: time.Millisecond, OpenFor: time.Hour},
 			})
+			openBreaker(t, l, clock)
 			r := Request{Tenant: "t", Route: "r", Limit: regions.Limit{Capacity: tt.capacity, RefillPerSecond: 0.001}, Cost: tt.cost}
+			mustDecide(t, l, r)              // the fallback bucket starts empty...
+			clock.Advance(1e9 * time.Second) // ...and fills
 			var admitted int64
 			calls := tt.admitted + 2
 			for range calls {

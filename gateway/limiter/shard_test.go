@@ -5,6 +5,7 @@ import (
 	"errors"
 	"math"
 	"testing"
+	"time"
 
 	"github.com/quotaplane/quotaplane/internal/testenv"
 	"github.com/quotaplane/quotaplane/lua"
@@ -106,22 +107,22 @@ func TestRedisShards(t *testing.T) {
 				}
 				return admitted
 			}
-			if n := count(); n != 5 {
-				t.Errorf("admitted %d of a new 10-token rule in 2 shards, want 5 (shard 0 full, shard 1 new and empty)", n)
+			if n := count(); n != 10 {
+				t.Errorf("admitted %d of a new 10-token rule in 2 shards, want 10 (both shards, 5 each)", n)
 			}
 			for i := range 2 {
-				if n := rdb.Exists(ctx, keys.Shard("t", "r", i).Key).Val(); n != 1 {
-					t.Errorf("shard key %s missing", keys.Shard("t", "r", i).Key)
+				if n := rdb.Exists(ctx, keys.Shard("t", "r", i)).Val(); n != 1 {
+					t.Errorf("shard key %s missing", keys.Shard("t", "r", i))
 				}
 			}
-			// 10000 s pass for shard 1 (refill 0.0005/s): it is full, 5 tokens.
-			ts, err := rdb.HGet(ctx, keys.Shard("t", "r", 1).Key, "ts").Int64()
-			if err != nil {
+			// The shards go (their TTL) and the rule is sharded anew: a raise. Shard 0
+			// holds its old share, shard 1 starts from its refill.
+			if err := rdb.Del(ctx, keys.Shard("t", "r", 0), keys.Shard("t", "r", 1)).Err(); err != nil {
 				t.Fatal(err)
 			}
-			rdb.HSet(ctx, keys.Shard("t", "r", 1).Key, "ts", ts-10_000_000_000)
+			r = raisedSince(r, time.Now(), 1)
 			if n := count(); n != 5 {
-				t.Errorf("admitted %d once shard 1 refilled, want its 5", n)
+				t.Errorf("admitted %d of a 10-token rule just sharded in 2, want 5 (shard 0's)", n)
 			}
 		})
 	}

@@ -10,31 +10,39 @@ import (
 	"github.com/quotaplane/quotaplane/regions"
 )
 
-// TestValueBuckets (issue 14, Request.Value): each distinct client value gets its own
-// bucket of the rule's size, in Redis, in the fallback and in a Local limiter, under a
-// key of bounded length whatever the value.
-func TestValueBuckets(t *testing.T) {
+// TestValueBucketsNest (issue 21 item 1): each distinct client value gets its own
+// bucket of ValueLimit, nested inside the tenant's route bucket: a request is admitted
+// only if both admit, so many values together never get past the tenant's limit (the
+// issue: 165 admitted across values where the rule allowed 5). In Redis, in the
+// fallback and in a Local limiter, under a key of bounded length whatever the value.
+func TestValueBucketsNest(t *testing.T) {
 	p := testenv.Redis(t)
 	rdb := newClient(t, p)
 	l := newTestRedis(t, rdb, Options{Timeout: time.Second})
-	lim := regions.Limit{Capacity: 3, RefillPerSecond: 0.0001}
+	route := regions.Limit{Capacity: 5, RefillPerSecond: 0.0001}
+	each := regions.Limit{Capacity: 3, RefillPerSecond: 0.0001}
 	long := strings.Repeat("203.0.113.7/", 5000) // 60 kB
 	values := []string{"198.51.100.1", "198.51.100.2", long, long + "x"}
-	for _, v := range values {
-		r := Request{Tenant: "t", Route: "r", Limit: lim, Value: v, Shards: 4} // Shards are ignored
-		if n := decideN(t, l, r, 10); n != 3 {
-			t.Errorf("value %.20q: admitted %d, want its own 3", v, n)
+	req := func(v string) Request {
+		return Request{Tenant: "t", Route: "r", Limit: route, Value: v, ValueLimit: each, Shards: 4} // Shards are ignored
+	}
+	check := func(name string, decide func(Request) int) {
+		t.Helper()
+		got := []int{decide(req(values[0])), decide(req(values[1])), decide(req(values[2])), decide(req(values[3]))}
+		if got[0] != 3 || got[1] != 2 || got[2] != 0 || got[3] != 0 {
+			t.Errorf("%s: admitted %v per value, want [3 2 0 0]: each value's 3, and 5 in all", name, got)
 		}
 	}
-	if n := decideN(t, l, Request{Tenant: "t", Route: "r", Limit: lim}, 10); n != 3 {
-		t.Errorf("the route without a value: admitted %d, want its own 3", n)
+	check("redis", func(r Request) int { return decideN(t, l, r, 10) })
+	if n := decideN(t, l, Request{Tenant: "t", Route: "r", Limit: route}, 10); n != 0 {
+		t.Errorf("the route without a value after its values spent its 5: admitted %d, want 0", n)
 	}
 	keys, err := rdb.Keys(context.Background(), "rl:{t}:r:v:*").Result()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(keys) != len(values) {
-		t.Errorf("value keys %v, want %d", keys, len(values))
+	if len(keys) != 2 {
+		t.Errorf("value keys %v, want the 2 values that were admitted (a refused decision writes nothing)", keys)
 	}
 	for _, k := range keys {
 		if len(k) > 64 {
@@ -42,23 +50,21 @@ func TestValueBuckets(t *testing.T) {
 		}
 	}
 
-	// The Local limiter, and so the fallback, key by the value too.
 	loc := newTestLocal(t, LocalOptions{Now: newFakeClock().Now})
-	for _, v := range values {
-		admitted := 0
+	check("local", func(r Request) int {
+		n := 0
 		for range 10 {
-			if mustDecide(t, loc, Request{Tenant: "t", Route: "r", Limit: lim, Value: v}).Allowed {
-				admitted++
+			if mustDecide(t, loc, r).Allowed {
+				n++
 			}
 		}
-		if admitted != 3 {
-			t.Errorf("local, value %.20q: admitted %d, want 3", v, admitted)
-		}
+		return n
+	})
+
+	fb, clock := unreachableRedis(t, 1, nil)
+	for _, v := range values {
+		decideN(t, fb, req(v), 1) // every fallback bucket starts empty...
 	}
-	fb := unreachableRedis(t, 1, nil)
-	for _, v := range values[:2] {
-		if n := decideN(t, fb, Request{Tenant: "t", Route: "r", Limit: lim, Value: v}, 10); n != 3 {
-			t.Errorf("fallback, value %q: admitted %d, want 3", v, n)
-		}
-	}
+	clock.Advance(1e6 * time.Second) // ...and fills
+	check("fallback", func(r Request) int { return decideN(t, fb, r, 10) })
 }

@@ -1,0 +1,209 @@
+-- decide.lua: decide a batch of requests against token buckets, atomically. Run with
+-- state.lua in front of it (lua/script.go): see there for the storage and the clock.
+--
+-- KEYS     every bucket of every decision, in order.
+-- ARGV[1]  the decisions, little-endian binary (decimal arguments would cost a strtod
+--          each, most of the script's time): per decision  op (uint8), n (double),
+--          nb (uint8), then per bucket (nb of them)  c, r, debt, cap (doubles):
+--   op    1 take:   take n tokens from every bucket, or from none (1 <= n <= each c)
+--         2 lease:  take g = min(n, whole tokens of the emptiest bucket) from every one
+--         3 return: give n tokens back to every bucket that exists, up to its capacity
+--         4 charge: charge the debts only
+--   c     capacity, an integer 1..1e15;  r  refill per second, 0 < r <= 1e12
+--   debt  tokens a gateway's fallback admitted without Redis, charged first, before the
+--         decision, never below -c (an integer >= 0)
+--   cap   -1: none. >= 0: the most the bucket may hold now if it is missing: within
+--         one fill time of a change that may have raised the tenant's limit, a bucket
+--         that expired full under the old limit holds no more than the old limit plus
+--         the new refill since the change. <= -2: -2 - cap is the most it may hold,
+--         missing or stored (a shard other than shard 0, which may be one left over from
+--         an earlier layout, refilled while unused)
+-- The buckets of one decision are, for example, a tenant's route bucket and the bucket
+-- of one client value nested inside it: both must admit.
+--
+-- A rule change on a stored bucket: it holds what it refilled under the rule it was
+-- written under until now, clipped to the new capacity, and refills at the new rate
+-- from now (the first call that sees a change applies it). So no change of rule, shard
+-- count or expiry creates tokens.
+--
+-- Reply, per decision:  g, retry_ms,  then per bucket:  remaining, reset_ms, charged
+--   g         take: 1 admitted, 0 refused;  lease: tokens granted;  return, charge: 0
+--   retry_ms  0 unless refused (take) or nothing granted (lease): ms until the bucket
+--             that refuses longest holds n tokens (a lease: one)
+--   remaining whole tokens left (0 in debt);  reset_ms: ms until full;
+--   charged   whole tokens of the debt charged (less than debt where -c clipped it)
+-- Error "QPINVALID <reason>" for bad arguments: a batch of the wrong shape is refused
+-- whole, before anything is read; the numbers of each decision are checked before it
+-- writes anything, so a refused decision changes nothing, and the decisions before it in
+-- the batch stand (a gateway checks every decision in Go before it joins a batch, so only
+-- another client can be refused here).
+--
+-- Redis calls: TIME once per batch (state.lua); per bucket one GET, and one PSETEX only when
+-- the bucket changed (tokens taken or returned, a debt charged, a new rule). A refused
+-- take writes nothing: refilling is a pure function of the stored time.
+local s = ARGV[1]
+local len, nkeys = s and #s or 0, #KEYS
+-- The batch's shape first (one byte read per decision): whole decisions, one key per
+-- bucket. A malformed batch is refused before anything is read or written.
+local pos, k = 1, 0
+while pos + 9 <= len do
+  local nb = s:byte(pos + 9)
+  pos, k = pos + 10 + 32 * nb, k + nb
+end
+if pos ~= len + 1 or k ~= nkeys then
+  return redis.error_reply('QPINVALID the decisions must fill the argument, op (uint8), n (double), nb (uint8) and nb buckets of 32 bytes each, with one key per bucket')
+end
+-- out, st: sized for one decision of one bucket (growing a table rehashes it).
+local out, st, o = {0, 0, 0, 0, 0}, {0, 0, 0, 0, 0, 0}, 0
+pos, k = 1, 0
+-- st holds, per bucket of the decision at hand (6 slots each): c, r, tokens, whether it
+-- exists, whether it must be written, the debt charged. One table for the whole batch.
+while pos <= len do
+  local op, n, nb, from = unpack('<BdB', s, pos)
+  -- One comparison chain per number (NaN fails every one). A bucket is read as it is
+  -- checked; nothing is written before the whole decision has passed.
+  if not (op >= 1 and op <= 4 and n >= 0 and n <= 2 * MAX_CAPACITY and n % 1 == 0
+      and (n >= 1 or op >= 3) and nb >= 1 and from + 32 * nb - 1 <= len and k + nb <= nkeys) then
+    return redis.error_reply('QPINVALID at byte ' .. pos .. ': op must be 1 (take), 2 (lease), 3 (return) or 4 (charge), n an integer >= 1 (>= 0 to return or charge), and nb count the buckets that follow, 32 bytes and a key each')
+  end
+  pos = from
+  local low, ok = 1e300, true -- the emptiest bucket's tokens; whether all admit a take
+  for j = 0, 6 * (nb - 1), 6 do
+    local c, r, debt, cap
+    c, r, debt, cap, pos = unpack('<dddd', s, pos)
+    if not (c >= 1 and c <= MAX_CAPACITY and c % 1 == 0 and r > 0 and r <= MAX_REFILL
+        and debt >= 0 and debt <= 2 * MAX_CAPACITY and debt % 1 == 0
+        and cap >= -2 - MAX_CAPACITY and cap <= MAX_CAPACITY and (cap >= 0 or cap == -1 or cap <= -2)
+        and (op ~= 1 or n <= c)) then
+      return redis.error_reply('QPINVALID at byte ' .. pos - 32 .. ': a bucket needs an integer capacity 1..1e15 (a take at most it), refill in (0, 1e12], an integer debt >= 0 and a cap of -1, 0..1e15 or -2-1e15..-2')
+    end
+    local capAll = cap <= -2
+    if capAll then
+      cap = -2 - cap
+    end
+    local key = KEYS[k + j / 6 + 1]
+    local v, t, has, dirty, charged = pcall('GET', key), c, false, false, 0
+    if v then
+      local c0, r0
+      if type(v) == 'table' then
+        t, c0, r0 = read_old(key) -- WRONGTYPE: the hash of the previous storage
+      else
+        local full_s, full_us
+        full_s, full_us, c0, r0 = unpack(FORMAT, v)
+        local d = (full_s - now_s) * 1000000 + (full_us - now_us) -- us until full
+        t = c0
+        if d > 0 then
+          t = c0 - d * r0 / 1000000
+        end
+      end
+      if t then
+        has, dirty = true, c0 ~= c or r0 ~= r -- a new rule: store the converted state
+        if t > c then
+          t = c -- refilled past the top, or the rule shrank
+        elseif t < -c then
+          t = -c -- in debt past a capacity that shrank
+        end
+      else
+        t = c
+      end
+    end
+    if cap >= 0 and t > cap and (capAll or not has) then
+      t = cap
+    end
+    if debt > 0 then
+      local after = t - debt
+      if after < -c then
+        after = -c
+      end
+      charged = t - after + EPS
+      charged, t, dirty = charged - charged % 1, after, true
+    end
+    if t + EPS < n then
+      ok = false
+    end
+    if t < low then
+      low = t
+    end
+    st[j + 1], st[j + 2], st[j + 3], st[j + 4], st[j + 5], st[j + 6] = c, r, t, has, dirty, charged
+  end
+  local g, take = 0, 0
+  if op == 1 then
+    if ok then
+      g, take = 1, n
+    end
+  elseif op == 2 then
+    take = low + EPS
+    take = take - take % 1
+    if take > n then
+      take = n
+    elseif take < 0 then
+      take = 0
+    end
+    g = take
+  end
+  local refused = take == 0 and op <= 2
+  local want = op == 1 and n or 1
+  local retry = 0
+  local at = o + 2
+  out[o + 1] = g
+  o = at
+  for j = 0, 6 * (nb - 1), 6 do
+    local c, r, t, dirty = st[j + 1], st[j + 2], st[j + 3], st[j + 5]
+    if take > 0 then
+      t, dirty = t - take, true
+      if t < 0 then
+        t = 0 -- t >= take - EPS: at most a rounding below 0
+      end
+    elseif op == 3 and n > 0 and st[j + 4] then
+      t, dirty = t + n, true
+      if t > c then
+        t = c
+      end
+    elseif refused then
+      local w = (want - t) * 1000 / r - EPS -- ms until this bucket holds want
+      if w > retry then
+        retry = w
+      end
+    end
+    if dirty then
+      -- The bucket as its full time: seconds within uint32 (until 2106), the rest in a
+      -- double, so a far-off full time (a refill once a century) loses nothing.
+      local d = (c - t) * 1000000 / r -- us until full
+      if d > 1e300 then
+        d = 1e300 -- a refill below ~1e-280 per second would overflow
+      end
+      local total = now_us + d
+      local whole = total / 1000000
+      whole = whole - whole % 1
+      if whole > UINT32 - now_s then
+        whole = UINT32 - now_s
+      end
+      local ttl = d / 1000
+      ttl = ttl - ttl % 1 + 1001 -- ms: rounded up, plus the second after full
+      if ttl > MAX_WAIT_MS then
+        ttl = MAX_WAIT_MS
+      end
+      call('PSETEX', KEYS[k + j / 6 + 1], ttl, pack(FORMAT, now_s + whole, total - whole * 1000000, c, r))
+    end
+    local left = t + EPS
+    left = left - left % 1
+    if left < 0 then
+      left = 0
+    end
+    local reset = (c - t) * 1000 / r - EPS -- ms until full
+    if reset < 0 then
+      reset = 0
+    elseif reset > MAX_WAIT_MS then
+      reset = MAX_WAIT_MS
+    end
+    out[o + 1], out[o + 2], out[o + 3] = left, reset - reset % -1, st[j + 6] -- ceil
+
+    o = o + 3
+  end
+  if retry > MAX_WAIT_MS then
+    retry = MAX_WAIT_MS
+  end
+  out[at] = retry - retry % -1 -- ceil
+  k = k + nb
+end
+return out

@@ -1,0 +1,276 @@
+package lua
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Op is what a decision does to its buckets (decide.lua's op). Decisions carry at most 255 buckets.
+type Op uint8
+
+const (
+	// OpTake takes N tokens from every bucket of the decision, or from none.
+	OpTake Op = 1 + iota
+	// OpLease takes up to N tokens, the same number from every bucket: as many as the
+	// emptiest one holds whole.
+	OpLease
+	// OpReturn gives N unused tokens back to every bucket that exists, up to its capacity.
+	OpReturn
+	// OpCharge only charges the buckets' debts.
+	OpCharge
+)
+
+// NoCap is Bucket.Cap when nothing but the capacity limits the bucket.
+const NoCap = -1.0
+
+// Bounds of a bucket's rule that the script accepts. Token counts are doubles in Lua:
+// below 2^53 (about 9e15) every whole count is exact, so a capacity up to MaxCapacity,
+// in debt down to -MaxCapacity, loses no token; MaxRefill bounds the refill per second
+// so that a refill over any elapsed time stays a finite double. regions.MaxCapacity and
+// regions.MaxRefillPerSecond are the same numbers (a test checks it).
+const (
+	MaxCapacity = 1_000_000_000_000_000
+	MaxRefill   = 1_000_000_000_000
+)
+
+// Bucket is one bucket of a decision and the rule it is decided under.
+type Bucket struct {
+	// Key names the bucket (Keys).
+	Key string
+	// Capacity (1..MaxCapacity) and Refill per second (0 < Refill <= MaxRefill).
+	Capacity int64
+	Refill   float64
+	// Debt is what a gateway's fallback admitted without Redis, charged before the
+	// decision, never below -Capacity.
+	Debt int64
+	// Cap is NoCap, or the most the bucket may hold now (0..MaxCapacity) if it is
+	// missing: within one fill time of a change that may have raised its limit, a
+	// bucket that expired full under the old limit holds no more than the old limit plus
+	// the new refill since then. With CapAll the cap holds a stored bucket too (a shard
+	// other than shard 0, which may be one left over from an earlier layout).
+	Cap    float64
+	CapAll bool
+}
+
+// Decision is one request's call: what to do to which buckets.
+type Decision struct {
+	Op Op
+	// N is the cost of a take (1..every capacity), the most a lease may take (>= 1), or
+	// the tokens to return (>= 0); ignored by a charge.
+	N       int64
+	Buckets []Bucket
+}
+
+// Outcome is what the script answered for one Decision.
+type Outcome struct {
+	// Granted is what was taken from every bucket: a take's N when it was admitted (0
+	// when refused), a lease's grant; 0 for a return or a charge.
+	Granted int64
+	// RetryAfter is zero unless a take was refused or a lease granted nothing: then how
+	// long until the bucket that refuses longest holds N tokens (for a lease: one),
+	// rounded up to the millisecond and at most 2^40 ms.
+	RetryAfter time.Duration
+	// Buckets are the buckets' states after the call, in the order of Decision.Buckets.
+	Buckets []BucketOutcome
+}
+
+// BucketOutcome is one bucket after a call.
+type BucketOutcome struct {
+	// Remaining is the whole tokens left (0 while in debt).
+	Remaining int64
+	// ResetAfter is how long until the bucket is full if nothing more is taken.
+	ResetAfter time.Duration
+	// Charged is how much of the Debt the script charged: the debt, less what the
+	// -Capacity floor clipped.
+	Charged int64
+}
+
+// ErrInvalidArgument is wrapped by every error about a decision's arguments, whether Go
+// caught them before the call or the script refused them.
+var ErrInvalidArgument = errors.New("invalid token bucket argument")
+
+// invalidPrefix starts the error replies of the scripts for bad arguments.
+const invalidPrefix = "QPINVALID"
+
+// Check validates d as decide.lua does, so a caller can refuse a decision before it
+// joins a batch that one bad decision would fail whole.
+func (d Decision) Check() error {
+	if len(d.Buckets) == 0 || len(d.Buckets) > 255 {
+		return fmt.Errorf("%w: a decision needs 1 to 255 buckets, not %d", ErrInvalidArgument, len(d.Buckets))
+	}
+	switch d.Op {
+	case OpTake, OpLease:
+		if d.N < 1 || d.N > 2*MaxCapacity {
+			return fmt.Errorf("%w: n %d must be between 1 and %d", ErrInvalidArgument, d.N, int64(2*MaxCapacity))
+		}
+	case OpReturn, OpCharge:
+		if d.N < 0 || d.N > 2*MaxCapacity {
+			return fmt.Errorf("%w: n %d must be between 0 and %d", ErrInvalidArgument, d.N, int64(2*MaxCapacity))
+		}
+	default:
+		return fmt.Errorf("%w: op %d", ErrInvalidArgument, d.Op)
+	}
+	for _, b := range d.Buckets {
+		if err := checkRule(b.Capacity, b.Refill); err != nil {
+			return fmt.Errorf("bucket %s: %w", b.Key, err)
+		}
+		if d.Op == OpTake && d.N > b.Capacity {
+			return fmt.Errorf("bucket %s: %w: cost %d must be between 1 and capacity %d", b.Key, ErrInvalidArgument, d.N, b.Capacity)
+		}
+		if b.Debt < 0 || b.Debt > 2*MaxCapacity {
+			return fmt.Errorf("bucket %s: %w: debt %d must be between 0 and %d", b.Key, ErrInvalidArgument, b.Debt, int64(2*MaxCapacity))
+		}
+		if !(b.Cap == NoCap && !b.CapAll || (b.Cap >= 0 && b.Cap <= MaxCapacity)) {
+			return fmt.Errorf("bucket %s: %w: cap %v must be NoCap or between 0 and %d", b.Key, ErrInvalidArgument, b.Cap, int64(MaxCapacity))
+		}
+	}
+	return nil
+}
+
+func checkRule(capacity int64, refill float64) error {
+	if capacity < 1 || capacity > MaxCapacity {
+		return fmt.Errorf("%w: capacity %d must be between 1 and %d", ErrInvalidArgument, capacity, int64(MaxCapacity))
+	}
+	if !(refill > 0) || refill > MaxRefill {
+		return fmt.Errorf("%w: refill per second %v must be a number > 0 and <= %g", ErrInvalidArgument, refill, float64(MaxRefill))
+	}
+	return nil
+}
+
+// Batch is the one encoder of decide.lua's arguments: decisions added in order become
+// one script call, their numbers one little-endian binary argument (decimal arguments
+// cost the script a strtod each, most of its time). Decisions must have passed Check. In
+// a Redis Cluster every key of a batch must be in one hash slot. The zero value is an
+// empty batch; Reset reuses one.
+type Batch struct {
+	keys []string
+	args []byte
+	nb   []int // buckets per decision, for Read
+}
+
+// Reset empties b, keeping its memory.
+func (b *Batch) Reset() {
+	clear(b.keys)
+	b.keys, b.args, b.nb = b.keys[:0], b.args[:0], b.nb[:0]
+}
+
+// Len is the number of decisions in b.
+func (b *Batch) Len() int { return len(b.nb) }
+
+// Keys is the number of buckets in b.
+func (b *Batch) Keys() int { return len(b.keys) }
+
+// Add appends d.
+func (b *Batch) Add(d Decision) {
+	b.args = append(b.args, byte(d.Op))
+	b.args = binary.LittleEndian.AppendUint64(b.args, math.Float64bits(float64(d.N)))
+	b.args = append(b.args, byte(len(d.Buckets)))
+	for _, k := range d.Buckets {
+		b.keys = append(b.keys, k.Key)
+		c := k.Cap
+		switch {
+		case c < 0:
+			c = NoCap
+		case k.CapAll:
+			c = -2 - c
+		}
+		for _, v := range [4]float64{float64(k.Capacity), k.Refill, float64(k.Debt), c} {
+			b.args = binary.LittleEndian.AppendUint64(b.args, math.Float64bits(v))
+		}
+	}
+	b.nb = append(b.nb, len(d.Buckets))
+}
+
+// Args are the batch's keys and its one binary argument, for a tool that sends the call
+// itself (a load generator): EVALSHA DecideSha() len(keys) keys... arg. Both are the
+// batch's own: use them before the next Add or Reset.
+func (b *Batch) Args() ([]string, []byte) { return b.keys, b.args }
+
+// Cmd is the batch as one EVALSHA, built and not run: run it with a client's Process or
+// queue it on a pipeline, then Read it.
+func (b *Batch) Cmd(ctx context.Context) *redis.Cmd { return b.cmd(ctx, "evalsha", DecideSha()) }
+
+// EvalCmd is the same call as EVAL with the whole script text: the retry of a Cmd that
+// failed with NOSCRIPT (a restarted or flushed server, a new cluster node); running it
+// also loads the script into that server's cache.
+func (b *Batch) EvalCmd(ctx context.Context) *redis.Cmd { return b.cmd(ctx, "eval", DecideSource()) }
+
+func (b *Batch) cmd(ctx context.Context, verb, script string) *redis.Cmd {
+	out := make([]any, 0, 4+len(b.keys))
+	out = append(out, verb, script, len(b.keys))
+	for _, k := range b.keys {
+		out = append(out, k)
+	}
+	// The command keeps the slice: a copy, so the batch can be reused at once.
+	return redis.NewCmd(ctx, append(out, append([]byte(nil), b.args...))...)
+}
+
+// Read decodes the reply of a run Cmd or EvalCmd into one Outcome per decision, appended
+// to out. A script refusal wraps ErrInvalidArgument.
+func (b *Batch) Read(cmd *redis.Cmd, out []Outcome) ([]Outcome, error) {
+	v, err := cmd.Slice()
+	if err != nil {
+		return out, scriptError(err)
+	}
+	want := 0
+	for _, n := range b.nb {
+		want += 2 + 3*n
+	}
+	if len(v) != want {
+		return out, fmt.Errorf("bucket script: reply of %d integers, want %d", len(v), want)
+	}
+	num := func(i int) (int64, error) {
+		n, ok := v[i].(int64)
+		if !ok {
+			return 0, fmt.Errorf("bucket script: reply element %d of type %T, want an integer", i, v[i])
+		}
+		return n, nil
+	}
+	i := 0
+	for _, n := range b.nb {
+		var o Outcome
+		var vals [2]int64
+		for j := range vals {
+			if vals[j], err = num(i + j); err != nil {
+				return out, err
+			}
+		}
+		o.Granted, o.RetryAfter = vals[0], ms(vals[1])
+		i += 2
+		o.Buckets = make([]BucketOutcome, n)
+		for k := range o.Buckets {
+			var bv [3]int64
+			for j := range bv {
+				if bv[j], err = num(i + j); err != nil {
+					return out, err
+				}
+			}
+			o.Buckets[k] = BucketOutcome{Remaining: bv[0], ResetAfter: ms(bv[1]), Charged: bv[2]}
+			i += 3
+		}
+		out = append(out, o)
+	}
+	return out, nil
+}
+
+func ms(n int64) time.Duration {
+	if n > math.MaxInt64/int64(time.Millisecond) {
+		return math.MaxInt64
+	}
+	return time.Duration(n) * time.Millisecond
+}
+
+// scriptError wraps a failed script call; the scripts' argument errors become
+// ErrInvalidArgument so a caller can never mistake them for a Redis outage.
+func scriptError(err error) error {
+	if redis.HasErrorPrefix(err, invalidPrefix) {
+		return fmt.Errorf("bucket script: %w: %v", ErrInvalidArgument, err)
+	}
+	return fmt.Errorf("bucket script: %w", err)
+}

@@ -1,0 +1,65 @@
+-- state.lua: a bucket's storage, shared by decide.lua and inspect.lua. Go prepends it to
+-- each (lua/script.go), so every script still loads alone (SCRIPT LOAD, redis-benchmark).
+--
+-- A bucket is ONE string key: 28 bytes, struct '<I4ddd':
+--   full_s, full_us  when the bucket is full again (Redis TIME: whole seconds, then
+--                    microseconds after them, a double, so no precision is lost)
+--   c, r             the capacity and refill per second it was written under
+-- tokens(now) = c - r * (full - now), or c once now >= full; below 0 while in debt. One
+-- time, not (tokens, ts): a call that takes nothing writes nothing, and refilling is a
+-- pure function of TIME. The key expires one second after it is full (PSETEX), so memory
+-- follows the buckets in use; a missing key reads as full (or as the caller's cap).
+--
+-- The clock is Redis TIME, read once per script call, never a client's clock.
+-- Capacity is at most 1e15 and refill at most 1e12 per second: whole token counts stay
+-- exact in a double (2^53 > 9e15).
+--
+-- Written for speed: Redis runs these lines for every decision, and in its Lua a
+-- function call (math.floor, a local helper) costs as much as a dozen lines of
+-- arithmetic, so floors are x - x % 1, ceilings x - x % -1, and decide.lua has its read
+-- and write inline.
+local EPS = 1e-9
+local MAX_CAPACITY = 1e15
+local MAX_REFILL = 1e12
+local MAX_WAIT_MS = 2 ^ 40 -- 35 years: caps replies and key lifetimes
+local FORMAT = '<I4ddd'
+local UINT32 = 4294967295
+local unpack, pack, call, pcall = struct.unpack, struct.pack, redis.call, redis.pcall
+
+-- The one TIME call of a script: every bucket of the batch is decided at this instant.
+local clock = call('TIME')
+local now_s, now_us = tonumber(clock[1]), tonumber(clock[2])
+
+-- read_old reads a bucket left by the earlier storage, a hash {tokens, ts, c, r} (GET
+-- says WRONGTYPE), as (tokens now, c, r), or nil; the next write replaces it.
+local function read_old(key)
+  local h = call('HMGET', key, 'tokens', 'ts', 'c', 'r')
+  local t, ts, c, r = tonumber(h[1]), tonumber(h[2]), tonumber(h[3]), tonumber(h[4])
+  if t == nil or ts == nil or c == nil or r == nil then
+    return nil
+  end
+  local el = (now_s * 1000000 + now_us) - ts
+  if el > 0 then
+    t = math.min(t + el * r / 1000000, math.max(t, c))
+  end
+  return t, c, r
+end
+
+-- read returns the stored bucket at key as (tokens now, c, r), or nil when it is missing
+-- (for inspect.lua; decide.lua has the same lines inline).
+local function read(key)
+  local v = pcall('GET', key) -- WRONGTYPE comes back as a table, not as a failure
+  if not v then
+    return nil
+  elseif type(v) == 'table' then
+    return read_old(key)
+  end
+  local full_s, full_us, c, r = unpack(FORMAT, v)
+  local d = (full_s - now_s) * 1000000 + (full_us - now_us) -- us until full
+  if d <= 0 then
+    return c, c, r
+  end
+  return c - d * r / 1000000, c, r
+end
+
+-- (end of state.lua)

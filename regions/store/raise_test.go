@@ -1,0 +1,125 @@
+package store
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/quotaplane/quotaplane/regions"
+)
+
+// TestRaiseMarkers: the database marks every change that may raise a tenant's regional
+// capacity, whoever makes it (the store or plain SQL), and every gateway's snapshot
+// reads the marks: a rule added, raised, more shards or removed (every region), a share
+// added, raised or removed (its region), a region removed (every tenant). A lowering
+// marks nothing, nor a rule for a tenant with no API key (it can have no bucket).
+func TestRaiseMarkers(t *testing.T) {
+	s, _ := newStore(t)
+	ctx := WithAudit(context.Background(), "test", "raise markers")
+	for _, r := range []string{"us-east", "eu-west", "ap-south"} {
+		if err := s.AddRegion(ctx, r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	marks := func() map[[2]string]float64 {
+		t.Helper()
+		rows, err := s.Pool().Query(ctx, `SELECT region, tenant, ratio FROM limit_raise`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer rows.Close()
+		out := map[[2]string]float64{}
+		for rows.Next() {
+			var region, tenant string
+			var ratio float64
+			if err := rows.Scan(&region, &tenant, &ratio); err != nil {
+				t.Fatal(err)
+			}
+			out[[2]string{region, tenant}] = ratio
+		}
+		return out
+	}
+	clear := func() { exec(t, s, `DELETE FROM limit_raise`) }
+	age := func() { exec(t, s, `UPDATE limit_raise SET raised_at = now() - interval '2 hours'`) }
+	rule := func(tenant string, c int64, shards int) regions.Rule {
+		return regions.Rule{Tenant: tenant, Route: "r", Capacity: c, RefillPerSecond: 1, Shards: shards}
+	}
+	clear()
+
+	if err := s.SetRule(ctx, rule("nokey", 10, 1)); err != nil {
+		t.Fatal(err)
+	}
+	if m := marks(); len(m) != 0 {
+		t.Errorf("a rule for a tenant without keys marked %v, want nothing", m)
+	}
+	if _, _, err := s.CreateKey(ctx, "a", "k"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.SetRule(ctx, rule("a", 10, 1)); err != nil {
+		t.Fatal(err)
+	}
+	if m := marks(); len(m) != 1 || m[[2]string{"*", "a"}] != 0 {
+		t.Errorf("a rule added for tenant a: %v, want {*, a} ratio 0", m)
+	}
+	age() // an hour later a raise no longer compounds with the one before
+	if err := s.SetRule(ctx, rule("a", 40, 1)); err != nil {
+		t.Fatal(err)
+	}
+	if r := marks()[[2]string{"*", "a"}]; r != 0.25 {
+		t.Errorf("capacity 10 -> 40: ratio %v, want 0.25", r)
+	}
+	if err := s.SetRule(ctx, rule("a", 80, 1)); err != nil {
+		t.Fatal(err)
+	}
+	if r := marks()[[2]string{"*", "a"}]; r != 0.125 {
+		t.Errorf("40 -> 80 within the hour: ratio %v, want 0.125 (0.25 x 0.5: the first ramp is not over)", r)
+	}
+	clear()
+	if err := s.SetRule(ctx, rule("a", 20, 1)); err != nil {
+		t.Fatal(err)
+	}
+	if m := marks(); len(m) != 0 {
+		t.Errorf("a lowering marked %v, want nothing", m)
+	}
+	if err := s.SetRule(ctx, rule("a", 20, 4)); err != nil {
+		t.Fatal(err)
+	}
+	if r, ok := marks()[[2]string{"*", "a"}]; !ok || r != 1 {
+		t.Errorf("more shards: %v (marked %v), want ratio 1 (the capacity did not change)", r, ok)
+	}
+	clear()
+	if err := s.SetOverride(ctx, regions.Scope{Tenant: "a", Route: regions.Wildcard}, map[string]float64{"us-east": 0.2, "eu-west": 0.4, "ap-south": 0.4}, "test", "a test", 0); err != nil {
+		t.Fatal(err)
+	}
+	if m := marks(); len(m) != 3 || m[[2]string{"us-east", "a"}] != 0 {
+		t.Errorf("shares added: %v, want each region marked for a, ratio 0", m)
+	}
+	clear()
+	age()
+	if err := s.SetOverride(ctx, regions.Scope{Tenant: "a", Route: regions.Wildcard}, map[string]float64{"us-east": 0.4, "eu-west": 0.2, "ap-south": 0.4}, "test", "a test", 0); err != nil {
+		t.Fatal(err)
+	}
+	if m := marks(); len(m) != 1 || m[[2]string{"us-east", "a"}] != 0.5 {
+		t.Errorf("us-east 0.2 -> 0.4, eu-west lowered: %v, want only us-east marked, ratio 0.5", m)
+	}
+	clear()
+	exec(t, s, `DELETE FROM rate_limit_rule WHERE tenant_id = 'a'`) // plain SQL too
+	if m := marks(); len(m) != 1 || m[[2]string{"*", "a"}] != 0 {
+		t.Errorf("a rule deleted with plain SQL: %v, want {*, a} ratio 0", m)
+	}
+	clear()
+	if err := s.RemoveRegion(ctx, "ap-south", DropShares); err != nil {
+		t.Fatal(err)
+	}
+	if m := marks(); m[[2]string{"*", "*"}] != 0 || len(m) == 0 {
+		t.Errorf("a region removed: %v, want {*, *} ratio 0", m)
+	}
+
+	snap, err := s.LoadSnapshot(ctx, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ago, ratio, ok := snap.Raise("us-east", "b", 0); !ok || ratio != 0 || ago > time.Minute {
+		t.Errorf("snapshot Raise(us-east, b) = %v, %v, %v; want the region removal's, just now", ago, ratio, ok)
+	}
+}
