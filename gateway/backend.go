@@ -40,7 +40,7 @@ func (g *Gateway) newLimiter() error {
 		},
 		Instances:         g.fallbackInstances,
 		ExpectedInstances: g.cfg.ExpectedInstances,
-		ChangedAt:         g.changedAt,
+		Counted:           g.counted,
 		Registerer:        g.registerer,
 		Logger:            g.log,
 	}
@@ -114,15 +114,6 @@ func newRedisClient(c *RedisConfig, file string) (redis.UniversalClient, error) 
 		}
 	}
 	return redis.NewClient(ro), nil
-}
-
-// changedAt is the limiter's Options.ChangedAt: when the snapshot in force first saw a
-// change that may have raised tenant's capacity in this region.
-func (g *Gateway) changedAt(tenant string) time.Time {
-	if s := g.snap.Load(); s != nil {
-		return s.ChangedAt(g.cfg.Region, tenant)
-	}
-	return time.Time{}
 }
 
 // decisionBounds are extra decision-histogram bounds at the Redis timeout and 1 ms past

@@ -48,7 +48,7 @@ func TestArticleScenarioRedisCluster(t *testing.T) {
 		}
 	}
 
-	key := lua.Keys{}.Bucket("shop-a", "create-order").Key
+	key := lua.Keys{}.Bucket("shop-a", "create-order")
 	ctx := context.Background()
 	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs()})
 	defer cc.Close()

@@ -373,13 +373,24 @@ type RouteConfig struct {
 	Upstream string `yaml:"upstream"`
 	// Cost is how many tokens one request of the route takes.
 	Cost CostConfig `yaml:"cost"`
-	// LimitBy gives each distinct value of a client property a bucket of its own, of the
-	// rule's size: "client_ip", "header:NAME" or "descriptor:NAME" (an RLS descriptor
-	// entry). Empty: one bucket per tenant and route.
+	// LimitBy gives each distinct value of a client property a bucket of its own,
+	// nested inside the tenant's bucket for the route (the rule): a request is admitted
+	// only if both admit. "client_ip", "header:NAME" or "descriptor:NAME" (an RLS
+	// descriptor entry). Empty: one bucket per tenant and route.
 	LimitBy string `yaml:"limit_by"`
 	// LimitByCase is "exact" (default) or "fold": with fold, values that differ only in
 	// case (ACME, acme) share one bucket. Only for header: and descriptor: values.
 	LimitByCase string `yaml:"limit_by_case"`
+	// PerValue is each value's bucket, scaled by the region's share like the rule; unset,
+	// a value's bucket is the rule's size (one value may use the whole tenant's limit,
+	// and all values together never more than it).
+	PerValue *PerValueConfig `yaml:"per_value"`
+}
+
+// PerValueConfig is a limit_by value's bucket.
+type PerValueConfig struct {
+	Capacity        int64   `yaml:"capacity"`
+	RefillPerSecond float64 `yaml:"refill_per_second"`
 }
 
 // CostConfig is a route's cost: fixed, or read from a request header up to Max.
@@ -820,6 +831,12 @@ func (c *Config) checkRoutes() error {
 			return c.bad(key+".limit_by_case", "want exact or fold, got %q", r.LimitByCase)
 		case r.LimitByCase == routingFold && lb.kind != limitByHeader && lb.kind != limitByDescriptor:
 			return c.bad(key+".limit_by_case", "only for limit_by header:NAME or descriptor:NAME values")
+		case r.PerValue != nil && lb.kind == limitByNone:
+			return c.bad(key+".per_value", "needs limit_by: it is the bucket of each limit_by value")
+		case r.PerValue != nil && (r.PerValue.Capacity < 1 || r.PerValue.Capacity > regions.MaxCapacity):
+			return c.bad(key+".per_value.capacity", "%d: want 1 to %d", r.PerValue.Capacity, int64(regions.MaxCapacity))
+		case r.PerValue != nil && (!(r.PerValue.RefillPerSecond > 0) || r.PerValue.RefillPerSecond > regions.MaxRefillPerSecond):
+			return c.bad(key+".per_value.refill_per_second", "%v: want a number > 0 and at most %g", r.PerValue.RefillPerSecond, float64(regions.MaxRefillPerSecond))
 		}
 	}
 	if _, err := newRouteMux(c.Routes, c.Routing.rules(), func(int) http.Handler { return http.NotFoundHandler() }); err != nil {

@@ -42,11 +42,21 @@ type verdict struct {
 // its fallback, leases and shards, or the local limiter), shadow rules, fail open, and
 // the metrics. ok is false only when ctx ended first: there is no one to answer.
 func (g *Gateway) decide(ctx context.Context, a ask) (v verdict, ok bool) {
-	rule, lim, _ := a.snap.RegionalRule(g.cfg.Region, a.tenant, a.rt.id)
+	rule, lim, share := a.snap.RegionalRule(g.cfg.Region, a.tenant, a.rt.id)
 	start := time.Now()
-	d, err := g.lim.Decide(ctx, limiter.Request{
-		Tenant: a.tenant, Route: a.rt.id, Limit: lim, Cost: a.cost, Shards: rule.Shards, Value: a.value,
-	})
+	req := limiter.Request{Tenant: a.tenant, Route: a.rt.id, Limit: lim, Cost: a.cost, Shards: rule.Shards}
+	if a.value != "" {
+		req.Value, req.ValueLimit = a.value, lim
+		if pv := a.rt.perValue; pv != nil {
+			req.ValueLimit = regions.Scale(pv.Capacity, pv.RefillPerSecond, share)
+		}
+	}
+	// Within a fill time of a change that may have raised the tenant's limit, a bucket
+	// Redis no longer holds comes back at the old limit plus the refill since, not full.
+	if ago, ratio, ok := a.snap.Raise(g.cfg.Region, a.tenant, g.sinceSnapshot()); ok {
+		req.RaisedAgo, req.RaiseRatio = ago, ratio
+	}
+	d, err := g.lim.Decide(ctx, req)
 	elapsed := time.Since(start)
 	switch {
 	case err != nil && ctx.Err() != nil:

@@ -58,6 +58,14 @@ type Gateway struct {
 	tenants    *tenantTracker
 
 	snap  atomic.Pointer[regions.Snapshot]
+	// snapAt is when snap was stored, in ns since origin (the monotonic clock): a
+	// snapshot's raise markers age from the store's clock at load plus that.
+	snapAt atomic.Int64
+	origin time.Time
+	// countedFrom is when the region's other gateways count this one in N (its first
+	// heartbeat plus a heartbeat and a reload), in ns since origin; 0 until the first
+	// heartbeat.
+	countedFrom atomic.Int64
 	ready readiness
 	// emptySnapshot: the last database snapshot had no region rows (acceptSnapshot).
 	emptySnapshot atomic.Bool
@@ -88,6 +96,7 @@ type Gateway struct {
 type redisBackend interface {
 	Load(ctx context.Context) error
 	CheckEviction(ctx context.Context)
+	Flush(ctx context.Context) (charged, lost int64)
 }
 
 // New validates cfg, fills its defaults and builds the gateway. It starts no goroutine of
@@ -105,6 +114,7 @@ func New(cfg Config, opts Options) (_ *Gateway, err error) {
 		log:        opts.Logger,
 		registerer: opts.Registerer,
 		now:        opts.Now,
+		origin:     time.Now(),
 	}
 	if g.log == nil {
 		g.log = slog.New(slog.DiscardHandler)
@@ -295,7 +305,12 @@ func (g *Gateway) run(ctx context.Context, ln, aln, rln net.Listener) error {
 			}
 		})
 		hb = &heartbeats{store: g.store, id: g.cfg.InstanceID, region: g.cfg.Region,
-			every: g.cfg.HeartbeatInterval, log: g.log, errs: g.m.heartbeatErrs}
+			every: g.cfg.HeartbeatInterval, log: g.log, errs: g.m.heartbeatErrs,
+			first: func() {
+				// The others see this heartbeat in their snapshot within a reload (on a
+				// timer: heartbeats send no NOTIFY), after the next heartbeat at worst.
+				g.countedFrom.Store(int64(time.Since(g.origin) + g.cfg.HeartbeatInterval + g.cfg.ReloadInterval))
+			}}
 		wg.Go(func() { hb.run(bg) })
 	}
 	wg.Go(func() { g.rotateTenants(bg) })
@@ -350,6 +365,13 @@ func (g *Gateway) run(ctx context.Context, ln, aln, rln net.Listener) error {
 	cancel()
 	stopBG()
 	wg.Wait()
+	if g.redis != nil {
+		// What the fallback admitted and Redis was not charged yet goes with this process
+		// unless it is charged now: tried for a bounded time, what fails is counted lost.
+		fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), flushTimeout)
+		g.redis.Flush(fctx)
+		cancel()
+	}
 	if hb != nil {
 		hb.remove(ctx)
 	}
@@ -420,3 +442,6 @@ func serve(srv *http.Server, ln net.Listener) error {
 func (g *Gateway) rotateTenants(ctx context.Context) {
 	every(ctx, g.cfg.Metrics.TenantInterval, g.tenants.rotate)
 }
+
+// flushTimeout bounds the charge of the fallback's debts at shutdown (Redis.Flush).
+const flushTimeout = 2 * time.Second

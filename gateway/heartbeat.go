@@ -19,6 +19,7 @@ type heartbeats struct {
 	every  time.Duration
 	log    *slog.Logger
 	errs   prometheus.Counter
+	first  func() // called after the first heartbeat that succeeded
 }
 
 // run records the instance alive every interval until ctx ends. Failures are counted,
@@ -32,6 +33,13 @@ func (h *heartbeats) run(ctx context.Context) {
 		switch {
 		case ctx.Err() != nil:
 			return
+		case err == nil && h.first != nil:
+			h.first()
+			h.first = nil
+			if failing {
+				h.log.Info("heartbeat recovered", "region", h.region, "instance", h.id)
+				failing = false
+			}
 		case err != nil:
 			h.errs.Inc()
 			if !failing {

@@ -21,6 +21,7 @@ type route struct {
 	counters *routeCounters
 	cost     CostConfig
 	limitBy  limitBy
+	perValue *PerValueConfig // each limit_by value's bucket; nil: the rule's size
 }
 
 // newRoutes builds the routes, their reverse proxies and the route table of both HTTP
@@ -47,6 +48,7 @@ func (g *Gateway) newRoutes() error {
 			counters: g.m.newRouteCounters(g.cfg.Region, rc.ID, doors...),
 			cost:     rc.Cost,
 			limitBy:  lb,
+			perValue: rc.PerValue,
 		}
 		rt.proxy = g.newReverseProxy(rt, target, transport)
 		list[i] = rt

@@ -30,6 +30,21 @@ func (g *Gateway) onReload(s *regions.Snapshot) {
 		"instances", s.LiveInstances(g.cfg.Region))
 }
 
+// sinceSnapshot is how long ago the snapshot in force was stored (the monotonic clock).
+func (g *Gateway) sinceSnapshot() time.Duration {
+	return time.Since(g.origin) - time.Duration(g.snapAt.Load())
+}
+
+// counted is the limiter's Options.Counted: whether the region's other gateways count
+// this one in their N yet. A standalone gateway (no heartbeats) always is.
+func (g *Gateway) counted() bool {
+	if g.cfg.Standalone() {
+		return true
+	}
+	from := g.countedFrom.Load()
+	return from != 0 && time.Since(g.origin) >= time.Duration(from)
+}
+
 // liveInstances is the fallback divisor: live gateways of this region, 0 when unknown.
 func (g *Gateway) liveInstances() int {
 	if s := g.snap.Load(); s != nil {
@@ -50,11 +65,8 @@ func (g *Gateway) pairShare(tenant, route string) (float64, bool) {
 
 // setSnapshot swaps in a new snapshot and updates the gauges that describe it.
 func (g *Gateway) setSnapshot(s *regions.Snapshot) {
-	// Which tenants' capacities may have been raised since the last snapshot, and when:
-	// the limiter's fallback starts a bucket it holds nothing for from the raise, not
-	// full at the new size (regions.Snapshot.Since).
-	s = s.Since(g.snap.Load(), g.now())
 	g.snap.Store(s)
+	g.snapAt.Store(int64(time.Since(g.origin)))
 	g.m.rulesLoaded.Set(float64(s.RuleCount()))
 	g.m.lastReload.SetToCurrentTime()
 	g.m.instances.Set(float64(s.LiveInstances(g.cfg.Region)))

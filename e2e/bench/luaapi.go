@@ -3,6 +3,8 @@ package bench
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
+	"slices"
 	"strconv"
 
 	"github.com/redis/go-redis/v9"
@@ -15,48 +17,55 @@ import (
 // bucket. When the scripts change (one key per bucket, many buckets per call), this is
 // the file to change; the phases only call these functions.
 
-// keysPerBucket is the Redis keys one tenant/route bucket holds: the bucket and its
-// rule record (lua/prelude.lua).
-const keysPerBucket = 2
+// keysPerBucket is the Redis keys one tenant/route bucket holds: the bucket alone
+// (lua/state.lua).
+const keysPerBucket = 1
 
-// ourCall is one decision by the script the gateway calls (token_bucket.lua), as
-// redis-benchmark sends it: the bucket and its rule record, a rule that always admits,
-// cost 1. redis-benchmark draws a number for each __rand_int__ on its own, so the
-// record is another tenant's: the same work for the script, every rule being the same.
-func ourCall() scriptCall {
-	ref := lua.Keys{}.Bucket(randKey, "create-order")
-	keys, args := lua.ScriptTake.Args(ref, ceilingRule, ceilingRule, 1, 0)
+// ourCall is one decision by the script the gateway calls (decide.lua), as the batcher
+// sends a lone one: one bucket, a rule that always admits, cost 1.
+func ourCall() scriptCall { return ourBatchOf("ours", 1) }
+
+// ourBatch is n decisions in one call of our script, on n random buckets: what the
+// batcher sends under load.
+func ourBatch(n int) scriptCall { return ourBatchOf("ours-batch", n) }
+
+func ourBatchOf(name string, n int) scriptCall {
 	return scriptCall{
-		name: "ours", origin: "`lua.ScriptTake` (prelude.lua + token_bucket.lua)",
-		source: lua.ScriptTake.Source(), keys: keys, args: strArgs(args), decisions: 1,
+		name: name, origin: fmt.Sprintf("`lua.DecideSource` (state.lua + decide.lua), %d decision(s) a call", n),
+		source: lua.DecideSource(), decisions: n,
+		binary: func(r *rand.Rand, keys int) ([]string, []byte) {
+			var b lua.Batch
+			for range n {
+				key := lua.Keys{}.Bucket(strconv.Itoa(r.IntN(keys)), "create-order")
+				b.Add(lua.Decision{Op: lua.OpTake, N: 1, Buckets: []lua.Bucket{{Key: key, Capacity: ceilingRule, Refill: ceilingRule, Cap: lua.NoCap}}})
+			}
+			ks, arg := b.Args()
+			return slices.Clone(ks), slices.Clone(arg)
+		},
 	}
-}
-
-// ourBatch is n decisions in one call of our script: the ceiling a batcher reaches
-// when it sends many buckets per call. lua has no many-bucket script yet, so it is the
-// stand-in issue 23 names: the article's logic looped over n keys in one call. Point
-// it at lua's many-bucket script (its source, and the keys and arguments of n
-// decisions) when there is one.
-func ourBatch(n int) scriptCall {
-	c := articleBatch(n)
-	c.name = "ours-batch"
-	c.origin = "stand-in until lua decides many buckets per call: " + c.origin
-	return c
 }
 
 // memoryBucket is the call the memory phase fills Redis with: one token of the bucket
 // of tenant/route taken under a rule that refills slowly, as the gateway writes it.
-func memoryBucket(ctx context.Context, tenant, route string, capacity int64, refill float64) *redis.Cmd {
-	return lua.ScriptTake.EvalShaCmd(ctx, lua.Keys{}.Bucket(tenant, route), capacity, refill, 1, 0)
+func memoryBucket(ctx context.Context, tenant, route string, capacity int64, refill float64) *memoryCall {
+	var b lua.Batch
+	b.Add(lua.Decision{Op: lua.OpTake, N: 1, Buckets: []lua.Bucket{{Key: lua.Keys{}.Bucket(tenant, route), Capacity: capacity, Refill: refill, Cap: lua.NoCap}}})
+	return &memoryCall{Cmd: b.Cmd(ctx), batch: b}
+}
+
+// memoryCall is a memoryBucket call and what reads its reply.
+type memoryCall struct {
+	*redis.Cmd
+	batch lua.Batch
 }
 
 // memoryBucketOK checks a memoryBucket call's reply: the token was taken.
-func memoryBucketOK(cmd *redis.Cmd) error {
-	r, err := lua.TakeReply(cmd)
+func memoryBucketOK(c *memoryCall) error {
+	out, err := c.batch.Read(c.Cmd, nil)
 	if err != nil {
 		return err
 	}
-	if !r.Allowed {
+	if out[0].Granted != 1 {
 		return fmt.Errorf("bucket refused its first token")
 	}
 	return nil
@@ -65,28 +74,26 @@ func memoryBucketOK(cmd *redis.Cmd) error {
 // memoryUsage writes one bucket of tenant/route, reads MEMORY USAGE of its key and
 // deletes what it wrote.
 func memoryUsage(ctx context.Context, rdb *redis.Client, tenant, route string, capacity int64, refill float64) (int64, error) {
-	if err := lua.NewTokenBucket(rdb).Load(ctx); err != nil {
+	if err := lua.Load(ctx, rdb); err != nil {
 		return 0, err
 	}
-	ref := lua.Keys{}.Bucket(tenant, route)
-	cmd := memoryBucket(ctx, tenant, route, capacity, refill)
-	if err := rdb.Process(ctx, cmd); err != nil {
+	key := lua.Keys{}.Bucket(tenant, route)
+	c := memoryBucket(ctx, tenant, route, capacity, refill)
+	if err := rdb.Process(ctx, c.Cmd); err != nil {
 		return 0, err
 	}
-	if err := memoryBucketOK(cmd); err != nil {
+	if err := memoryBucketOK(c); err != nil {
 		return 0, err
 	}
-	usage, err := rdb.MemoryUsage(ctx, ref.Key).Result()
+	usage, err := rdb.MemoryUsage(ctx, key).Result()
 	if err != nil {
 		return 0, fmt.Errorf("MEMORY USAGE: %w", err)
 	}
-	return usage, rdb.Del(ctx, ref.Key, ref.Record).Err()
+	return usage, rdb.Del(ctx, key).Err()
 }
 
 // loadScripts loads our scripts into rdb's script cache (for EVALSHA).
-func loadScripts(ctx context.Context, rdb *redis.Client) error {
-	return lua.NewTokenBucket(rdb).Load(ctx)
-}
+func loadScripts(ctx context.Context, rdb *redis.Client) error { return lua.Load(ctx, rdb) }
 
 func strArgs(args []any) []string {
 	out := make([]string, len(args))

@@ -71,10 +71,10 @@ func (b *bench) redisMemoryRun(ctx context.Context, run int) error {
 		const batch = 1000
 		for ; filled < n; filled += batch {
 			pipe := rdb.Pipeline()
-			cmds := make([]*redis.Cmd, 0, batch)
+			cmds := make([]*memoryCall, 0, batch)
 			for j := filled; j < filled+batch; j++ {
 				c := memoryBucket(ctx, fmt.Sprintf("tenant-%07d", j), "create-order", capacity, refill)
-				_ = pipe.Process(ctx, c)
+				_ = pipe.Process(ctx, c.Cmd)
 				cmds = append(cmds, c)
 			}
 			if _, err := pipe.Exec(ctx); err != nil {

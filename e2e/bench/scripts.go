@@ -5,6 +5,7 @@ import (
 	"crypto/sha1"
 	"encoding/hex"
 	"errors"
+	"math/rand/v2"
 	"fmt"
 	"os"
 	"os/exec"
@@ -20,21 +21,47 @@ import (
 	"github.com/quotaplane/quotaplane/internal/testenv"
 )
 
-// The script phase: the Redis ceiling of each script with nothing but redis-benchmark
-// in front of it, on one redis-server, the rows side by side in every run.
+// The script phase: the Redis ceiling of each script with nothing but a load generator
+// in front of it, on one redis-server, the rows side by side in every run. The
+// generator is testenv.Blast, redis-benchmark's -c and -P for commands redis-benchmark
+// cannot send (ours has a binary argument), for every row alike: commands built before
+// the clock starts, cycled through, so the client does little more than copy bytes.
 
-// scriptCall is one script call as redis-benchmark sends it: the script's text (SCRIPT
-// LOAD, then EVALSHA by its SHA1), and the keys and arguments of one call, where
-// redis-benchmark puts a random number below -r for every randKey.
+// scriptCall is one script call: the script's text (SCRIPT LOAD, then EVALSHA by its
+// SHA1), and the keys and arguments of one call, where a random number below the
+// phase's key count goes for every randKey; or, for a script of binary arguments
+// (ours), binary, which builds one call's keys and argument.
 type scriptCall struct {
 	name, origin string
 	source       string
 	keys, args   []string
+	binary       func(r *rand.Rand, keys int) ([]string, []byte)
 	decisions    int // decisions one call takes
 }
 
-// randKey is redis-benchmark's placeholder for a random key number.
+// randKey is the placeholder of a random key number in keys.
 const randKey = "__rand_int__"
+
+// command is one EVALSHA of c with random keys, RESP-encoded.
+func (c scriptCall) command(r *rand.Rand, keys int) []byte {
+	args := [][]byte{[]byte("EVALSHA"), []byte(c.sha())}
+	if c.binary != nil {
+		ks, arg := c.binary(r, keys)
+		args = append(args, []byte(strconv.Itoa(len(ks))))
+		for _, k := range ks {
+			args = append(args, []byte(k))
+		}
+		return testenv.RESPCommand(append(args, arg)...)
+	}
+	args = append(args, []byte(strconv.Itoa(len(c.keys))))
+	for _, k := range c.keys {
+		args = append(args, []byte(strings.ReplaceAll(k, randKey, strconv.Itoa(r.IntN(keys)))))
+	}
+	for _, a := range c.args {
+		args = append(args, []byte(a))
+	}
+	return testenv.RESPCommand(args...)
+}
 
 // ceilingRule is the capacity and refill of every script's rule: so large that every
 // call admits, and so runs its whole script and writes.
@@ -168,10 +195,6 @@ func (b *bench) scriptCalls(ctx context.Context) ([]scriptCall, error) {
 // scriptsRun runs every row once on a fresh redis-server, rotated so that no row
 // always goes first.
 func (b *bench) scriptsRun(ctx context.Context, run int) error {
-	bin, err := exec.LookPath("redis-benchmark")
-	if err != nil {
-		return fmt.Errorf("scripts: redis-benchmark not found (Debian package redis-tools): %w", err)
-	}
 	if b.scripts == nil {
 		calls, err := b.scriptCalls(ctx)
 		if err != nil {
@@ -198,7 +221,7 @@ func (b *bench) scriptsRun(ctx context.Context, run int) error {
 	}
 	for j := range sp.calls {
 		c := sp.calls[(run+j)%len(sp.calls)]
-		rate, cpu, err := redisBenchmark(ctx, bin, rd, rdb, c, sp)
+		rate, cpu, err := redisBenchmark(ctx, rd, rdb, c, sp)
 		if err != nil {
 			return err
 		}
@@ -219,31 +242,37 @@ func checkScript(ctx context.Context, rdb *redis.Client, c scriptCall) error {
 	if sha != c.sha() {
 		return fmt.Errorf("scripts: %s: SCRIPT LOAD returned %s, want %s", c.name, sha, c.sha())
 	}
-	keys := make([]string, len(c.keys))
-	for i, k := range c.keys {
-		keys[i] = strings.ReplaceAll(k, randKey, "0")
-	}
-	args := make([]any, len(c.args))
-	for i, a := range c.args {
-		args[i] = a
-	}
-	if err := rdb.EvalSha(ctx, sha, keys, args...).Err(); err != nil {
+	if err := rdb.Process(ctx, redis.NewCmd(ctx, respArgs(c.command(rand.New(rand.NewPCG(1, 2)), 1))...)); err != nil {
 		return fmt.Errorf("scripts: a call of %s fails: %w", c.name, err)
 	}
 	return nil
 }
 
-var rpsLine = regexp.MustCompile(`([0-9.]+) requests per second`)
+// respArgs decodes a RESP array of bulk strings (command's output) back into arguments.
+func respArgs(b []byte) []any {
+	lines := strings.SplitN(string(b), "\r\n", 2)
+	n, _ := strconv.Atoi(strings.TrimPrefix(lines[0], "*"))
+	rest := lines[1]
+	out := make([]any, 0, n)
+	for range n {
+		hdr, body, _ := strings.Cut(rest, "\r\n")
+		l, _ := strconv.Atoi(strings.TrimPrefix(hdr, "$"))
+		out = append(out, body[:l])
+		rest = body[l+2:]
+	}
+	return out
+}
 
-// redisBenchmark runs c with redis-benchmark until the row's decisions are made and
-// returns its calls per second and Redis's busy fraction, after checking with INFO
-// commandstats that every call ran and none failed.
-func redisBenchmark(ctx context.Context, bin string, rd *testenv.Process, rdb *redis.Client, c scriptCall, sp *scriptsPhase) (float64, float64, error) {
+// redisBenchmark sends c until the row's decisions are made and returns its calls per
+// second and Redis's busy fraction, after checking with INFO commandstats that every
+// call ran and none failed.
+func redisBenchmark(ctx context.Context, rd *testenv.Process, rdb *redis.Client, c scriptCall, sp *scriptsPhase) (float64, float64, error) {
 	n := max(sp.decisions/c.decisions, 1000)
-	args := []string{"-h", rd.Host, "-p", strconv.Itoa(rd.Port), "-q", "-n", strconv.Itoa(n),
-		"-c", strconv.Itoa(sp.clients), "-P", strconv.Itoa(sp.pipeline), "-r", strconv.Itoa(sp.keys),
-		"EVALSHA", c.sha(), strconv.Itoa(len(c.keys))}
-	args = append(append(args, c.keys...), c.args...)
+	r := rand.New(rand.NewPCG(uint64(n), 7))
+	cmds := make([][]byte, min(n, 10_000))
+	for i := range cmds {
+		cmds[i] = c.command(r, sp.keys)
+	}
 	before, err := evalshaStats(ctx, rdb)
 	if err != nil {
 		return 0, 0, err
@@ -252,17 +281,11 @@ func redisBenchmark(ctx context.Context, bin string, rd *testenv.Process, rdb *r
 	if err != nil {
 		return 0, 0, err
 	}
-	start := time.Now()
 	cctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 	defer cancel()
-	out, err := exec.CommandContext(cctx, bin, args...).CombinedOutput()
-	elapsed := time.Since(start)
+	elapsed, err := testenv.Blast(cctx, testenv.BlastOptions{Addr: rd.Addr(), Conns: sp.clients, Pipe: sp.pipeline, Total: n, Commands: cmds})
 	if err != nil {
-		return 0, 0, fmt.Errorf("scripts: redis-benchmark %s: %w\n%s", c.name, err, tail(out, 2000))
-	}
-	m := rpsLine.FindSubmatch(out)
-	if m == nil {
-		return 0, 0, fmt.Errorf("scripts: redis-benchmark %s: output not understood:\n%s", c.name, tail(out, 2000))
+		return 0, 0, fmt.Errorf("scripts: %s: %w", c.name, err)
 	}
 	after, err := evalshaStats(ctx, rdb)
 	if err != nil {
@@ -273,16 +296,12 @@ func redisBenchmark(ctx context.Context, bin string, rd *testenv.Process, rdb *r
 		return 0, 0, err
 	}
 	if calls := after.calls - before.calls; calls < int64(n) {
-		return 0, 0, fmt.Errorf("scripts: redis-benchmark %s made %d script calls, want %d:\n%s", c.name, calls, n, tail(out, 2000))
+		return 0, 0, fmt.Errorf("scripts: %s made %d script calls, want %d", c.name, calls, n)
 	}
 	if failed := after.failed - before.failed; failed > 0 {
 		return 0, 0, fmt.Errorf("scripts: %d of the calls of %s failed", failed, c.name)
 	}
-	rate, err := strconv.ParseFloat(string(m[1]), 64)
-	if err != nil {
-		return 0, 0, fmt.Errorf("scripts: redis-benchmark %s: %w", c.name, err)
-	}
-	return rate, (cpuAfter - cpuBefore) / elapsed.Seconds(), nil
+	return float64(n) / elapsed.Seconds(), (cpuAfter - cpuBefore) / elapsed.Seconds(), nil
 }
 
 type commandStats struct{ calls, failed int64 }
