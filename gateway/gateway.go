@@ -57,7 +57,7 @@ type Gateway struct {
 	m          *metrics
 	tenants    *tenantTracker
 
-	snap  atomic.Pointer[regions.Snapshot]
+	snap atomic.Pointer[regions.Snapshot]
 	// snapAt is when snap was stored, in ns since origin (the monotonic clock): a
 	// snapshot's raise markers age from the store's clock at load plus that.
 	snapAt atomic.Int64
@@ -66,7 +66,7 @@ type Gateway struct {
 	// heartbeat plus a heartbeat and a reload), in ns since origin; 0 until the first
 	// heartbeat.
 	countedFrom atomic.Int64
-	ready readiness
+	ready       readiness
 	// emptySnapshot: the last database snapshot had no region rows (acceptSnapshot).
 	emptySnapshot atomic.Bool
 
