@@ -46,7 +46,8 @@ func TestRaiseMarkers(t *testing.T) {
 	}
 	clear()
 
-	if err := s.SetRule(ctx, rule("nokey", 10, 1)); err != nil {
+	near := func(got, want float64) bool { return got > want-1e-6 && got < want+1e-6 }
+	if err := s.SetRule(ctx, rule("nokey", 40, 1)); err != nil {
 		t.Fatal(err)
 	}
 	if m := marks(); len(m) != 0 {
@@ -55,71 +56,74 @@ func TestRaiseMarkers(t *testing.T) {
 	if _, _, err := s.CreateKey(ctx, "a", "k"); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.SetRule(ctx, rule("a", 10, 1)); err != nil {
-		t.Fatal(err)
-	}
-	if m := marks(); len(m) != 1 || m[[2]string{"*", "a"}] != 0 {
-		t.Errorf("a rule added for tenant a: %v, want {*, a} ratio 0", m)
-	}
-	age() // an hour later a raise no longer compounds with the one before
 	if err := s.SetRule(ctx, rule("a", 40, 1)); err != nil {
 		t.Fatal(err)
 	}
-	if r := marks()[[2]string{"*", "a"}]; r != 0.25 {
-		t.Errorf("capacity 10 -> 40: ratio %v, want 0.25", r)
+	if m := marks(); len(m) != 1 || !near(m[[2]string{"*", "a"}], 0.5) {
+		t.Errorf("a rule of 40 added for tenant a under the default of 20: %v, want {*, a} ratio 0.5", m)
 	}
+	age() // an hour later a raise no longer compounds with the one before
 	if err := s.SetRule(ctx, rule("a", 80, 1)); err != nil {
 		t.Fatal(err)
 	}
-	if r := marks()[[2]string{"*", "a"}]; r != 0.125 {
-		t.Errorf("40 -> 80 within the hour: ratio %v, want 0.125 (0.25 x 0.5: the first ramp is not over)", r)
+	if r := marks()[[2]string{"*", "a"}]; !near(r, 0.5) {
+		t.Errorf("capacity 40 -> 80: ratio %v, want 0.5", r)
+	}
+	if err := s.SetRule(ctx, rule("a", 160, 1)); err != nil {
+		t.Fatal(err)
+	}
+	if r := marks()[[2]string{"*", "a"}]; !near(r, 0.25) {
+		t.Errorf("80 -> 160 within the hour: ratio %v, want 0.25 (0.5 x 0.5: the first ramp is not over)", r)
 	}
 	clear()
-	if err := s.SetRule(ctx, rule("a", 20, 1)); err != nil {
+	if err := s.SetRule(ctx, rule("a", 10, 1)); err != nil {
 		t.Fatal(err)
 	}
 	if m := marks(); len(m) != 0 {
 		t.Errorf("a lowering marked %v, want nothing", m)
 	}
-	if err := s.SetRule(ctx, rule("a", 20, 4)); err != nil {
+	if err := s.SetRule(ctx, rule("a", 10, 4)); err != nil {
 		t.Fatal(err)
 	}
-	if r, ok := marks()[[2]string{"*", "a"}]; !ok || r != 1 {
+	if r, ok := marks()[[2]string{"*", "a"}]; !ok || !near(r, 1) {
 		t.Errorf("more shards: %v (marked %v), want ratio 1 (the capacity did not change)", r, ok)
 	}
 	clear()
+	// Three regions, no shares: each holds a third.
 	if err := s.SetOverride(ctx, regions.Scope{Tenant: "a", Route: regions.Wildcard}, map[string]float64{"us-east": 0.2, "eu-west": 0.4, "ap-south": 0.4}, "test", "a test", 0); err != nil {
 		t.Fatal(err)
 	}
-	if m := marks(); len(m) != 3 || m[[2]string{"us-east", "a"}] != 0 {
-		t.Errorf("shares added: %v, want each region marked for a, ratio 0", m)
+	if m := marks(); len(m) != 2 || !near(m[[2]string{"eu-west", "a"}], 0.8333333) || !near(m[[2]string{"ap-south", "a"}], 0.8333333) {
+		t.Errorf("shares set from the equal third: %v, want eu-west and ap-south marked for a, ratio (1/3)/0.4", m)
 	}
 	clear()
 	age()
 	if err := s.SetOverride(ctx, regions.Scope{Tenant: "a", Route: regions.Wildcard}, map[string]float64{"us-east": 0.4, "eu-west": 0.2, "ap-south": 0.4}, "test", "a test", 0); err != nil {
 		t.Fatal(err)
 	}
-	if m := marks(); len(m) != 1 || m[[2]string{"us-east", "a"}] != 0.5 {
+	if m := marks(); len(m) != 1 || !near(m[[2]string{"us-east", "a"}], 0.5) {
 		t.Errorf("us-east 0.2 -> 0.4, eu-west lowered: %v, want only us-east marked, ratio 0.5", m)
 	}
 	clear()
 	exec(t, s, `DELETE FROM rate_limit_rule WHERE tenant_id = 'a'`) // plain SQL too
-	if m := marks(); len(m) != 1 || m[[2]string{"*", "a"}] != 0 {
-		t.Errorf("a rule deleted with plain SQL: %v, want {*, a} ratio 0", m)
+	if m := marks(); len(m) != 1 || !near(m[[2]string{"*", "a"}], 0.5) {
+		t.Errorf("a's rule of 10 deleted with plain SQL (the default of 20 applies): %v, want {*, a} ratio 0.5", m)
 	}
 	clear()
 	if err := s.RemoveRegion(ctx, "ap-south", DropShares); err != nil {
 		t.Fatal(err)
 	}
-	if m := marks(); m[[2]string{"*", "*"}] != 0 || len(m) == 0 {
-		t.Errorf("a region removed: %v, want {*, *} ratio 0", m)
+	// us-east 0.4 and eu-west 0.2 renormalise to 2/3 and 1/3; the equal split of every
+	// other tenant grows from 1/3 to 1/2.
+	if m := marks(); !near(m[[2]string{"*", "*"}], 2.0/3) || !near(m[[2]string{"us-east", "a"}], 0.6) || !near(m[[2]string{"eu-west", "a"}], 0.6) {
+		t.Errorf("a region removed: %v, want {*, *} ratio 2/3 and us-east, eu-west of a 0.6", m)
 	}
 
 	snap, err := s.LoadSnapshot(ctx, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if ago, ratio, ok := snap.Raise("us-east", "b", 0); !ok || ratio != 0 || ago > time.Minute {
+	if ago, ratio, ok := snap.Raise("us-east", "b", 0); !ok || !near(ratio, 2.0/3) || ago > time.Minute {
 		t.Errorf("snapshot Raise(us-east, b) = %v, %v, %v; want the region removal's, just now", ago, ratio, ok)
 	}
 }

@@ -1,0 +1,197 @@
+-- Raise markers: when a change that may have raised a tenant's regional capacity was
+-- made, and by how much, so a gateway can hold a bucket that Redis no longer has (it
+-- expired full under the old limit) to the old limit plus the new refill since the
+-- change, instead of a full bucket at the new size (docs/reliability.md, "rule changes
+-- and expiry"). Every gateway reads the same rows, a new process too.
+--
+-- One row per (region, tenant); '*' for every region (a rule) or every tenant (a default
+-- rule, a region-wide share, the equal split of a region removed). ratio is the old
+-- capacity over the new, resolved as the gateways resolve them (the rule: tenant+route,
+-- tenant+*, *+route, *+*; the share: overrides then rebalancer values, tenant/route,
+-- tenant, *, else the equal split), so a rebalancer moving a share from 0.5 to 0.6 holds
+-- a returning bucket to 0.5 of the rule plus the refill, not to nothing. A rule for
+-- tenant+* is compared with the default rule (the routes are the gateways' business). Two
+-- raises within an hour compound (their ratios multiply), so the second does not forget
+-- the first's ramp. A change for a tenant that has no API key raises nothing: it can
+-- have no bucket.
+
+-- +goose Up
+CREATE TABLE limit_raise (
+    region    text NOT NULL,
+    tenant    text NOT NULL,
+    raised_at timestamptz NOT NULL DEFAULT now(),
+    ratio     double precision NOT NULL CHECK (ratio >= 0 AND ratio <= 1),
+    PRIMARY KEY (region, tenant)
+);
+
+-- +goose StatementBegin
+CREATE FUNCTION limit_raise_mark(p_region text, p_tenant text, p_old double precision, p_new double precision) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_ratio double precision;
+BEGIN
+    IF p_new <= p_old THEN
+        RETURN; -- not a raise
+    END IF;
+    IF p_tenant <> '*' AND NOT EXISTS (SELECT 1 FROM api_key WHERE tenant_id = p_tenant) THEN
+        RETURN; -- no key, so no bucket: nothing to hold back
+    END IF;
+    v_ratio := CASE WHEN p_new > 0 THEN greatest(0, least(1, p_old / p_new)) ELSE 0 END;
+    INSERT INTO limit_raise (region, tenant, raised_at, ratio) VALUES (p_region, p_tenant, now(), v_ratio)
+    ON CONFLICT (region, tenant) DO UPDATE SET
+        ratio = CASE WHEN limit_raise.raised_at > now() - interval '1 hour'
+                     THEN limit_raise.ratio * EXCLUDED.ratio ELSE EXCLUDED.ratio END,
+        raised_at = now();
+END
+$$;
+-- +goose StatementEnd
+
+-- The capacity of the rule that applies to (tenant, route), as the gateways resolve it,
+-- with the row (drop_tenant, drop_route) left out (the one an INSERT added).
+-- +goose StatementBegin
+CREATE FUNCTION limit_raise_rule_capacity(p_tenant text, p_route text, p_drop_tenant text, p_drop_route text)
+RETURNS double precision LANGUAGE sql STABLE AS $$
+    SELECT capacity::double precision FROM rate_limit_rule
+    WHERE (tenant_id, route_id) IN ((p_tenant, p_route), (p_tenant, '*'), ('*', p_route), ('*', '*'))
+      AND NOT (tenant_id = p_drop_tenant AND route_id = p_drop_route)
+    ORDER BY CASE WHEN tenant_id = p_tenant AND route_id = p_route THEN 0
+                  WHEN tenant_id = p_tenant THEN 1 WHEN route_id = p_route THEN 2 ELSE 3 END
+    LIMIT 1
+$$;
+-- +goose StatementEnd
+
+-- +goose StatementBegin
+CREATE FUNCTION limit_raise_rule() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF TG_OP = 'INSERT' THEN
+        PERFORM limit_raise_mark('*', NEW.tenant_id,
+            coalesce(limit_raise_rule_capacity(NEW.tenant_id, NEW.route_id, NEW.tenant_id, NEW.route_id), 0), NEW.capacity);
+    ELSIF TG_OP = 'DELETE' THEN
+        PERFORM limit_raise_mark('*', OLD.tenant_id, OLD.capacity,
+            coalesce(limit_raise_rule_capacity(OLD.tenant_id, OLD.route_id, '', ''), 0));
+    ELSIF NEW.tenant_id <> OLD.tenant_id OR NEW.route_id <> OLD.route_id THEN
+        PERFORM limit_raise_mark('*', OLD.tenant_id, 0, 1);
+        PERFORM limit_raise_mark('*', NEW.tenant_id, 0, 1);
+    ELSIF NEW.capacity > OLD.capacity THEN
+        PERFORM limit_raise_mark('*', NEW.tenant_id, OLD.capacity, NEW.capacity);
+    ELSIF NEW.shards > OLD.shards THEN
+        -- New shards of the same capacity: the limiter starts every shard but shard 0
+        -- from its refill anyway; the mark says when.
+        PERFORM limit_raise_mark('*', NEW.tenant_id, 1 - 1e-9, 1);
+    END IF;
+    RETURN NULL;
+END
+$$;
+-- +goose StatementEnd
+
+CREATE TRIGGER rate_limit_rule_raise AFTER INSERT OR UPDATE OR DELETE ON rate_limit_rule
+    FOR EACH ROW EXECUTE FUNCTION limit_raise_rule();
+
+-- The share region holds of tenant's rule for route, as the gateways resolve it, with the
+-- row (drop_scope, drop_source) left out and the row (add_scope, add_source, add_share)
+-- put in (how the table read before the change being marked).
+-- +goose StatementBegin
+CREATE FUNCTION limit_raise_share_of(p_region text, p_tenant text, p_route text,
+    p_drop_scope text, p_drop_source text, p_add_scope text, p_add_source text, p_add_share double precision)
+RETURNS double precision LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_scope  text;
+    v_source text;
+    v_share  double precision;
+BEGIN
+    FOREACH v_source IN ARRAY ARRAY['override', 'rebalancer'] LOOP
+        FOREACH v_scope IN ARRAY ARRAY[p_tenant || '/' || p_route, p_tenant, '*'] LOOP
+            IF v_scope = p_add_scope AND v_source = p_add_source THEN
+                RETURN p_add_share;
+            END IF;
+            CONTINUE WHEN v_scope = p_drop_scope AND v_source = p_drop_source;
+            SELECT share INTO v_share FROM region_share
+                WHERE region = p_region AND scope = v_scope AND source = v_source
+                  AND (expires_at IS NULL OR expires_at > now());
+            IF FOUND THEN
+                RETURN v_share;
+            END IF;
+        END LOOP;
+    END LOOP;
+    RETURN 1.0 / greatest(1, (SELECT count(*) FROM region));
+END
+$$;
+-- +goose StatementEnd
+
+-- +goose StatementBegin
+CREATE FUNCTION limit_raise_share() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    r      record;
+    tenant text;
+    route  text;
+BEGIN
+    IF TG_OP = 'DELETE' THEN r := OLD; ELSE r := NEW; END IF;
+    tenant := split_part(r.scope, '/', 1);
+    route := coalesce(nullif(split_part(r.scope, '/', 2), ''), '*');
+    IF TG_OP = 'INSERT' THEN
+        PERFORM limit_raise_mark(r.region, tenant,
+            limit_raise_share_of(r.region, tenant, route, r.scope, r.source, '', '', 0),
+            limit_raise_share_of(r.region, tenant, route, '', '', '', '', 0));
+    ELSIF TG_OP = 'DELETE' THEN
+        PERFORM limit_raise_mark(r.region, tenant,
+            limit_raise_share_of(r.region, tenant, route, '', '', r.scope, r.source, r.share),
+            limit_raise_share_of(r.region, tenant, route, '', '', '', '', 0));
+    ELSIF NEW.scope <> OLD.scope OR NEW.region <> OLD.region OR NEW.source <> OLD.source THEN
+        PERFORM limit_raise_mark(OLD.region, split_part(OLD.scope, '/', 1), 0, 1);
+        PERFORM limit_raise_mark(NEW.region, tenant, 0, 1);
+    ELSE
+        PERFORM limit_raise_mark(r.region, tenant,
+            limit_raise_share_of(r.region, tenant, route, r.scope, r.source, OLD.scope, OLD.source, OLD.share),
+            limit_raise_share_of(r.region, tenant, route, '', '', '', '', 0));
+    END IF;
+    RETURN NULL;
+END
+$$;
+-- +goose StatementEnd
+
+CREATE TRIGGER region_share_raise AFTER INSERT OR UPDATE OR DELETE ON region_share
+    FOR EACH ROW EXECUTE FUNCTION limit_raise_share();
+
+-- A region removed: the equal split of the others grows from 1/n to 1/(n-1).
+-- +goose StatementBegin
+CREATE FUNCTION limit_raise_region() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    n double precision := (SELECT count(*) FROM region);
+BEGIN
+    PERFORM limit_raise_mark('*', '*', 1.0 / (n + 1), 1.0 / greatest(n, 1));
+    RETURN NULL;
+END
+$$;
+-- +goose StatementEnd
+
+CREATE TRIGGER region_raise AFTER DELETE ON region
+    FOR EACH ROW EXECUTE FUNCTION limit_raise_region();
+
+-- +goose StatementBegin
+CREATE FUNCTION limit_raise_truncate() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM limit_raise_mark('*', '*', 0, 1); -- whatever applies now may be larger
+    RETURN NULL;
+END
+$$;
+-- +goose StatementEnd
+
+CREATE TRIGGER rate_limit_rule_raise_truncate AFTER TRUNCATE ON rate_limit_rule
+    FOR EACH STATEMENT EXECUTE FUNCTION limit_raise_truncate();
+CREATE TRIGGER region_share_raise_truncate AFTER TRUNCATE ON region_share
+    FOR EACH STATEMENT EXECUTE FUNCTION limit_raise_truncate();
+
+-- +goose Down
+DROP TRIGGER region_share_raise_truncate ON region_share;
+DROP TRIGGER rate_limit_rule_raise_truncate ON rate_limit_rule;
+DROP FUNCTION limit_raise_truncate();
+DROP TRIGGER region_raise ON region;
+DROP FUNCTION limit_raise_region();
+DROP TRIGGER region_share_raise ON region_share;
+DROP FUNCTION limit_raise_share();
+DROP FUNCTION limit_raise_share_of(text, text, text, text, text, text, text, double precision);
+DROP TRIGGER rate_limit_rule_raise ON rate_limit_rule;
+DROP FUNCTION limit_raise_rule();
+DROP FUNCTION limit_raise_rule_capacity(text, text, text, text);
+DROP FUNCTION limit_raise_mark(text, text, double precision, double precision);
+DROP TABLE limit_raise;
