@@ -17,11 +17,12 @@ func checkConfig(upstream string) Config {
 	cfg := articleConfig("us-east", upstream, "")
 	cfg.Routes = append(cfg.Routes,
 		RouteConfig{ID: "export", Match: "POST /export", Upstream: upstream, Cost: CostConfig{Header: "X-Cost", Max: 5}},
-		RouteConfig{ID: "search", Match: "GET /search", Upstream: upstream, LimitBy: "header:X-User"},
+		RouteConfig{ID: "search", Match: "GET /search", Upstream: upstream, LimitBy: "header:X-User",
+			PerValue: &PerValueConfig{Capacity: 1, RefillPerSecond: 0.01}},
 	)
 	cfg.Tenants[0].Rules = append(cfg.Tenants[0].Rules,
 		TenantRuleConfig{Route: "export", Capacity: 10, RefillPerSecond: 0.01},
-		TenantRuleConfig{Route: "search", Capacity: 1, RefillPerSecond: 0.01},
+		TenantRuleConfig{Route: "search", Capacity: 3, RefillPerSecond: 0.01},
 	)
 	return cfg
 }
@@ -84,6 +85,8 @@ func TestCheckEndpoint(t *testing.T) {
 		{"user a", "key-shop-a", append(nginx("GET", "/search"), "X-User", "a"), 200},
 		{"user b has a bucket of its own", "key-shop-a", append(nginx("GET", "/search"), "X-User", "b"), 200},
 		{"user a again", "key-shop-a", append(nginx("GET", "/search"), "X-User", "a"), 429},
+		{"user c", "key-shop-a", append(nginx("GET", "/search"), "X-User", "c"), 200},
+		{"user d: the route's 3 are spent", "key-shop-a", append(nginx("GET", "/search"), "X-User", "d"), 429},
 		{"no route: refused", "key-shop-a", nginx("DELETE", "/anything"), 404},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

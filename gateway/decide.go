@@ -51,9 +51,9 @@ func (g *Gateway) decide(ctx context.Context, a ask) (v verdict, ok bool) {
 			req.ValueLimit = regions.Scale(pv.Capacity, pv.RefillPerSecond, share)
 		}
 	}
-	// Within a fill time of a change that may have raised the tenant's limit, a bucket
-	// Redis no longer holds comes back at the old limit plus the refill since, not full.
-	if ago, ratio, ok := a.snap.Raise(g.cfg.Region, a.tenant, g.sinceSnapshot()); ok {
+	// Within a fill time of a change that may have raised this limit, a bucket Redis no
+	// longer holds comes back at the old limit plus the refill since, not full.
+	if ago, ratio, ok := a.snap.Raise(g.cfg.Region, a.tenant, a.rt.id, g.sinceSnapshot()); ok {
 		req.RaisedAgo, req.RaiseRatio = ago, ratio
 	}
 	d, err := g.lim.Decide(ctx, req)

@@ -393,6 +393,17 @@ func newDatabase(t testing.TB, url string, regionNames ...string) *database {
 	return &database{url: url, store: st}
 }
 
+// forgetRaises deletes the raise markers the setup wrote (migrations/00008). A test
+// that starts from an empty Redis has no bucket that a raise could have left full under
+// the old limit, so its first requests may see the whole new one; a gateway cannot know
+// that, so the test says it.
+func (d *database) forgetRaises(t testing.TB) {
+	t.Helper()
+	if _, err := d.store.Pool().Exec(context.Background(), `DELETE FROM limit_raise`); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func (d *database) setRule(t testing.TB, r regions.Rule) {
 	t.Helper()
 	if err := d.store.SetRule(context.Background(), r); err != nil {

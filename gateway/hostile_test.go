@@ -41,12 +41,13 @@ func TestHostileClientSpellings(t *testing.T) {
 	db := newDatabase(t, testenv.PostgresDB(t), "us-east")
 	for _, r := range []regions.Rule{
 		{Tenant: "shop-a", Route: "create-order", Capacity: 1000, RefillPerSecond: 0.01},
-		{Tenant: "shop-a", Route: "search", Capacity: 2, RefillPerSecond: 0.001},
+		{Tenant: "shop-a", Route: "search", Capacity: 1000, RefillPerSecond: 0.01},
 		{Tenant: "shop-a", Route: "users", Capacity: 1000, RefillPerSecond: 0.01},
 	} {
 		db.setRule(t, r)
 	}
 	key, _ := db.createKey(t, "shop-a")
+	db.forgetRaises(t)
 	rp := testenv.Redis(t)
 	env := []string{"RATELIMIT_DATABASE_URL=" + db.url, "RATELIMIT_REDIS_URL=" + testenv.RedisURL(rp)}
 	rlsPort, err := testenv.FreePort()
@@ -61,7 +62,8 @@ heartbeat_interval: 200ms
 routes:
   - {id: create-order, match: "POST /orders", upstream: %[1]q}
   - {id: get-order, match: "GET /orders/{id}", upstream: %[1]q}
-  - {id: search, match: "GET /search", upstream: %[1]q, limit_by: client_ip}
+  - {id: search, match: "GET /search", upstream: %[1]q, limit_by: client_ip,
+     per_value: {capacity: 2, refill_per_second: 0.001}}
   - {id: users, match: "GET /users", upstream: %[1]q, limit_by: "header:X-User", limit_by_case: fold}
 `, app.URL)
 	// The proxy and RLS doors face clients (no trusted proxy); the check door sits

@@ -213,6 +213,7 @@ func TestProcessTwoRegionsAdmitTheirShares(t *testing.T) {
 		map[string]float64{"us-east": 0.7, "eu-west": 0.3}, "test", "two regions", 0); err != nil {
 		t.Fatal(err)
 	}
+	db.forgetRaises(t)
 	for _, rg := range []struct {
 		name  string
 		share float64

@@ -25,11 +25,12 @@ func rlsConfig(upstream, redisURL string) Config {
 	cfg.Redis.Timeout = 500 * time.Millisecond // a loaded test machine must not fall back
 	cfg.Routes = append(cfg.Routes,
 		RouteConfig{ID: "export", Match: "POST /export", Upstream: upstream, Cost: CostConfig{Max: 5}},
-		RouteConfig{ID: "search", Match: "GET /search", Upstream: upstream, LimitBy: "client_ip"},
+		RouteConfig{ID: "search", Match: "GET /search", Upstream: upstream, LimitBy: "client_ip",
+			PerValue: &PerValueConfig{Capacity: 1, RefillPerSecond: 0.01}},
 	)
 	cfg.Tenants[0].Rules = append(cfg.Tenants[0].Rules,
 		TenantRuleConfig{Route: "export", Capacity: 10, RefillPerSecond: 0.01},
-		TenantRuleConfig{Route: "search", Capacity: 1, RefillPerSecond: 0.01},
+		TenantRuleConfig{Route: "search", Capacity: 100, RefillPerSecond: 0.01},
 	)
 	return cfg
 }
@@ -186,7 +187,7 @@ func TestRLSHitsAddend(t *testing.T) {
 }
 
 // TestRLSPerClientIP: a limit_by client_ip route gives each remote_address its own
-// bucket of the rule's size (1 here); an IPv6 client is counted per /64, as the
+// bucket (per_value: 1 here) inside the route's; an IPv6 client is counted per /64, as the
 // unauthenticated guard counts it.
 func TestRLSPerClientIP(t *testing.T) {
 	up := newUpstream(t, 0)
@@ -288,29 +289,48 @@ func TestRLSTrustedTenant(t *testing.T) {
 	}
 }
 
-// TestRLSRedisOutageUsesFallback: with Redis gone the answers come from the fallback
-// (1/N of the rule; N = expected_instances = 1 here), never a gRPC error.
+// TestRLSRedisOutageUsesFallback: with Redis gone the answers are over the limit until
+// the breaker opens, then come from the fallback, whose bucket starts empty and earns
+// the rule's refill over N (expected_instances = 1 here): never a gRPC error, never more
+// than was earned.
 func TestRLSRedisOutageUsesFallback(t *testing.T) {
 	up := newUpstream(t, 0)
 	rp := testenv.Redis(t)
 	cfg := rlsConfig(up.URL, testenv.RedisURL(rp))
 	cfg.Redis.Timeout = 20 * time.Millisecond
+	cfg.Redis.Breaker = BreakerConfig{Failures: 2, FailureSpan: time.Millisecond, OpenFor: time.Minute}
 	cfg.ExpectedInstances = 1
 	gw := newInProcess(t, cfg)
 	c := rlsClient(t, gw.g)
 	if err := rp.Kill(); err != nil {
 		t.Fatal(err)
 	}
-	d := desc("api_key", "key-shop-a", "route", "create-order")
-	var codes []rlsv3.RateLimitResponse_Code
-	for range 3 {
-		codes = append(codes, shouldRateLimit(t, c, 0, d).OverallCode)
+	d := desc("api_key", "key-shop-a", "route", "get-order") // the default rule: 20, 10/s
+	start := time.Now()
+	first := shouldRateLimit(t, c, 0, d).OverallCode
+	if first != rlsOver {
+		t.Errorf("the first call, breaker closed: %v, want OVER_LIMIT (a failed call is refused)", first)
 	}
-	if codes[0] != rlsOK || codes[1] != rlsOK || codes[2] != rlsOver {
-		t.Fatalf("codes %v during the outage, want OK OK OVER_LIMIT from the fallback", codes)
+	ok := 0
+	for i := 0; i < 400 && ok < 3; i++ {
+		if shouldRateLimit(t, c, 0, d).OverallCode == rlsOK {
+			ok++
+		}
+		time.Sleep(10 * time.Millisecond) // pacing, not synchronisation: the bound below uses the elapsed time
 	}
-	if got := scrapeURL(t, gw.admin.URL).sum("ratelimit_requests_total", "interface", "rls", "source", "fallback"); got != 3 {
-		t.Errorf("rls fallback decisions %v, want 3", got)
+	elapsed := time.Since(start)
+	if ok < 3 {
+		t.Fatalf("%d OK in %v of the outage, want 3 from the fallback's refill", ok, elapsed)
+	}
+	s := scrapeURL(t, gw.admin.URL)
+	if got := s.sum("ratelimit_requests_total", "interface", "rls", "source", "fallback", "decision", "allowed"); got != float64(ok) {
+		t.Errorf("rls fallback admissions %v, want %d", got, ok)
+	}
+	if earned := 10*elapsed.Seconds() + 1; float64(ok) > earned {
+		t.Errorf("the fallback admitted %d in %v: more than its refill, %.1f", ok, elapsed, earned)
+	}
+	if got := s.sum("ratelimit_fallback_refused_total", "reason", "breaker_closed"); got < 1 {
+		t.Errorf("refusals with the breaker closed %v, want at least the first call", got)
 	}
 }
 

@@ -10,14 +10,15 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/quotaplane/quotaplane/internal/testenv"
 	"github.com/quotaplane/quotaplane/regions"
 )
 
 // TestSecretsNeverLeak runs gateways at log level debug with passwords in both URLs (one
-// database reachable, one not; a Redis that refuses the credentials), sends valid and
-// invalid keys, and then searches the logs, /metrics and the responses for every secret.
+// gateway reaches its database and Redis, one neither), sends valid and invalid keys,
+// and then searches the logs, /metrics and the responses for every secret.
 func TestSecretsNeverLeak(t *testing.T) {
 	const (
 		pgPassword    = "PgCanary-7d1e"
@@ -30,6 +31,11 @@ func TestSecretsNeverLeak(t *testing.T) {
 	db.setRule(t, regions.Rule{Tenant: "shop-a", Route: "create-order", Capacity: 100, RefillPerSecond: 100})
 	goodKey, _ := db.createKey(t, "shop-a")
 	rp := testenv.Redis(t)
+	acl := redis.NewClient(&redis.Options{Addr: rp.Addr()})
+	defer acl.Close()
+	if err := acl.Do(context.Background(), "ACL", "SETUSER", "canary-user", "on", ">"+redisPassword, "~*", "+@all").Err(); err != nil {
+		t.Fatal(err)
+	}
 
 	u, err := url.Parse(dbURL)
 	if err != nil {
@@ -40,11 +46,12 @@ func TestSecretsNeverLeak(t *testing.T) {
 	u.Host = "127.0.0.1:1"
 	unreachable := u.String()
 	redisURL := fmt.Sprintf("redis://canary-user:%s@%s/0", redisPassword, rp.Addr())
+	redisDown := fmt.Sprintf("redis://canary-user:%s@127.0.0.1:1/0", redisPassword)
 
 	cfg := databaseYAML("us-east", up.URL) + "log_level: debug\n"
 	ok := startProc(t, cfg, "RATELIMIT_DATABASE_URL="+withPassword, "RATELIMIT_REDIS_URL="+redisURL)
 	ok.waitReady(t, 15*time.Second)
-	down := startProc(t, cfg, "RATELIMIT_DATABASE_URL="+unreachable, "RATELIMIT_REDIS_URL="+redisURL)
+	down := startProc(t, cfg, "RATELIMIT_DATABASE_URL="+unreachable, "RATELIMIT_REDIS_URL="+redisDown)
 
 	var bodies strings.Builder
 	for _, key := range []string{goodKey, badKey, goodKey + "x", ""} {
@@ -90,7 +97,7 @@ func TestSecretsNeverLeak(t *testing.T) {
 // (rediss://, redis.tls with the test CA and a client certificate) and a PostgreSQL with
 // ssl=on reached with sslmode=verify-full: decisions come from Redis, and every database
 // connection of the gateway (pool and LISTEN) is encrypted. A gateway that trusts another
-// CA cannot reach Redis and falls back.
+// CA cannot reach Redis: its call is refused (429), never admitted unchecked.
 func TestTLSBackends(t *testing.T) {
 	ctx := context.Background()
 	files, err := testenv.NewTLSFiles(t.TempDir())
@@ -147,10 +154,16 @@ func TestTLSBackends(t *testing.T) {
 	}
 	cfg.Redis.TLS.CAFile = other.CAFile
 	bad := runInProcess(t, cfg, Options{})
-	if resp, _ := call(t, "POST", bad.url+"/orders", key); resp.StatusCode != 200 {
-		t.Fatalf("gateway trusting another CA: %d, want 200 from the fallback", resp.StatusCode)
+	// Redis refuses this gateway's handshake: a failed call, refused (the breaker is
+	// still closed, so no fallback bucket decides) with a 429, not a 5xx.
+	if resp, _ := call(t, "POST", bad.url+"/orders", key); resp.StatusCode != 429 {
+		t.Fatalf("gateway trusting another CA: %d, want 429 (a failed Redis call is refused)", resp.StatusCode)
 	}
-	if got := scrapeURL(t, bad.admin).sum("ratelimit_requests_total", "decision", "allowed", "source", "fallback"); got != 1 {
-		t.Errorf("fallback decisions %v with an untrusted Redis certificate, want 1", got)
+	s = scrapeURL(t, bad.admin)
+	if got := s.sum("ratelimit_fallback_refused_total", "reason", "breaker_closed"); got != 1 {
+		t.Errorf("refusals for an untrusted Redis certificate %v, want 1", got)
+	}
+	if got := s.sum("ratelimit_requests_total", "source", "redis"); got != 0 {
+		t.Errorf("redis decisions %v with an untrusted Redis certificate, want 0", got)
 	}
 }

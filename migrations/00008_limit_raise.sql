@@ -4,28 +4,31 @@
 -- change, instead of a full bucket at the new size (docs/reliability.md, "rule changes
 -- and expiry"). Every gateway reads the same rows, a new process too.
 --
--- One row per (region, tenant); '*' for every region (a rule) or every tenant (a default
--- rule, a region-wide share, the equal split of a region removed). ratio is the old
+-- One row per (region, tenant, route); '*' for every region (a rule), every tenant (a
+-- default rule, a region-wide share, the equal split of a region removed) or every route
+-- (a tenant's rule or share for all its routes). ratio is the old
 -- capacity over the new, resolved as the gateways resolve them (the rule: tenant+route,
 -- tenant+*, *+route, *+*; the share: overrides then rebalancer values, tenant/route,
 -- tenant, *, else the equal split), so a rebalancer moving a share from 0.5 to 0.6 holds
 -- a returning bucket to 0.5 of the rule plus the refill, not to nothing. A rule for
 -- tenant+* is compared with the default rule (the routes are the gateways' business). Two
 -- raises within an hour compound (their ratios multiply), so the second does not forget
--- the first's ramp. A change for a tenant that has no API key raises nothing: it can
--- have no bucket.
+-- the first's ramp; raises of different rows do not compound (a gateway takes the
+-- tightest of the rows that apply to a bucket). A tenant without an API key is marked too: an RLS caller trusted
+-- with tenant ids (rls_trust_tenant) gives it buckets.
 
 -- +goose Up
 CREATE TABLE limit_raise (
     region    text NOT NULL,
     tenant    text NOT NULL,
+    route     text NOT NULL,
     raised_at timestamptz NOT NULL DEFAULT now(),
     ratio     double precision NOT NULL CHECK (ratio >= 0 AND ratio <= 1),
-    PRIMARY KEY (region, tenant)
+    PRIMARY KEY (region, tenant, route)
 );
 
 -- +goose StatementBegin
-CREATE FUNCTION limit_raise_mark(p_region text, p_tenant text, p_old double precision, p_new double precision) RETURNS void
+CREATE FUNCTION limit_raise_mark(p_region text, p_tenant text, p_route text, p_old double precision, p_new double precision) RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
     v_ratio double precision;
@@ -33,12 +36,9 @@ BEGIN
     IF p_new <= p_old THEN
         RETURN; -- not a raise
     END IF;
-    IF p_tenant <> '*' AND NOT EXISTS (SELECT 1 FROM api_key WHERE tenant_id = p_tenant) THEN
-        RETURN; -- no key, so no bucket: nothing to hold back
-    END IF;
     v_ratio := CASE WHEN p_new > 0 THEN greatest(0, least(1, p_old / p_new)) ELSE 0 END;
-    INSERT INTO limit_raise (region, tenant, raised_at, ratio) VALUES (p_region, p_tenant, now(), v_ratio)
-    ON CONFLICT (region, tenant) DO UPDATE SET
+    INSERT INTO limit_raise (region, tenant, route, raised_at, ratio) VALUES (p_region, p_tenant, p_route, now(), v_ratio)
+    ON CONFLICT (region, tenant, route) DO UPDATE SET
         ratio = CASE WHEN limit_raise.raised_at > now() - interval '1 hour'
                      THEN limit_raise.ratio * EXCLUDED.ratio ELSE EXCLUDED.ratio END,
         raised_at = now();
@@ -60,25 +60,44 @@ RETURNS double precision LANGUAGE sql STABLE AS $$
 $$;
 -- +goose StatementEnd
 
+-- A rule added or removed changes the capacity of its own (tenant, route) and, for a
+-- tenant's rule of every route (tenant, *), of each route that has a rule for every
+-- tenant (*, route) and none of the tenant's: (tenant, *) wins over (*, route).
 -- +goose StatementBegin
 CREATE FUNCTION limit_raise_rule() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    r     record;
+    route text;
 BEGIN
-    IF TG_OP = 'INSERT' THEN
-        PERFORM limit_raise_mark('*', NEW.tenant_id,
-            coalesce(limit_raise_rule_capacity(NEW.tenant_id, NEW.route_id, NEW.tenant_id, NEW.route_id), 0), NEW.capacity);
-    ELSIF TG_OP = 'DELETE' THEN
-        PERFORM limit_raise_mark('*', OLD.tenant_id, OLD.capacity,
-            coalesce(limit_raise_rule_capacity(OLD.tenant_id, OLD.route_id, '', ''), 0));
-    ELSIF NEW.tenant_id <> OLD.tenant_id OR NEW.route_id <> OLD.route_id THEN
-        PERFORM limit_raise_mark('*', OLD.tenant_id, 0, 1);
-        PERFORM limit_raise_mark('*', NEW.tenant_id, 0, 1);
-    ELSIF NEW.capacity > OLD.capacity THEN
-        PERFORM limit_raise_mark('*', NEW.tenant_id, OLD.capacity, NEW.capacity);
-    ELSIF NEW.shards > OLD.shards THEN
-        -- New shards of the same capacity: the limiter starts every shard but shard 0
-        -- from its refill anyway; the mark says when.
-        PERFORM limit_raise_mark('*', NEW.tenant_id, 1 - 1e-9, 1);
+    IF TG_OP = 'UPDATE' THEN
+        IF NEW.tenant_id <> OLD.tenant_id OR NEW.route_id <> OLD.route_id THEN
+            PERFORM limit_raise_mark('*', OLD.tenant_id, OLD.route_id, 0, 1);
+            PERFORM limit_raise_mark('*', NEW.tenant_id, NEW.route_id, 0, 1);
+        ELSIF NEW.capacity > OLD.capacity THEN
+            PERFORM limit_raise_mark('*', NEW.tenant_id, NEW.route_id, OLD.capacity, NEW.capacity);
+        ELSIF NEW.shards > OLD.shards THEN
+            -- New shards of the same capacity: the limiter starts every shard but shard 0
+            -- from its refill anyway; the mark says when.
+            PERFORM limit_raise_mark('*', NEW.tenant_id, NEW.route_id, 1 - 1e-9, 1);
+        END IF;
+        RETURN NULL;
     END IF;
+    IF TG_OP = 'DELETE' THEN r := OLD; ELSE r := NEW; END IF;
+    FOR route IN SELECT r.route_id UNION
+        SELECT o.route_id FROM rate_limit_rule o
+        WHERE r.tenant_id <> '*' AND r.route_id = '*' AND o.tenant_id = '*' AND o.route_id <> '*'
+          AND NOT EXISTS (SELECT 1 FROM rate_limit_rule m WHERE m.tenant_id = r.tenant_id AND m.route_id = o.route_id)
+    LOOP
+        IF TG_OP = 'INSERT' THEN
+            PERFORM limit_raise_mark('*', r.tenant_id, route,
+                coalesce(limit_raise_rule_capacity(r.tenant_id, route, r.tenant_id, r.route_id), 0),
+                coalesce(limit_raise_rule_capacity(r.tenant_id, route, '', ''), 0));
+        ELSE
+            -- Before, the row won for every route of the loop.
+            PERFORM limit_raise_mark('*', r.tenant_id, route, r.capacity,
+                coalesce(limit_raise_rule_capacity(r.tenant_id, route, '', ''), 0));
+        END IF;
+    END LOOP;
     RETURN NULL;
 END
 $$;
@@ -118,32 +137,37 @@ END
 $$;
 -- +goose StatementEnd
 
+-- A share row changes the share of its own scope and of every scope below it that has
+-- rows of its own in the region (any source: an override of a tenant wins over the
+-- rebalancer's share of one of its routes), each compared before and after.
 -- +goose StatementBegin
 CREATE FUNCTION limit_raise_share() RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE
-    r      record;
-    tenant text;
-    route  text;
+    r       record;
+    v_scope text;
+    tenant  text;
+    route   text;
+    before  double precision;
 BEGIN
-    IF TG_OP = 'DELETE' THEN r := OLD; ELSE r := NEW; END IF;
-    tenant := split_part(r.scope, '/', 1);
-    route := coalesce(nullif(split_part(r.scope, '/', 2), ''), '*');
-    IF TG_OP = 'INSERT' THEN
-        PERFORM limit_raise_mark(r.region, tenant,
-            limit_raise_share_of(r.region, tenant, route, r.scope, r.source, '', '', 0),
-            limit_raise_share_of(r.region, tenant, route, '', '', '', '', 0));
-    ELSIF TG_OP = 'DELETE' THEN
-        PERFORM limit_raise_mark(r.region, tenant,
-            limit_raise_share_of(r.region, tenant, route, '', '', r.scope, r.source, r.share),
-            limit_raise_share_of(r.region, tenant, route, '', '', '', '', 0));
-    ELSIF NEW.scope <> OLD.scope OR NEW.region <> OLD.region OR NEW.source <> OLD.source THEN
-        PERFORM limit_raise_mark(OLD.region, split_part(OLD.scope, '/', 1), 0, 1);
-        PERFORM limit_raise_mark(NEW.region, tenant, 0, 1);
-    ELSE
-        PERFORM limit_raise_mark(r.region, tenant,
-            limit_raise_share_of(r.region, tenant, route, r.scope, r.source, OLD.scope, OLD.source, OLD.share),
-            limit_raise_share_of(r.region, tenant, route, '', '', '', '', 0));
+    IF TG_OP = 'UPDATE' AND (NEW.scope <> OLD.scope OR NEW.region <> OLD.region OR NEW.source <> OLD.source) THEN
+        PERFORM limit_raise_mark(OLD.region, '*', '*', 0, 1); -- a row moved: anything may be larger
+        PERFORM limit_raise_mark(NEW.region, '*', '*', 0, 1);
+        RETURN NULL;
     END IF;
+    IF TG_OP = 'DELETE' THEN r := OLD; ELSE r := NEW; END IF;
+    FOR v_scope IN SELECT r.scope UNION
+        SELECT o.scope FROM region_share o
+        WHERE o.region = r.region AND (r.scope = '*' OR starts_with(o.scope, r.scope || '/'))
+    LOOP
+        tenant := split_part(v_scope, '/', 1);
+        route := coalesce(nullif(split_part(v_scope, '/', 2), ''), '*');
+        before := CASE TG_OP
+            WHEN 'INSERT' THEN limit_raise_share_of(r.region, tenant, route, r.scope, r.source, '', '', 0)
+            WHEN 'DELETE' THEN limit_raise_share_of(r.region, tenant, route, '', '', r.scope, r.source, r.share)
+            ELSE limit_raise_share_of(r.region, tenant, route, '', '', OLD.scope, OLD.source, OLD.share) END;
+        PERFORM limit_raise_mark(r.region, tenant, route, before,
+            limit_raise_share_of(r.region, tenant, route, '', '', '', '', 0));
+    END LOOP;
     RETURN NULL;
 END
 $$;
@@ -158,7 +182,7 @@ CREATE FUNCTION limit_raise_region() RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE
     n double precision := (SELECT count(*) FROM region);
 BEGIN
-    PERFORM limit_raise_mark('*', '*', 1.0 / (n + 1), 1.0 / greatest(n, 1));
+    PERFORM limit_raise_mark('*', '*', '*', 1.0 / (n + 1), 1.0 / greatest(n, 1));
     RETURN NULL;
 END
 $$;
@@ -170,7 +194,7 @@ CREATE TRIGGER region_raise AFTER DELETE ON region
 -- +goose StatementBegin
 CREATE FUNCTION limit_raise_truncate() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    PERFORM limit_raise_mark('*', '*', 0, 1); -- whatever applies now may be larger
+    PERFORM limit_raise_mark('*', '*', '*', 0, 1); -- whatever applies now may be larger
     RETURN NULL;
 END
 $$;
@@ -193,5 +217,5 @@ DROP FUNCTION limit_raise_share_of(text, text, text, text, text, text, text, dou
 DROP TRIGGER rate_limit_rule_raise ON rate_limit_rule;
 DROP FUNCTION limit_raise_rule();
 DROP FUNCTION limit_raise_rule_capacity(text, text, text, text);
-DROP FUNCTION limit_raise_mark(text, text, double precision, double precision);
+DROP FUNCTION limit_raise_mark(text, text, text, double precision, double precision);
 DROP TABLE limit_raise;

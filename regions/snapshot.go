@@ -57,9 +57,9 @@ type Snapshot struct {
 	nextExpiry time.Time
 	// rebScopes are the distinct scopes with rebalancer rows, sorted by String().
 	rebScopes []Scope
-	// raises are, per region, its tenants' latest raises, the rows for every region
-	// ("*") folded in (raise.go).
-	raises map[string]map[string]Raise
+	// raises are, per region, the latest raise of each (tenant, route), the rows for
+	// every region ("*") folded in (raise.go).
+	raises map[string]map[raiseKey]Raise
 }
 
 type ruleKey struct{ tenant, route string }

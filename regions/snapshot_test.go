@@ -267,17 +267,19 @@ func BenchmarkSnapshotHotPath(b *testing.B) {
 	}
 }
 
-// TestRaise: a tenant's raise and every tenant's ("*") fold into the later time and the
-// smaller ratio; a raise for every region counts in each; the age runs from the store's
-// clock at load plus the caller's time since.
+// TestRaise: a pair's raise, its tenant's every route's, its route's for every tenant
+// and everything's fold into the later time and the smaller ratio; a raise for every
+// region counts in each; the age runs from the store's clock at load plus the caller's
+// time since.
 func TestRaise(t *testing.T) {
 	d := SnapshotData{
 		Regions: []string{"us-east", "eu-west"},
 		Rules:   []Rule{{Tenant: Wildcard, Route: Wildcard, Capacity: 20, RefillPerSecond: 10, Shards: 1}},
 		Raises: []Raise{
-			{Region: "us-east", Tenant: "a", At: t0.Add(-10 * time.Second), Ratio: 0.5},
-			{Region: Wildcard, Tenant: "a", At: t0.Add(-30 * time.Second), Ratio: 0.8},
-			{Region: "eu-west", Tenant: Wildcard, At: t0.Add(-5 * time.Second), Ratio: 0.9},
+			{Region: "us-east", Tenant: "a", Route: "r", At: t0.Add(-10 * time.Second), Ratio: 0.5},
+			{Region: Wildcard, Tenant: "a", Route: Wildcard, At: t0.Add(-30 * time.Second), Ratio: 0.8},
+			{Region: "eu-west", Tenant: Wildcard, Route: Wildcard, At: t0.Add(-5 * time.Second), Ratio: 0.9},
+			{Region: Wildcard, Tenant: Wildcard, Route: "s", At: t0.Add(-20 * time.Second), Ratio: 0.7},
 		},
 		LoadedAt: t0,
 	}
@@ -286,20 +288,22 @@ func TestRaise(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, tt := range []struct {
-		region, tenant string
-		ago            time.Duration
-		ratio          float64
-		ok             bool
+		region, tenant, route string
+		ago                   time.Duration
+		ratio                 float64
+		ok                    bool
 	}{
-		{"us-east", "a", 10*time.Second + time.Second, 0.5, true},
-		{"eu-west", "a", 5*time.Second + time.Second, 0.8, true}, // its own 30 s ago folded with everyone's 5 s ago
-		{"eu-west", "b", 5*time.Second + time.Second, 0.9, true},
-		{"us-east", "b", 0, 0, false},
-		{"ap-south", "a", 0, 0, false},
+		{"us-east", "a", "r", 10*time.Second + time.Second, 0.5, true},
+		{"us-east", "a", "q", 30*time.Second + time.Second, 0.8, true}, // not r's: only a's every route
+		{"eu-west", "a", "r", 5*time.Second + time.Second, 0.8, true}, // its own 30 s ago folded with everyone's 5 s ago
+		{"eu-west", "b", "r", 5*time.Second + time.Second, 0.9, true},
+		{"us-east", "b", "s", 20*time.Second + time.Second, 0.7, true},
+		{"us-east", "b", "r", 0, 0, false},
+		{"ap-south", "a", "r", 0, 0, false},
 	} {
-		ago, ratio, ok := s.Raise(tt.region, tt.tenant, time.Second)
+		ago, ratio, ok := s.Raise(tt.region, tt.tenant, tt.route, time.Second)
 		if ago != tt.ago || ratio != tt.ratio || ok != tt.ok {
-			t.Errorf("Raise(%s, %s) = %v, %v, %v; want %v, %v, %v", tt.region, tt.tenant, ago, ratio, ok, tt.ago, tt.ratio, tt.ok)
+			t.Errorf("Raise(%s, %s, %s) = %v, %v, %v; want %v, %v, %v", tt.region, tt.tenant, tt.route, ago, ratio, ok, tt.ago, tt.ratio, tt.ok)
 		}
 	}
 }

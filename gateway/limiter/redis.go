@@ -153,7 +153,9 @@ func checkContextTimeouts(rdb Client) error {
 // random shard, then one other if that one rejects, when r.Shards >= 2; or from this
 // instance's lease on the key when it is hot (Source lease). If Redis does not answer
 // within the timeout, fails, or the breaker is open, the fallback decides (Source
-// fallback) and the error is nil: a Redis outage is not the caller's error. The error
+// fallback) and the error is nil: a Redis outage is not the caller's error. The
+// fallback refuses while the breaker is closed (one failed call admits nothing no one
+// counts) and, once it is open, admits from buckets that start empty (fallback.go). The error
 // is non-nil only for an invalid request (ErrInvalidRequest) or when ctx ended before a
 // decision.
 func (l *Redis) Decide(ctx context.Context, r Request) (Decision, error) {
@@ -301,7 +303,7 @@ func (l *Redis) call(ctx context.Context, d lua.Decision) (lua.Outcome, bool, er
 		l.m.failed.Inc()
 		l.rewarmScripts("a redis call failed", slog.LevelDebug)
 	}
-	l.log.Debug("redis call failed; the fallback decides", "key", d.Buckets[0].Key, "err", err)
+	l.log.Debug("redis call failed; the fallback decides (refuses until the breaker opens)", "key", d.Buckets[0].Key, "err", err)
 	return lua.Outcome{}, false, nil
 }
 

@@ -11,8 +11,9 @@ import (
 // TestRaiseMarkers: the database marks every change that may raise a tenant's regional
 // capacity, whoever makes it (the store or plain SQL), and every gateway's snapshot
 // reads the marks: a rule added, raised, more shards or removed (every region), a share
-// added, raised or removed (its region), a region removed (every tenant). A lowering
-// marks nothing, nor a rule for a tenant with no API key (it can have no bucket).
+// added, raised or removed (its region), a region removed (every tenant), each with the
+// old capacity over the new as the gateways resolve them, precedence included. A
+// lowering marks nothing.
 func TestRaiseMarkers(t *testing.T) {
 	s, _ := newStore(t)
 	ctx := WithAudit(context.Background(), "test", "raise markers")
@@ -21,21 +22,22 @@ func TestRaiseMarkers(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	marks := func() map[[2]string]float64 {
+	// marks maps "region tenant route" to the ratio.
+	marks := func() map[string]float64 {
 		t.Helper()
-		rows, err := s.Pool().Query(ctx, `SELECT region, tenant, ratio FROM limit_raise`)
+		rows, err := s.Pool().Query(ctx, `SELECT region, tenant, route, ratio FROM limit_raise`)
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer rows.Close()
-		out := map[[2]string]float64{}
+		out := map[string]float64{}
 		for rows.Next() {
-			var region, tenant string
+			var region, tenant, route string
 			var ratio float64
-			if err := rows.Scan(&region, &tenant, &ratio); err != nil {
+			if err := rows.Scan(&region, &tenant, &route, &ratio); err != nil {
 				t.Fatal(err)
 			}
-			out[[2]string{region, tenant}] = ratio
+			out[region+" "+tenant+" "+route] = ratio
 		}
 		return out
 	}
@@ -50,29 +52,27 @@ func TestRaiseMarkers(t *testing.T) {
 	if err := s.SetRule(ctx, rule("nokey", 40, 1)); err != nil {
 		t.Fatal(err)
 	}
-	if m := marks(); len(m) != 0 {
-		t.Errorf("a rule for a tenant without keys marked %v, want nothing", m)
+	if m := marks(); len(m) != 1 || !near(m["* nokey r"], 0.5) {
+		t.Errorf("a rule for a tenant without keys (rls_trust_tenant gives it buckets): %v, want {*, nokey} ratio 0.5", m)
 	}
-	if _, _, err := s.CreateKey(ctx, "a", "k"); err != nil {
-		t.Fatal(err)
-	}
+	clear()
 	if err := s.SetRule(ctx, rule("a", 40, 1)); err != nil {
 		t.Fatal(err)
 	}
-	if m := marks(); len(m) != 1 || !near(m[[2]string{"*", "a"}], 0.5) {
+	if m := marks(); len(m) != 1 || !near(m["* a r"], 0.5) {
 		t.Errorf("a rule of 40 added for tenant a under the default of 20: %v, want {*, a} ratio 0.5", m)
 	}
 	age() // an hour later a raise no longer compounds with the one before
 	if err := s.SetRule(ctx, rule("a", 80, 1)); err != nil {
 		t.Fatal(err)
 	}
-	if r := marks()[[2]string{"*", "a"}]; !near(r, 0.5) {
+	if r := marks()["* a r"]; !near(r, 0.5) {
 		t.Errorf("capacity 40 -> 80: ratio %v, want 0.5", r)
 	}
 	if err := s.SetRule(ctx, rule("a", 160, 1)); err != nil {
 		t.Fatal(err)
 	}
-	if r := marks()[[2]string{"*", "a"}]; !near(r, 0.25) {
+	if r := marks()["* a r"]; !near(r, 0.25) {
 		t.Errorf("80 -> 160 within the hour: ratio %v, want 0.25 (0.5 x 0.5: the first ramp is not over)", r)
 	}
 	clear()
@@ -85,7 +85,7 @@ func TestRaiseMarkers(t *testing.T) {
 	if err := s.SetRule(ctx, rule("a", 10, 4)); err != nil {
 		t.Fatal(err)
 	}
-	if r, ok := marks()[[2]string{"*", "a"}]; !ok || !near(r, 1) {
+	if r, ok := marks()["* a r"]; !ok || !near(r, 1) {
 		t.Errorf("more shards: %v (marked %v), want ratio 1 (the capacity did not change)", r, ok)
 	}
 	clear()
@@ -93,7 +93,7 @@ func TestRaiseMarkers(t *testing.T) {
 	if err := s.SetOverride(ctx, regions.Scope{Tenant: "a", Route: regions.Wildcard}, map[string]float64{"us-east": 0.2, "eu-west": 0.4, "ap-south": 0.4}, "test", "a test", 0); err != nil {
 		t.Fatal(err)
 	}
-	if m := marks(); len(m) != 2 || !near(m[[2]string{"eu-west", "a"}], 0.8333333) || !near(m[[2]string{"ap-south", "a"}], 0.8333333) {
+	if m := marks(); len(m) != 2 || !near(m["eu-west a *"], 0.8333333) || !near(m["ap-south a *"], 0.8333333) {
 		t.Errorf("shares set from the equal third: %v, want eu-west and ap-south marked for a, ratio (1/3)/0.4", m)
 	}
 	clear()
@@ -101,12 +101,12 @@ func TestRaiseMarkers(t *testing.T) {
 	if err := s.SetOverride(ctx, regions.Scope{Tenant: "a", Route: regions.Wildcard}, map[string]float64{"us-east": 0.4, "eu-west": 0.2, "ap-south": 0.4}, "test", "a test", 0); err != nil {
 		t.Fatal(err)
 	}
-	if m := marks(); len(m) != 1 || !near(m[[2]string{"us-east", "a"}], 0.5) {
+	if m := marks(); len(m) != 1 || !near(m["us-east a *"], 0.5) {
 		t.Errorf("us-east 0.2 -> 0.4, eu-west lowered: %v, want only us-east marked, ratio 0.5", m)
 	}
 	clear()
 	exec(t, s, `DELETE FROM rate_limit_rule WHERE tenant_id = 'a'`) // plain SQL too
-	if m := marks(); len(m) != 1 || !near(m[[2]string{"*", "a"}], 0.5) {
+	if m := marks(); len(m) != 1 || !near(m["* a r"], 0.5) {
 		t.Errorf("a's rule of 10 deleted with plain SQL (the default of 20 applies): %v, want {*, a} ratio 0.5", m)
 	}
 	clear()
@@ -115,15 +115,48 @@ func TestRaiseMarkers(t *testing.T) {
 	}
 	// us-east 0.4 and eu-west 0.2 renormalise to 2/3 and 1/3; the equal split of every
 	// other tenant grows from 1/3 to 1/2.
-	if m := marks(); !near(m[[2]string{"*", "*"}], 2.0/3) || !near(m[[2]string{"us-east", "a"}], 0.6) || !near(m[[2]string{"eu-west", "a"}], 0.6) {
+	if m := marks(); !near(m["* * *"], 2.0/3) || !near(m["us-east a *"], 0.6) || !near(m["eu-west a *"], 0.6) {
 		t.Errorf("a region removed: %v, want {*, *} ratio 2/3 and us-east, eu-west of a 0.6", m)
+	}
+
+	// Precedence: a tenant's rule of every route wins over a route's rule for every
+	// tenant, so adding one changes that route's capacity from the route's rule.
+	clear()
+	if err := s.SetRule(ctx, regions.Rule{Tenant: regions.Wildcard, Route: "x", Capacity: 10, RefillPerSecond: 1, Shards: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if m := marks(); len(m) != 0 {
+		t.Errorf("a route's rule of 10 under the default of 20: %v, want nothing", m)
+	}
+	if err := s.SetRule(ctx, regions.Rule{Tenant: "c", Route: regions.Wildcard, Capacity: 100, RefillPerSecond: 1, Shards: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if m := marks(); len(m) != 2 || !near(m["* c *"], 0.2) || !near(m["* c x"], 0.1) {
+		t.Errorf("c's rule of 100 for every route: %v, want {* c *} 20/100 and {* c x} 10/100", m)
+	}
+	clear()
+	exec(t, s, `DELETE FROM rate_limit_rule WHERE tenant_id = 'c'`)
+	if m := marks(); len(m) != 0 {
+		t.Errorf("c's rule of 100 removed (back to 20, and 10 for x): %v, want nothing", m)
+	}
+	// An override of a tenant wins over the rebalancer's share of one of its routes.
+	exec(t, s, `INSERT INTO region_share (scope, region, share, source) VALUES ('d/x', 'us-east', 0.1, 'rebalancer')`)
+	clear()
+	if err := s.SetOverride(ctx, regions.Scope{Tenant: "d", Route: regions.Wildcard}, map[string]float64{"us-east": 0.5, "eu-west": 0.5}, "test", "a test", 0); err != nil {
+		t.Fatal(err)
+	}
+	if m := marks(); len(m) != 1 || !near(m["us-east d x"], 0.2) {
+		t.Errorf("d's override of the even 0.5 over the rebalancer's 0.1 for d/x: %v, want only {us-east d x} 0.1/0.5", m)
 	}
 
 	snap, err := s.LoadSnapshot(ctx, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if ago, ratio, ok := snap.Raise("us-east", "b", 0); !ok || !near(ratio, 2.0/3) || ago > time.Minute {
-		t.Errorf("snapshot Raise(us-east, b) = %v, %v, %v; want the region removal's, just now", ago, ratio, ok)
+	if ago, ratio, ok := snap.Raise("us-east", "d", "x", 0); !ok || !near(ratio, 0.2) || ago > time.Minute {
+		t.Errorf("snapshot Raise(us-east, d, x) = %v, %v, %v; want d/x's 0.2, just now", ago, ratio, ok)
+	}
+	if _, _, ok := snap.Raise("us-east", "d", "y", 0); ok {
+		t.Error("snapshot Raise(us-east, d, y): a raise, want none (only d/x's share rose)")
 	}
 }
