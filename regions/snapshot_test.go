@@ -295,7 +295,7 @@ func TestRaise(t *testing.T) {
 	}{
 		{"us-east", "a", "r", 10*time.Second + time.Second, 0.5, true},
 		{"us-east", "a", "q", 30*time.Second + time.Second, 0.8, true}, // not r's: only a's every route
-		{"eu-west", "a", "r", 5*time.Second + time.Second, 0.8, true}, // its own 30 s ago folded with everyone's 5 s ago
+		{"eu-west", "a", "r", 5*time.Second + time.Second, 0.8, true},  // its own 30 s ago folded with everyone's 5 s ago
 		{"eu-west", "b", "r", 5*time.Second + time.Second, 0.9, true},
 		{"us-east", "b", "s", 20*time.Second + time.Second, 0.7, true},
 		{"us-east", "b", "r", 0, 0, false},
