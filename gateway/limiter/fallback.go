@@ -116,6 +116,22 @@ func (f *fallback) fix() {
 	}
 }
 
+// owing is every token the fallback admitted that Redis has not been charged: the debts
+// of the episode in progress, of the ended ones not fixed yet, and the fixed ones.
+func (f *fallback) owing() int64 {
+	now := f.now()
+	n := f.debts.total()
+	if ep := f.episode.Load(); ep != nil {
+		n += ep.owedTotal(now)
+	}
+	f.mu.Lock()
+	for _, ep := range f.ended {
+		n += ep.owedTotal(now)
+	}
+	f.mu.Unlock()
+	return n
+}
+
 // n is N: the live instances of the region, else ExpectedInstances.
 func (f *fallback) n() int {
 	if n := f.instances(); n > 0 {

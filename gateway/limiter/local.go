@@ -290,6 +290,24 @@ func (l *Local) reowe(id bucketID, o owing) {
 	s.mu.Unlock()
 }
 
+// owedTotal is what drainOwed would return at now, summed, without removing anything.
+func (l *Local) owedTotal(now time.Time) int64 {
+	var n int64
+	for i := range l.shards {
+		s := &l.shards[i]
+		s.mu.Lock()
+		for k, o := range s.owed {
+			e := s.m[k]
+			c := float64(o.lim.Capacity)
+			b := e.b // a copy: looking refills nothing
+			b.refill(now, c, o.lim.RefillPerSecond)
+			n += min(o.tokens, max(int64(math.Ceil(c-b.tokens-eps)), 0))
+		}
+		s.mu.Unlock()
+	}
+	return n
+}
+
 // drainOwed removes every debt, each capped as owedBy caps it at now, and returns them.
 func (l *Local) drainOwed(now time.Time) []owedBucket {
 	var out []owedBucket

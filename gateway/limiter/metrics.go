@@ -221,8 +221,8 @@ func (m *redisMetrics) collectors(leases *leaseTable, fb *fallback) []prometheus
 		}),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "ratelimit_fallback_debt_tokens",
-			Help: "Tokens the fallback admitted that Redis has not been charged yet.",
-		}, func() float64 { return float64(fb.debts.total()) })}
+			Help: "Tokens the fallback admitted that Redis has not been charged yet (an outage in progress included).",
+		}, func() float64 { return float64(fb.owing()) })}
 	if leases != nil {
 		cs = append(cs, &leaseCollector{t: leases})
 	}
