@@ -347,18 +347,25 @@ func (j *Job) tickLocked(ctx context.Context, k kind) Report {
 		for _, sc := range pairs {
 			live[sc] = true
 		}
-		for _, sc := range append([]regions.Scope{regions.GlobalScope}, pairs...) {
-			dd := d
-			if sc == regions.GlobalScope {
-				dd = globalDemand(snap, d, live)
-			}
-			sr, f, s, err := j.decide(snap, dd, regs, sc, k, now)
+		// The pairs first: "*" governs exactly the traffic of the pairs that have no rows
+		// of their own after this run (globalDemand), so it must know which get some now.
+		written := map[regions.Scope]bool{}
+		rep.Scopes = append(rep.Scopes, ScopeReport{})
+		for _, sc := range pairs {
+			sr, f, s, err := j.decide(snap, d, regs, sc, k, now)
 			if err != nil {
 				allocErrs = append(allocErrs, err)
 			}
+			written[sc] = sr.Skipped == "" && len(f)+len(s) > 0
 			rep.Scopes = append(rep.Scopes, sr)
 			first, second = append(first, f...), append(second, s...)
 		}
+		sr, f, s, err := j.decide(snap, globalDemand(snap, d, written), regs, regions.GlobalScope, k, now)
+		if err != nil {
+			allocErrs = append(allocErrs, err)
+		}
+		rep.Scopes[0] = sr
+		first, second = append(f, first...), append(s, second...)
 		if k == kindRun {
 			maps.DeleteFunc(j.states, func(sc regions.Scope, _ rebalancer.State) bool {
 				return sc != regions.GlobalScope && !live[sc]
@@ -558,13 +565,17 @@ func (j *Job) pairScopes(d demand.Demand) []regions.Scope {
 }
 
 // globalDemand returns d with the "*" samples replaced by the traffic "*" governs: in
-// each region, the region total minus every pair with a scope of its own — one the
-// rebalancer splits (rebalanced), or one with a share row (rebalancer or override) for the
-// pair or its tenant in that region. What remains is the traffic of every other tenant
-// (the folded _other included).
-func globalDemand(snap *regions.Snapshot, d demand.Demand, rebalanced map[regions.Scope]bool) demand.Demand {
+// each region, the region total minus every pair with a share of its own there — a share
+// row (rebalancer or override) for the pair or its tenant in that region, or rows this run
+// writes (written). What remains is the traffic of exactly the tenants that follow "*"
+// (the folded _other included): new tenants, single-region tenants whose pair is never
+// written (their other region is a missing series, unknown, so the pair keeps the shares
+// it follows), tenants past the tracked set. A pair that is merely rebalanced without a
+// write still follows "*", so its traffic stays in (issue 22: subtracting it left "*"
+// with a new tenant's first request only, and moved it to that tenant's region).
+func globalDemand(snap *regions.Snapshot, d demand.Demand, written map[regions.Scope]bool) demand.Demand {
 	own := func(sc regions.Scope, region string) bool {
-		if rebalanced[sc] {
+		if written[sc] {
 			return true
 		}
 		_, pair := snap.ScopeRow(region, sc)
@@ -670,13 +681,16 @@ func (j *Job) decide(snap *regions.Snapshot, d demand.Demand, regs []string, sc 
 		return skip(SkipOverride, nil)
 	}
 	cfg, st := j.cfg.Allocation(len(regs)), j.states[sc]
-	noDemand := global && anyOK && total <= 0
+	noDemand := false
 	if global {
-		// No headroom, no peak reserve; with no demand at all (every request belongs to a
-		// pair with its own scope) the ok regions split what dark and unknown ones leave
-		// equally, and the hysteresis writes only to shrink a dark region.
+		// No headroom, no peak reserve. Demand below the minimum of the default rule's
+		// refill (rebalancer.Quiet, as for any scope: a trickle, a new tenant's first
+		// requests), or none at all (every request belongs to a pair with its own shares),
+		// moves nothing: the ok regions keep their shares and the hysteresis writes only
+		// to shrink a dark region.
 		cfg.Headroom, st = 0, withoutPeaks(st)
-		if total > 0 {
+		noDemand = anyOK && (total <= 0 || rebalancer.Quiet(cfg, limit.RefillPerSecond, in))
+		if !noDemand {
 			limit.RefillPerSecond = total
 		}
 	}

@@ -1,0 +1,66 @@
+package job_test
+
+import (
+	"testing"
+
+	"github.com/quotaplane/quotaplane/internal/testenv"
+	"github.com/quotaplane/quotaplane/rebalancer/job"
+	"github.com/quotaplane/quotaplane/regions"
+)
+
+// TestSingleRegionTenantFollowsGlobal is issue 22's demo: tenant shop-a sends all its
+// 30 rps to us-east and has no rows of its own (its eu-west series does not exist, so its
+// pair is never written); a brand-new tenant sends 0.5 rps in eu-west, counted in the
+// region total but not yet in a series of its own. "*" governs both, so it must follow
+// shop-a's traffic to us-east. Before the fix the pair was subtracted from "*" because it
+// was merely rebalanced, and "*" went to us-east 0.05 on the newcomer's trickle.
+func TestSingleRegionTenantFollowsGlobal(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, testenv.PostgresDB(t))
+	e.exp.SetRegion(usEast, 30, 0, 0)
+	e.exp.SetRegion(euWest, 0.5, 0, 0)
+	e.exp.SetTenant(usEast, pair.Tenant, pair.Route, 30, 0)
+	e.waitHistory(t)
+	j := e.newJob(t, nil, nil)
+	rep, err := j.RunOnce(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s := scopeReport(t, rep, pair); s.Written {
+		t.Fatalf("pair %s written (%+v): this test needs a pair that follows *", pair, s)
+	}
+	got := e.rebalancerShares(t, regions.GlobalScope)
+	if got[usEast] < 0.9 {
+		t.Fatalf("* shares %v: us-east carries all the untracked traffic (shop-a's 30 rps), want >= 0.9", got)
+	}
+	us := regionInput(t, scopeReport(t, rep, regions.GlobalScope), usEast)
+	if us.OfferedLong < 27 {
+		t.Errorf("* us-east offered %v, want ~30 (shop-a has no rows: * governs it)", us.OfferedLong)
+	}
+}
+
+// TestTrickleNeverMovesGlobal: untracked demand below the minimum (0.5 rps against a
+// default rule of 10/s) is noise; "*" keeps its shares however it is spread.
+func TestTrickleNeverMovesGlobal(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, testenv.PostgresDB(t))
+	e.exp.SetRegion(usEast, 0, 0, 0)
+	e.exp.SetRegion(euWest, 0.4, 0, 0)
+	e.waitHistory(t)
+	j := e.newJob(t, nil, nil)
+	for range 2 {
+		rep, err := j.RunOnce(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if g := scopeReport(t, rep, regions.GlobalScope); g.Written || g.Skipped != job.SkipNoDemand {
+			t.Errorf("* on a trickle: written %v, skipped %q; want skipped %q", g.Written, g.Skipped, job.SkipNoDemand)
+		}
+		if _, err := j.Check(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := e.rebalancerShares(t, regions.GlobalScope); len(got) != 0 {
+		t.Errorf("* shares written on a trickle: %v", got)
+	}
+}
