@@ -99,18 +99,18 @@ func TestRegions(t *testing.T) {
 	if n := sqlInt(t, url, `SELECT count(*) FROM region_share WHERE region = 'ap-south' AND source = 'override' AND share = 0`); n != 1 {
 		t.Errorf("ap-south override rows with 0: %d, want 1", n)
 	}
-	// Rebalancer rows: the new region gets the equal split, as the command says.
+	// Rebalancer rows: the new region starts at the floor, as the command says.
 	c.ok("shares", "clear", "--reason", "test")
 	c.ok("regions", "remove", "ap-south", "--force")
 	if _, err := pgxExec(url, `INSERT INTO region_share (scope, region, share, source) VALUES ('*', 'us-east', 0.7, 'rebalancer'), ('*', 'eu-west', 0.3, 'rebalancer')`); err != nil {
 		t.Fatal(err)
 	}
 	r = c.ok("regions", "add", "ap-south")
-	if !strings.Contains(r.stdout, "ap-south gets the equal split (1/3) of the rebalancer's shares of *") || r.stderr != "" {
+	if !strings.Contains(r.stdout, "ap-south starts at the floor (0.05) of the rebalancer's shares of *") || r.stderr != "" {
 		t.Errorf("add under rebalancer rows: %+v", r)
 	}
-	if n := sqlInt(t, url, `SELECT count(*) FROM region_share WHERE region = 'ap-south' AND source = 'rebalancer' AND abs(share - 1.0/3) < 1e-12`); n != 1 {
-		t.Errorf("ap-south rebalancer rows with 1/3: %d, want 1", n)
+	if n := sqlInt(t, url, `SELECT count(*) FROM region_share WHERE region = 'ap-south' AND source = 'rebalancer' AND abs(share - 0.05) < 1e-12`); n != 1 {
+		t.Errorf("ap-south rebalancer rows at the floor 0.05: %d, want 1", n)
 	}
 	if _, err := pgxExec(url, `DELETE FROM region_share`); err != nil {
 		t.Fatal(err)

@@ -4,8 +4,10 @@ import (
 	"testing"
 
 	"github.com/quotaplane/quotaplane/internal/testenv"
+	"github.com/quotaplane/quotaplane/rebalancer"
 	"github.com/quotaplane/quotaplane/rebalancer/job"
 	"github.com/quotaplane/quotaplane/regions"
+	"github.com/quotaplane/quotaplane/regions/store"
 )
 
 // TestSingleRegionTenantFollowsGlobal is issue 22's demo: tenant shop-a sends all its
@@ -62,5 +64,19 @@ func TestTrickleNeverMovesGlobal(t *testing.T) {
 	}
 	if got := e.rebalancerShares(t, regions.GlobalScope); len(got) != 0 {
 		t.Errorf("* shares written on a trickle: %v", got)
+	}
+}
+
+// TestNewRegionStartsAtTheFloor: store.AddRegion starts a region at the floor the
+// allocation keeps for it, so the first run after an add does not move it.
+func TestNewRegionStartsAtTheFloor(t *testing.T) {
+	for n := 1; n <= 12; n++ {
+		want := rebalancer.DefaultConfig(n).Floor
+		if n == 1 {
+			want = 1
+		}
+		if got := store.NewRegionShare(n); got != want {
+			t.Errorf("NewRegionShare(%d) = %v, want the allocation's floor %v", n, got, want)
+		}
 	}
 }
