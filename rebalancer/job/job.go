@@ -94,6 +94,9 @@ type Config struct {
 	// Elector decides which rebalancer acts (an *Elector in production); nil means this
 	// one always does. Used by Run only.
 	Elector gocron.Elector
+	// NoRetry, in tests, keeps a tick that lost a race (ResultConflict) from being
+	// decided again at once, so the half-written state can be looked at.
+	NoRetry bool
 	// Hook, in tests, is called at the Hook* points of every tick that gets there, so a
 	// test can interleave other writers step by step. nil in production.
 	Hook func(ctx context.Context, point string)
@@ -182,6 +185,10 @@ type Report struct {
 	// Expired lists the tenant/route pairs whose rebalancer rows the run deleted (a dry
 	// run: would have deleted) after Config.ExpireAfterRuns runs without demand.
 	Expired []regions.Scope
+	// Retried is the result of a first attempt that lost a race (ResultConflict: a
+	// region or share changed between the read and a write) when this report is of the
+	// full run decided again at once from a fresh read; "" otherwise.
+	Retried string
 }
 
 // ScopeReport is one scope's decision.
@@ -288,19 +295,24 @@ func (j *Job) Check(ctx context.Context) (Report, error) { return j.tick(ctx, ki
 func (j *Job) tick(ctx context.Context, k kind) (Report, error) {
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	start := time.Now()
-	rep := j.tickLocked(ctx, k)
-	j.m.duration.WithLabelValues(k.String()).Observe(time.Since(start).Seconds())
-	j.m.count(k, rep.Result)
-	if rep.Result == ResultOK && k == kindRun {
-		j.m.lastSuccess.Set(float64(rep.At.UnixNano()) / 1e9)
+	rep := j.timedTick(ctx, k)
+	if rep.Result == ResultConflict && !j.cfg.NoRetry && ctx.Err() == nil {
+		// A write lost a race with a region or share change: what committed (the
+		// decreases, perhaps rescaled by a region removal) may sum to 1 yet not be what a
+		// correct run writes. Decide again at once, as a full run, from a fresh read: it
+		// writes the correct shares, or nothing when the hysteresis finds them close.
+		j.log.Warn("rebalancer write lost a race with a region or share change; deciding again from a fresh read",
+			"kind", k.String(), "err", rep.Err)
+		j.m.retries.WithLabelValues(ResultConflict).Inc()
+		rep = j.timedTick(ctx, kindRun)
+		rep.Retried = ResultConflict
 	}
 	level := slog.LevelInfo
 	if rep.Result != ResultOK {
 		level = slog.LevelWarn
 	}
 	if rep.Result != ResultOK || rep.Written > 0 || k == kindRun {
-		j.log.Log(ctx, level, "rebalancer tick", "kind", rep.Kind, "result", rep.Result,
+		j.log.Log(ctx, level, "rebalancer tick", "kind", rep.Kind, "result", rep.Result, "retried", rep.Retried,
 			"scopes", len(rep.Scopes), "shares_written", rep.Written, "scopes_expired", len(rep.Expired),
 			"dry_run", rep.DryRun, "err", rep.Err)
 	}
@@ -308,6 +320,18 @@ func (j *Job) tick(ctx context.Context, k kind) (Report, error) {
 	j.last = rep
 	j.lastMu.Unlock()
 	return rep, rep.Err
+}
+
+// timedTick is one tickLocked, timed and counted.
+func (j *Job) timedTick(ctx context.Context, k kind) Report {
+	start := time.Now()
+	rep := j.tickLocked(ctx, k)
+	j.m.duration.WithLabelValues(k.String()).Observe(time.Since(start).Seconds())
+	j.m.count(k, rep.Result)
+	if rep.Result == ResultOK && k == kindRun {
+		j.m.lastSuccess.Set(float64(rep.At.UnixNano()) / 1e9)
+	}
+	return rep
 }
 
 func (j *Job) tickLocked(ctx context.Context, k kind) Report {

@@ -59,6 +59,7 @@ type metrics struct {
 	leader        prometheus.Gauge
 	duration      *prometheus.HistogramVec
 	writesRefused *prometheus.CounterVec
+	retries       *prometheus.CounterVec
 }
 
 // newMetrics makes the job's metrics and registers them on reg (nil: none). A registry
@@ -102,6 +103,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "ratelimit_rebalancer_writes_refused_total",
 			Help: "Share writes the database refused, abandoning the tick, by reason: fenced (no longer the leader) or conflict (rows changed since read).",
 		}, []string{"reason"}),
+		retries: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ratelimit_rebalancer_retries_total",
+			Help: "Ticks decided again at once from a fresh read, by reason: conflict (a write lost a race with a region or share change).",
+		}, []string{"reason"}),
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "ratelimit_rebalancer_run_duration_seconds",
 			Help:    "Duration of a tick (kind run or check), including the shrink-before-grow wait.",
@@ -117,6 +122,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	}
 	m.writesRefused.WithLabelValues(ResultFenced)
 	m.writesRefused.WithLabelValues(ResultConflict)
+	m.retries.WithLabelValues(ResultConflict)
 	m.duration.WithLabelValues(kindRun.String())
 	m.duration.WithLabelValues(kindCheck.String())
 	if reg == nil {
@@ -134,6 +140,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		{"ratelimit_rebalancer_expired_scopes_total", m.expiredScopes}, {"ratelimit_rebalancer_leader", m.leader},
 		{"ratelimit_rebalancer_run_duration_seconds", m.duration},
 		{"ratelimit_rebalancer_writes_refused_total", m.writesRefused},
+		{"ratelimit_rebalancer_retries_total", m.retries},
 	} {
 		if err := reg.Register(c.c); err != nil {
 			for _, d := range done {
