@@ -46,6 +46,12 @@ type Store interface {
 // epocher is an Elector that hands out a fencing token (*Elector does).
 type epocher interface{ Epoch() int64 }
 
+// leaseRepairer is an Elector that can tell a right fence (another leader took over) from
+// a broken lease row, and repair the latter (*Elector does; see Elector.RepairLease).
+type leaseRepairer interface {
+	RepairLease(ctx context.Context) (bool, error)
+}
+
 // Hook points (Config.Hook).
 const (
 	// HookLoaded: the tick has loaded its snapshot and demand, and computed nothing yet.
@@ -306,6 +312,23 @@ func (j *Job) tick(ctx context.Context, k kind) (Report, error) {
 		j.m.retries.WithLabelValues(ResultConflict).Inc()
 		rep = j.timedTick(ctx, kindRun)
 		rep.Retried = ResultConflict
+	}
+	if r, ok := j.cfg.Elector.(leaseRepairer); ok && rep.Result == ResultFenced && ctx.Err() == nil {
+		// Fenced although this process may still hold the lock: a lease row edited, reset
+		// or deleted would fence the only leader for ever. Repair it (the lock proves
+		// nobody else leads), say so loudly, and decide again.
+		switch repaired, err := r.RepairLease(ctx); {
+		case err != nil:
+			j.m.leaseRepairs.WithLabelValues("failed").Inc()
+			j.log.Error("rebalancer lease is broken and could not be repaired; writes stay fenced", "err", err)
+		case repaired:
+			j.m.leaseRepairs.WithLabelValues("repaired").Inc()
+			if !j.cfg.NoRetry {
+				retried := rep.Result
+				rep = j.timedTick(ctx, kindRun)
+				rep.Retried = retried
+			}
+		}
 	}
 	level := slog.LevelInfo
 	if rep.Result != ResultOK {

@@ -60,6 +60,7 @@ type metrics struct {
 	duration      *prometheus.HistogramVec
 	writesRefused *prometheus.CounterVec
 	retries       *prometheus.CounterVec
+	leaseRepairs  *prometheus.CounterVec
 }
 
 // newMetrics makes the job's metrics and registers them on reg (nil: none). A registry
@@ -107,6 +108,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "ratelimit_rebalancer_retries_total",
 			Help: "Ticks decided again at once from a fresh read, by reason: conflict (a write lost a race with a region or share change).",
 		}, []string{"reason"}),
+		leaseRepairs: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ratelimit_rebalancer_lease_repairs_total",
+			Help: "Writes fenced while this rebalancer still held the leader lock (the lease row edited, reset by migrate down and up, or deleted), by outcome: repaired (a new epoch taken) or failed.",
+		}, []string{"outcome"}),
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "ratelimit_rebalancer_run_duration_seconds",
 			Help:    "Duration of a tick (kind run or check), including the shrink-before-grow wait.",
@@ -123,6 +128,8 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m.writesRefused.WithLabelValues(ResultFenced)
 	m.writesRefused.WithLabelValues(ResultConflict)
 	m.retries.WithLabelValues(ResultConflict)
+	m.leaseRepairs.WithLabelValues("repaired")
+	m.leaseRepairs.WithLabelValues("failed")
 	m.duration.WithLabelValues(kindRun.String())
 	m.duration.WithLabelValues(kindCheck.String())
 	if reg == nil {
@@ -141,6 +148,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		{"ratelimit_rebalancer_run_duration_seconds", m.duration},
 		{"ratelimit_rebalancer_writes_refused_total", m.writesRefused},
 		{"ratelimit_rebalancer_retries_total", m.retries},
+		{"ratelimit_rebalancer_lease_repairs_total", m.leaseRepairs},
 	} {
 		if err := reg.Register(c.c); err != nil {
 			for _, d := range done {

@@ -291,6 +291,9 @@ func (s *Store) WriteRebalancer(ctx context.Context, w RebalancerWrite) error {
 			// FOR SHARE: a takeover (which increments epoch) waits until this commits.
 			var epoch int64
 			err := tx.QueryRow(ctx, `SELECT epoch FROM rebalancer_lease WHERE id = 1 FOR SHARE`).Scan(&epoch)
+			if errors.Is(err, pgx.ErrNoRows) {
+				return fmt.Errorf("%w: the rebalancer_lease row is missing (deleted, or the schema reset)", ErrFenced)
+			}
 			if err != nil {
 				return fmt.Errorf("check lease: %w", err)
 			}
