@@ -41,6 +41,9 @@ const (
 type Store interface {
 	Load(ctx context.Context, o store.LoadOptions) (*regions.Snapshot, error)
 	WriteRebalancer(ctx context.Context, w store.RebalancerWrite) error
+	// RegionsSeen counts, per region, the gateways seen within the TTL, cleanly stopped
+	// ones included: a region without any is dark.
+	RegionsSeen(ctx context.Context, ttl time.Duration) (map[string]int, error)
 }
 
 // epocher is an Elector that hands out a fencing token (*Elector does).
@@ -128,6 +131,8 @@ type Job struct {
 	absent map[regions.Scope]int
 	// exported holds the {region, scope} label sets of the share series now exported.
 	exported map[[2]string]bool
+	// seen is the current tick's store.RegionsSeen: a region absent from it is dark.
+	seen map[string]int
 
 	lastMu sync.Mutex
 	last   Report
@@ -376,6 +381,9 @@ func (j *Job) tickLocked(ctx context.Context, k kind) Report {
 	if err != nil {
 		return fail(ResultSkippedDatabase, fmt.Errorf("rebalance: %w", err))
 	}
+	if j.seen, err = j.store.RegionsSeen(ctx, j.cfg.InstanceTTL); err != nil {
+		return fail(ResultSkippedDatabase, fmt.Errorf("rebalance: %w", err))
+	}
 	d, err := j.demand.Read(ctx, now)
 	if err != nil {
 		return fail(ResultSkippedPrometheus, fmt.Errorf("rebalance: %w", err))
@@ -504,7 +512,7 @@ func (j *Job) expire(snap *regions.Snapshot, d demand.Demand, regs []string, liv
 	}
 	complete := len(d.Unreachable) == 0
 	for _, r := range regs {
-		if _, fresh := d.Sample(regions.GlobalScope, r); !fresh && snap.LiveInstances(r) > 0 {
+		if _, fresh := d.Sample(regions.GlobalScope, r); !fresh && j.live(r) {
 			complete = false
 		}
 	}
@@ -572,7 +580,7 @@ func (j *Job) expiry(snap *regions.Snapshot, regs []string, sc regions.Scope, n 
 		}
 		rows = append(rows, sh)
 		in.Regions = append(in.Regions, RegionInput{Region: r,
-			Status:   rebalancer.RegionStatus(snap.LiveInstances(r) > 0, false),
+			Status:   rebalancer.RegionStatus(j.live(r), false),
 			Previous: sh.Share, Share: fallbackShare(snap, r, sc, len(regs))})
 	}
 	reason := fmt.Sprintf("%s: no demand for %d runs", ReasonExpired, n)
@@ -709,7 +717,7 @@ func (j *Job) decide(snap *regions.Snapshot, d demand.Demand, regs []string, sc 
 		overridden = overridden || o
 		smp, fresh := d.Sample(sc, r)
 		ri := rebalancer.RegionInput{Region: r, Share: share,
-			Status: rebalancer.RegionStatus(snap.LiveInstances(r) > 0, fresh)}
+			Status: rebalancer.RegionStatus(j.live(r), fresh)}
 		if ri.Status == rebalancer.StatusOK {
 			ri.Long, ri.Short = allocationRates(smp.Long), allocationRates(smp.Short)
 			anyOK, total = true, total+ri.Short.Offered()
@@ -911,6 +919,10 @@ func (j *Job) at(ctx context.Context, point string) {
 		j.cfg.Hook(ctx, point)
 	}
 }
+
+// live says whether region has a gateway seen within the instance TTL, one that stopped
+// cleanly included (a restart is not a dark region), in this tick.
+func (j *Job) live(region string) bool { return j.seen[region] > 0 }
 
 // exportShares sets ratelimit_rebalancer_share_ratio from a full run: "*" and the
 // MaxShareSeries busiest pairs. Series of scopes no longer exported are deleted; the

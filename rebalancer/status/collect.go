@@ -61,7 +61,8 @@ type Region struct {
 	Name         string    `json:"name"`
 	LiveGateways int       `json:"live_gateways"`
 	Gateways     []Gateway `json:"gateways"`
-	// Dark: no gateway of the region heartbeated within the instance TTL.
+	// Dark: no gateway of the region heartbeated within the instance TTL, cleanly
+	// stopped ones included (store.RegionsSeen, as the rebalancer decides it).
 	Dark bool `json:"dark"`
 	// Share is the region's effective share of scope "*"; ShareSource is override,
 	// rebalancer, or default (no stored share: an equal split).
@@ -199,6 +200,7 @@ type storeData struct {
 	instances []regions.Instance
 	shares    []regions.Share
 	history   []store.HistoryEntry
+	seen      map[string]int // store.RegionsSeen
 }
 
 func (h *Handler) readStore(ctx context.Context) (storeData, error) {
@@ -212,6 +214,9 @@ func (h *Handler) readStore(ctx context.Context) (storeData, error) {
 		return d, err
 	}
 	if d.instances, err = h.store.Instances(ctx); err != nil {
+		return d, err
+	}
+	if d.seen, err = h.store.RegionsSeen(ctx, h.cfg.InstanceTTL); err != nil {
 		return d, err
 	}
 	if d.shares, err = h.store.Shares(ctx); err != nil {
@@ -269,7 +274,9 @@ func (h *Handler) build(now time.Time, db storeData, pd promData) (*Status, erro
 		if rg.Gateways == nil {
 			rg.Gateways = []Gateway{}
 		}
-		rg.Dark = rg.LiveGateways == 0
+		// Dark as the rebalancer sees it: no gateway seen within the TTL, cleanly stopped
+		// ones included (a restart is not dark).
+		rg.Dark = db.seen[name] == 0
 		if sh, ok := snap.ScopeRow(name, regions.GlobalScope); ok {
 			rg.Share, rg.ShareSource, rg.ShareReason = sh.Share, string(sh.Source), sh.Reason
 			rg.ShareSetAt = timePtr(sh.UpdatedAt)

@@ -390,8 +390,9 @@ func (s *Store) DeleteRule(ctx context.Context, tenant, route string) error {
 }
 
 // InstanceHorizon is how long a gateway_instance row may go unseen before a heartbeat of
-// its region deletes it. Rows of crashed gateways (a clean stop removes its own row, and
-// the default instance id is new at every start) would otherwise pile up forever. It is
+// its region deletes it. Rows of crashed and stopped gateways (a clean stop marks its own
+// row stopped, and the default instance id is new at every start) would otherwise pile
+// up forever. It is
 // far longer than any instance TTL, so a live instance is never pruned; one cut off from
 // the database for longer simply comes back with its next heartbeat.
 const InstanceHorizon = time.Hour
@@ -427,7 +428,7 @@ func (s *Store) Heartbeat(ctx context.Context, id, region string) error {
 		return fmt.Errorf("heartbeat %s: %w", id, err)
 	}
 	const upsert = `INSERT INTO gateway_instance (id, region, last_seen) VALUES ($1, $2, now())
-		ON CONFLICT (id) DO UPDATE SET region = EXCLUDED.region, last_seen = now()`
+		ON CONFLICT (id) DO UPDATE SET region = EXCLUDED.region, last_seen = now(), stopped_at = NULL`
 	var err error
 	if mrand.IntN(pruneEvery) == 0 {
 		_, err = s.pool.Exec(ctx, `WITH pruned AS (
@@ -461,27 +462,57 @@ func (s *Store) PruneInstances(ctx context.Context, region string, olderThan tim
 	return tag.RowsAffected(), nil
 }
 
-// RemoveInstance forgets gateway instance id (on a clean shutdown). Removing an unknown
-// instance does nothing.
+// RemoveInstance records that gateway instance id stopped cleanly (on shutdown): its row
+// is marked stopped, not deleted. The loader leaves stopped rows out (LiveInstances), so
+// the region's other gateways stop counting it in their fallback share at once; but its
+// region is not dark while the row's last heartbeat is within the instance TTL
+// (RegionsSeen), so gateways that restart together do not cost their region its shares
+// (issue 22: deleting the row made the region dark until the new processes beat).
+// Stopping an unknown instance does nothing.
 func (s *Store) RemoveInstance(ctx context.Context, id string) error {
 	if err := regions.ValidateID("instance", id); err != nil {
 		return fmt.Errorf("remove instance: %w", err)
 	}
-	if _, err := s.pool.Exec(ctx, `DELETE FROM gateway_instance WHERE id = $1`, id); err != nil {
+	if _, err := s.pool.Exec(ctx, `UPDATE gateway_instance SET stopped_at = now() WHERE id = $1 AND stopped_at IS NULL`, id); err != nil {
 		return fmt.Errorf("remove instance %s: %w", id, err)
 	}
 	return nil
 }
 
-// Instances lists every instance that ever heartbeated and was not removed, by region and
-// id, with its last heartbeat (the database's clock).
+// Instances lists every running instance that ever heartbeated (not stopped cleanly), by
+// region and id, with its last heartbeat (the database's clock).
 func (s *Store) Instances(ctx context.Context) ([]regions.Instance, error) {
-	rows, _ := s.pool.Query(ctx, `SELECT id, region, last_seen FROM gateway_instance ORDER BY region, id`)
+	rows, _ := s.pool.Query(ctx, `SELECT id, region, last_seen FROM gateway_instance WHERE stopped_at IS NULL ORDER BY region, id`)
 	in, err := pgx.CollectRows(rows, pgx.RowToStructByPos[regions.Instance])
 	if err != nil {
 		return nil, fmt.Errorf("list instances: %w", err)
 	}
 	return in, nil
+}
+
+// RegionsSeen returns, per region, how many of its gateway instances heartbeated within
+// ttl by the database's clock, those that stopped cleanly since included. This is the
+// one definition of a region that is not dark, for the rebalancer, the status page and
+// ratectl: a region without any is dark. (A gateway's fallback counts only running
+// instances: Snapshot.LiveInstances.)
+func (s *Store) RegionsSeen(ctx context.Context, ttl time.Duration) (map[string]int, error) {
+	if ttl <= 0 {
+		return nil, fmt.Errorf("regions seen: %w: ttl must be > 0, got %s", regions.ErrInvalid, ttl)
+	}
+	rows, _ := s.pool.Query(ctx, `SELECT region, count(*) FROM gateway_instance
+		WHERE last_seen >= now() - $1::double precision * interval '1 microsecond' GROUP BY region`, ttl.Microseconds())
+	out := map[string]int{}
+	var (
+		region string
+		n      int
+	)
+	if _, err := pgx.ForEachRow(rows, []any{&region, &n}, func() error {
+		out[region] = n
+		return nil
+	}); err != nil {
+		return nil, fmt.Errorf("regions seen: %w", err)
+	}
+	return out, nil
 }
 
 // RawID accepts any id a row may hold, valid or not: 1 to 64 bytes of printable UTF-8.
