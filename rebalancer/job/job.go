@@ -41,9 +41,9 @@ const (
 type Store interface {
 	Load(ctx context.Context, o store.LoadOptions) (*regions.Snapshot, error)
 	WriteRebalancer(ctx context.Context, w store.RebalancerWrite) error
-	// RegionsSeen counts, per region, the gateways seen within the TTL, cleanly stopped
-	// ones included: a region without any is dark.
-	RegionsSeen(ctx context.Context, ttl time.Duration) (map[string]int, error)
+	// RegionsLastSeen is each region's newest gateway heartbeat, cleanly stopped
+	// gateways included (store.RegionDark).
+	RegionsLastSeen(ctx context.Context) (map[string]time.Time, error)
 }
 
 // epocher is an Elector that hands out a fencing token (*Elector does).
@@ -131,8 +131,10 @@ type Job struct {
 	absent map[regions.Scope]int
 	// exported holds the {region, scope} label sets of the share series now exported.
 	exported map[[2]string]bool
-	// seen is the current tick's store.RegionsSeen: a region absent from it is dark.
-	seen map[string]int
+	// seen and seenAt are the current tick's store.RegionsLastSeen and the database
+	// time of its snapshot (store.RegionDark).
+	seen   map[string]time.Time
+	seenAt time.Time
 
 	lastMu sync.Mutex
 	last   Report
@@ -381,9 +383,10 @@ func (j *Job) tickLocked(ctx context.Context, k kind) Report {
 	if err != nil {
 		return fail(ResultSkippedDatabase, fmt.Errorf("rebalance: %w", err))
 	}
-	if j.seen, err = j.store.RegionsSeen(ctx, j.cfg.InstanceTTL); err != nil {
+	if j.seen, err = j.store.RegionsLastSeen(ctx); err != nil {
 		return fail(ResultSkippedDatabase, fmt.Errorf("rebalance: %w", err))
 	}
+	j.seenAt = snap.LoadedAt()
 	d, err := j.demand.Read(ctx, now)
 	if err != nil {
 		return fail(ResultSkippedPrometheus, fmt.Errorf("rebalance: %w", err))
@@ -922,7 +925,9 @@ func (j *Job) at(ctx context.Context, point string) {
 
 // live says whether region has a gateway seen within the instance TTL, one that stopped
 // cleanly included (a restart is not a dark region), in this tick.
-func (j *Job) live(region string) bool { return j.seen[region] > 0 }
+func (j *Job) live(region string) bool {
+	return !store.RegionDark(j.seen, region, j.seenAt, j.cfg.InstanceTTL)
+}
 
 // exportShares sets ratelimit_rebalancer_share_ratio from a full run: "*" and the
 // MaxShareSeries busiest pairs. Series of scopes no longer exported are deleted; the

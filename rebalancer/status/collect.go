@@ -62,7 +62,7 @@ type Region struct {
 	LiveGateways int       `json:"live_gateways"`
 	Gateways     []Gateway `json:"gateways"`
 	// Dark: no gateway of the region heartbeated within the instance TTL, cleanly
-	// stopped ones included (store.RegionsSeen, as the rebalancer decides it).
+	// stopped ones included (store.RegionDark, as the rebalancer decides it).
 	Dark bool `json:"dark"`
 	// Share is the region's effective share of scope "*"; ShareSource is override,
 	// rebalancer, or default (no stored share: an equal split).
@@ -200,7 +200,7 @@ type storeData struct {
 	instances []regions.Instance
 	shares    []regions.Share
 	history   []store.HistoryEntry
-	seen      map[string]int // store.RegionsSeen
+	seen      map[string]time.Time // store.RegionsLastSeen
 }
 
 func (h *Handler) readStore(ctx context.Context) (storeData, error) {
@@ -216,7 +216,7 @@ func (h *Handler) readStore(ctx context.Context) (storeData, error) {
 	if d.instances, err = h.store.Instances(ctx); err != nil {
 		return d, err
 	}
-	if d.seen, err = h.store.RegionsSeen(ctx, h.cfg.InstanceTTL); err != nil {
+	if d.seen, err = h.store.RegionsLastSeen(ctx); err != nil {
 		return d, err
 	}
 	if d.shares, err = h.store.Shares(ctx); err != nil {
@@ -276,7 +276,7 @@ func (h *Handler) build(now time.Time, db storeData, pd promData) (*Status, erro
 		}
 		// Dark as the rebalancer sees it: no gateway seen within the TTL, cleanly stopped
 		// ones included (a restart is not dark).
-		rg.Dark = db.seen[name] == 0
+		rg.Dark = store.RegionDark(db.seen, name, now, h.cfg.InstanceTTL)
 		if sh, ok := snap.ScopeRow(name, regions.GlobalScope); ok {
 			rg.Share, rg.ShareSource, rg.ShareReason = sh.Share, string(sh.Source), sh.Reason
 			rg.ShareSetAt = timePtr(sh.UpdatedAt)

@@ -43,8 +43,8 @@ var ErrStoreUnavailable = errors.New("postgresql unavailable")
 type Store interface {
 	Regions(ctx context.Context) ([]string, error)
 	Instances(ctx context.Context) ([]regions.Instance, error)
-	// RegionsSeen is the rebalancer's definition of a region that is not dark.
-	RegionsSeen(ctx context.Context, ttl time.Duration) (map[string]int, error)
+	// RegionsLastSeen decides a dark region as the rebalancer does (store.RegionDark).
+	RegionsLastSeen(ctx context.Context) (map[string]time.Time, error)
 	Shares(ctx context.Context) ([]regions.Share, error)
 	History(ctx context.Context, f store.HistoryFilter) ([]store.HistoryEntry, error)
 }

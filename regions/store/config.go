@@ -490,29 +490,32 @@ func (s *Store) Instances(ctx context.Context) ([]regions.Instance, error) {
 	return in, nil
 }
 
-// RegionsSeen returns, per region, how many of its gateway instances heartbeated within
-// ttl by the database's clock, those that stopped cleanly since included. This is the
-// one definition of a region that is not dark, for the rebalancer, the status page and
-// ratectl: a region without any is dark. (A gateway's fallback counts only running
-// instances: Snapshot.LiveInstances.)
-func (s *Store) RegionsSeen(ctx context.Context, ttl time.Duration) (map[string]int, error) {
-	if ttl <= 0 {
-		return nil, fmt.Errorf("regions seen: %w: ttl must be > 0, got %s", regions.ErrInvalid, ttl)
-	}
-	rows, _ := s.pool.Query(ctx, `SELECT region, count(*) FROM gateway_instance
-		WHERE last_seen >= now() - $1::double precision * interval '1 microsecond' GROUP BY region`, ttl.Microseconds())
-	out := map[string]int{}
+// RegionsLastSeen returns, per region, the newest heartbeat of any of its gateway
+// instances (the database's clock), cleanly stopped ones included. A region whose newest
+// heartbeat is older than the instance TTL, or that has none, is dark (RegionDark): this
+// is the one definition of a dark region, for the rebalancer, the status page and
+// ratectl. A gateway's fallback counts only running instances (Snapshot.LiveInstances).
+func (s *Store) RegionsLastSeen(ctx context.Context) (map[string]time.Time, error) {
+	rows, _ := s.pool.Query(ctx, `SELECT region, max(last_seen) FROM gateway_instance GROUP BY region`)
+	out := map[string]time.Time{}
 	var (
 		region string
-		n      int
+		at     time.Time
 	)
-	if _, err := pgx.ForEachRow(rows, []any{&region, &n}, func() error {
-		out[region] = n
+	if _, err := pgx.ForEachRow(rows, []any{&region, &at}, func() error {
+		out[region] = at
 		return nil
 	}); err != nil {
-		return nil, fmt.Errorf("regions seen: %w", err)
+		return nil, fmt.Errorf("regions last seen: %w", err)
 	}
 	return out, nil
+}
+
+// RegionDark says whether region is dark at now: no heartbeat of any of its gateways in
+// lastSeen (RegionsLastSeen) within ttl.
+func RegionDark(lastSeen map[string]time.Time, region string, now time.Time, ttl time.Duration) bool {
+	at, ok := lastSeen[region]
+	return !ok || now.Sub(at) > ttl
 }
 
 // RawID accepts any id a row may hold, valid or not: 1 to 64 bytes of printable UTF-8.
