@@ -179,6 +179,11 @@ type Demand struct {
 	// Unreachable names the regions whose own Prometheus failed (per-region sources
 	// only; with one shared source a failure fails the whole Read).
 	Unreachable map[string]error
+	// Targets counts, per region, the scrape targets (distinct instance labels) with a
+	// fresh sample of RequestsMetric: the gateways whose traffic the region's rates
+	// hold. A region with fewer than it has running gateways lacks some of its demand,
+	// which is unknown, not zero (the job then keeps its shares). nil when not read.
+	Targets map[string]int
 }
 
 // Sample returns region's demand in scope; false means unknown.
@@ -264,7 +269,7 @@ func (r *Reader) Read(ctx context.Context, now time.Time) (Demand, error) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.Timeout)
 	defer cancel()
-	d := Demand{At: now, Scopes: map[regions.Scope]map[string]Sample{}, Unreachable: map[string]error{}}
+	d := Demand{At: now, Scopes: map[regions.Scope]map[string]Sample{}, Unreachable: map[string]error{}, Targets: map[string]int{}}
 	results := make([]sourceResult, len(r.sources))
 	var wg sync.WaitGroup
 	for i, s := range r.sources {
@@ -280,6 +285,9 @@ func (r *Reader) Read(ctx context.Context, now time.Time) (Demand, error) {
 				d.Unreachable[s.Region] = res.err
 			}
 			continue
+		}
+		for region, n := range res.targets {
+			d.Targets[region] += n
 		}
 		for sc, byRegion := range res.scopes {
 			if d.Scopes[sc] == nil {
@@ -307,8 +315,9 @@ func collectErrs(rs []sourceResult) []error {
 }
 
 type sourceResult struct {
-	scopes map[regions.Scope]map[string]Sample
-	err    error
+	scopes  map[regions.Scope]map[string]Sample
+	targets map[string]int
+	err     error
 }
 
 // seriesKey identifies one (scope, region) series group in query results.
@@ -348,6 +357,21 @@ func (r *Reader) readSource(ctx context.Context, s source, now time.Time) source
 			vecs[i] = v
 		}
 		r.merge(res.scopes, vecs, now)
+	}
+	// The targets behind the region totals: one newest-sample time per (region, instance).
+	v, err := query(ctx, s, fmt.Sprintf(`max by (region, instance) (timestamp(%s{%s}))`, RequestsMetric, offeredSelector(s.Region)), now)
+	if err != nil {
+		res.err = err
+		return res
+	}
+	res.targets = map[string]int{}
+	for _, smp := range v {
+		region := string(smp.Metric["region"])
+		last := time.UnixMilli(int64(math.Round(float64(smp.Value) * 1000)))
+		if regions.ValidateID("region", region) != nil || math.IsNaN(float64(smp.Value)) || now.Sub(last) > r.cfg.MaxAge {
+			continue
+		}
+		res.targets[region]++
 	}
 	return res
 }

@@ -515,7 +515,7 @@ func (j *Job) expire(snap *regions.Snapshot, d demand.Demand, regs []string, liv
 	}
 	complete := len(d.Unreachable) == 0
 	for _, r := range regs {
-		if _, fresh := d.Sample(regions.GlobalScope, r); !fresh && j.live(r) {
+		if _, fresh := d.Sample(regions.GlobalScope, r); (!fresh || !scraped(snap, d, r)) && j.live(r) {
 			complete = false
 		}
 	}
@@ -719,6 +719,7 @@ func (j *Job) decide(snap *regions.Snapshot, d demand.Demand, regs []string, sc 
 		share, o := currentShare(snap, r, sc, len(regs))
 		overridden = overridden || o
 		smp, fresh := d.Sample(sc, r)
+		fresh = fresh && scraped(snap, d, r)
 		ri := rebalancer.RegionInput{Region: r, Share: share,
 			Status: rebalancer.RegionStatus(j.live(r), fresh)}
 		if ri.Status == rebalancer.StatusOK {
@@ -921,6 +922,15 @@ func (j *Job) at(ctx context.Context, point string) {
 	if j.cfg.Hook != nil {
 		j.cfg.Hook(ctx, point)
 	}
+}
+
+// scraped says whether d holds the traffic of every running gateway of region: at least
+// as many fresh scrape targets as live heartbeats. A region that lost a scrape target
+// reads lower than it is (half, with one of two gateways unscraped: issue 22), and its
+// demand is unknown until the target is back or its gateway is gone — missing is
+// unknown, not zero. A reader that does not count targets (nil) is trusted.
+func scraped(snap *regions.Snapshot, d demand.Demand, region string) bool {
+	return d.Targets == nil || d.Targets[region] >= snap.LiveInstances(region)
 }
 
 // live says whether region has a gateway seen within the instance TTL, one that stopped
