@@ -229,6 +229,11 @@ func (s *Snapshot) At(at time.Time) *Snapshot {
 	return &c
 }
 
+// InTransition reports whether some share of the snapshot is within ExpiryGrace of its
+// expiry: its lookups then get the lower of it and its replacement, so a scope may sum
+// below 1 (never above) until the transition ends.
+func (s *Snapshot) InTransition() bool { return len(s.transitional) > 0 }
+
 // AsOf is the store time the snapshot's shares are judged at: LoadedAt, or At's time.
 func (s *Snapshot) AsOf() time.Time { return s.asOf }
 

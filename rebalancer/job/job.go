@@ -44,6 +44,9 @@ type Store interface {
 	// RegionsLastSeen is each region's newest gateway heartbeat, cleanly stopped
 	// gateways included (store.RegionDark).
 	RegionsLastSeen(ctx context.Context) (map[string]time.Time, error)
+	// ExpireOverrides deletes the overrides past their expiry, recording each in the
+	// share history and the audit log.
+	ExpireOverrides(ctx context.Context, actor string) ([]regions.Share, error)
 }
 
 // epocher is an Elector that hands out a fencing token (*Elector does).
@@ -378,6 +381,19 @@ func (j *Job) tickLocked(ctx context.Context, k kind) Report {
 		if epoch = el.Epoch(); epoch == 0 {
 			return fail(ResultNotLeader, fmt.Errorf("rebalance: %w: no leadership epoch", ErrNotLeader))
 		}
+	}
+	if !j.cfg.DryRun {
+		// Every override's end leaves a history and audit row (the gateways stopped
+		// applying it at its expiry, with or without this).
+		gone, err := j.store.ExpireOverrides(ctx, j.cfg.Actor)
+		if err != nil {
+			return fail(ResultSkippedDatabase, fmt.Errorf("rebalance: %w", err))
+		}
+		for _, sh := range gone {
+			j.log.Info("operator override expired", "scope", sh.Scope.String(), "region", sh.Region,
+				"share", sh.Share, "expired_at", sh.ExpiresAt)
+		}
+		j.m.overridesExpired.Add(float64(len(gone)))
 	}
 	snap, err := j.store.Load(ctx, store.LoadOptions{InstanceTTL: j.cfg.InstanceTTL, WithoutKeys: true})
 	if err != nil {

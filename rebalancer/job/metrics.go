@@ -61,6 +61,8 @@ type metrics struct {
 	writesRefused *prometheus.CounterVec
 	retries       *prometheus.CounterVec
 	leaseRepairs  *prometheus.CounterVec
+	// overridesExpired counts override rows whose end was recorded.
+	overridesExpired prometheus.Counter
 }
 
 // newMetrics makes the job's metrics and registers them on reg (nil: none). A registry
@@ -112,6 +114,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "ratelimit_rebalancer_lease_repairs_total",
 			Help: "Writes fenced while this rebalancer still held the leader lock (the lease row edited, reset by migrate down and up, or deleted), by outcome: repaired (a new epoch taken) or failed.",
 		}, []string{"outcome"}),
+		overridesExpired: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "ratelimit_rebalancer_overrides_expired_total",
+			Help: "Operator override rows past their expiry that the rebalancer deleted, each recorded in the share history and the audit log.",
+		}),
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "ratelimit_rebalancer_run_duration_seconds",
 			Help:    "Duration of a tick (kind run or check), including the shrink-before-grow wait.",
@@ -149,6 +155,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		{"ratelimit_rebalancer_writes_refused_total", m.writesRefused},
 		{"ratelimit_rebalancer_retries_total", m.retries},
 		{"ratelimit_rebalancer_lease_repairs_total", m.leaseRepairs},
+		{"ratelimit_rebalancer_overrides_expired_total", m.overridesExpired},
 	} {
 		if err := reg.Register(c.c); err != nil {
 			for _, d := range done {

@@ -2,12 +2,16 @@ package job_test
 
 import (
 	"math"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/quotaplane/quotaplane/internal/testenv"
 	"github.com/quotaplane/quotaplane/rebalancer/job"
 	"github.com/quotaplane/quotaplane/regions"
+	"github.com/quotaplane/quotaplane/regions/store"
 )
 
 // TestCleanRestartIsNotDark (issue 22): every gateway of eu-west stops cleanly (a
@@ -48,5 +52,54 @@ func TestCleanRestartIsNotDark(t *testing.T) {
 	}
 	if n := snap.LiveInstances(euWest); n != 0 {
 		t.Errorf("eu-west live instances for the fallback %d after the stop, want 0", n)
+	}
+}
+
+// TestOverrideExpiryIsRecorded (issue 22): an override's end left no history or audit
+// row. The rebalancer's tick deletes the expired rows, each leaving both.
+func TestOverrideExpiryIsRecorded(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t, "us-east", "eu-west")
+	ctx := store.WithAudit(t.Context(), "alice", "incident")
+	if err := w.store.SetOverride(ctx, regions.GlobalScope, map[string]float64{"us-east": 0.1, "eu-west": 0.9}, "alice", "eu-west incident", 200*time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		var passed bool
+		if err := w.store.Pool().QueryRow(ctx, `SELECT bool_and(expires_at <= now()) FROM region_share WHERE source = 'override'`).Scan(&passed); err != nil {
+			t.Fatal(err)
+		}
+		if passed {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	w.dem.set(map[string]float64{"us-east": 50, "eu-west": 50})
+	reg := prometheus.NewPedanticRegistry()
+	if _, err := w.job(t, reg, nil).RunOnce(ctx); err != nil {
+		t.Fatal(err)
+	}
+	h, err := w.store.History(ctx, store.HistoryFilter{Scope: &regions.GlobalScope})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ended := 0
+	for _, e := range h {
+		if e.Source == regions.SourceOverride && e.New == nil && strings.HasPrefix(e.Reason, store.ReasonOverrideExpired) && e.Actor == job.DefaultActor {
+			ended++
+		}
+	}
+	if ended != 2 {
+		t.Errorf("history rows of the override's end: %d, want one per region (history %+v)", ended, h)
+	}
+	audit, err := w.store.Audit(ctx, store.AuditFilter{Actor: job.DefaultActor})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := len(audit); n != 2 || audit[0].Object != "region_share" || !strings.HasPrefix(audit[0].Reason, store.ReasonOverrideExpired) {
+		t.Errorf("audit rows of the override's end: %+v, want 2 of region_share", audit)
+	}
+	if n := metric(t, reg, "ratelimit_rebalancer_overrides_expired_total"); n != 2 {
+		t.Errorf("overrides_expired_total = %v, want 2", n)
 	}
 }
