@@ -263,7 +263,7 @@ func statusPage(sources []demand.Source, o options, store status.Store, j *job.J
 		}
 		proms = append(proms, status.Source{Region: s.Region, API: promv1.NewAPI(c)})
 	}
-	return status.New(status.Config{Prometheus: proms, InstanceTTL: o.instanceTTL, LastRun: j.Last, Logger: log}, store)
+	return status.New(status.Config{Prometheus: proms, InstanceTTL: o.instanceTTL, LastRun: j.Last, StaleAfter: j.StaleAfter(), Logger: log}, store)
 }
 
 // adminMux serves /metrics, /healthz, /readyz (the database answers with a region row)

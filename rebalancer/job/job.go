@@ -35,6 +35,9 @@ const (
 	DefaultActor          = "rebalancer"
 	// DefaultExpireAfterRuns: a pair's rebalancer rows go after 3 full runs without demand.
 	DefaultExpireAfterRuns = 3
+	// DefaultStaleAfter is StaleAfter with the defaults: 3 check intervals plus the
+	// reload wait.
+	DefaultStaleAfter = 3*DefaultCheckInterval + DefaultReloadWait
 )
 
 // Store is what a tick needs from the control-plane store (store.Store).
@@ -144,6 +147,12 @@ type Job struct {
 
 	// lockDBDown: the elector last failed to reach PostgreSQL (for logging once).
 	lockDBDown atomic.Bool
+	// lastTick is when the last tick ended (Unix ns; 0: none yet), and overdue whether
+	// the watchdog has reported the current overdue stretch (Run).
+	lastTick atomic.Int64
+	overdue  atomic.Bool
+	// leading: the elector's last answer was yes (Run).
+	leading atomic.Bool
 }
 
 // New validates cfg and fills defaults. It starts nothing and dials nothing.
@@ -352,7 +361,39 @@ func (j *Job) tick(ctx context.Context, k kind) (Report, error) {
 	j.lastMu.Lock()
 	j.last = rep
 	j.lastMu.Unlock()
+	end := time.Now()
+	j.lastTick.Store(end.UnixNano())
+	j.m.lastTick.Set(float64(end.UnixNano()) / 1e9)
+	if j.overdue.Swap(false) {
+		j.log.Info("rebalancer ticks again", "kind", rep.Kind, "result", rep.Result)
+	}
 	return rep, rep.Err
+}
+
+// StaleAfter is how long this rebalancer may go without ending a tick before it is
+// overdue: 3 of its shorter tick periods (interval, check interval) plus the reload
+// wait a tick may spend between its writes. The status page shows it stale then.
+func (j *Job) StaleAfter() time.Duration {
+	return 3*min(j.cfg.Interval, j.cfg.CheckInterval) + j.cfg.ReloadWait
+}
+
+// watchOverdue reports, once per stretch, a leader whose ticks stopped ending: a tick
+// hung (a database call without an answer), or the scheduler stopped. It logs, counts
+// ratelimit_rebalancer_overdue_total and keeps ratelimit_rebalancer_last_tick_timestamp_
+// seconds as it is, for an alert on time() minus it. A replica that does not lead is
+// never overdue (it does not tick). started is when Run began.
+func (j *Job) watchOverdue(now, started time.Time, leading bool) {
+	last := started
+	if ns := j.lastTick.Load(); ns != 0 {
+		last = time.Unix(0, ns)
+	}
+	late := now.Sub(last)
+	if !leading || late <= j.StaleAfter() || j.overdue.Swap(true) {
+		return
+	}
+	j.m.overdue.Inc()
+	j.log.Warn("rebalancer tick overdue: no tick ended within its bound", "since_last_tick", late.Round(time.Millisecond),
+		"bound", j.StaleAfter())
 }
 
 // timedTick is one tickLocked, timed and counted.

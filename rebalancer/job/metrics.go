@@ -63,6 +63,8 @@ type metrics struct {
 	leaseRepairs  *prometheus.CounterVec
 	// overridesExpired counts override rows whose end was recorded.
 	overridesExpired prometheus.Counter
+	lastTick         prometheus.Gauge
+	overdue          prometheus.Counter
 }
 
 // newMetrics makes the job's metrics and registers them on reg (nil: none). A registry
@@ -118,6 +120,14 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "ratelimit_rebalancer_overrides_expired_total",
 			Help: "Operator override rows past their expiry that the rebalancer deleted, each recorded in the share history and the audit log.",
 		}),
+		lastTick: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "ratelimit_rebalancer_last_tick_timestamp_seconds",
+			Help: "When this rebalancer last ended a tick (run or check, any result; Unix time); 0 before the first. A leader whose ticks stop keeps it old.",
+		}),
+		overdue: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "ratelimit_rebalancer_overdue_total",
+			Help: "Times the leader went longer than its stale bound (3 tick periods plus the reload wait) without ending a tick.",
+		}),
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "ratelimit_rebalancer_run_duration_seconds",
 			Help:    "Duration of a tick (kind run or check), including the shrink-before-grow wait.",
@@ -156,6 +166,8 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		{"ratelimit_rebalancer_retries_total", m.retries},
 		{"ratelimit_rebalancer_lease_repairs_total", m.leaseRepairs},
 		{"ratelimit_rebalancer_overrides_expired_total", m.overridesExpired},
+		{"ratelimit_rebalancer_last_tick_timestamp_seconds", m.lastTick},
+		{"ratelimit_rebalancer_overdue_total", m.overdue},
 	} {
 		if err := reg.Register(c.c); err != nil {
 			for _, d := range done {

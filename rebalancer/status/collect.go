@@ -24,8 +24,12 @@ type Status struct {
 	ChartRangeSeconds  float64   `json:"chart_range_seconds"`
 	Prometheus         PromState `json:"prometheus"`
 	// LastRun is the rebalancer's last tick; null when unknown or before the first.
-	LastRun *Run     `json:"last_run"`
-	Regions []Region `json:"regions"`
+	LastRun *Run `json:"last_run"`
+	// Stale: the rebalancer's last tick is older than StaleAfterSeconds (or there was
+	// none for that long): it is not deciding, and the shares shown may be old.
+	Stale             bool     `json:"stale"`
+	StaleAfterSeconds float64  `json:"stale_after_seconds"`
+	Regions           []Region `json:"regions"`
 	// TenantShares are the tenant scopes whose effective shares differ most from the
 	// default ones, largest difference first; TenantScopes counts every tenant scope
 	// with a share of its own.
@@ -258,9 +262,15 @@ func (h *Handler) build(now time.Time, db storeData, pd promData) (*Status, erro
 			ThrottledRPS: seriesOf(db.regions, pd.throttled), Share: seriesOf(db.regions, pd.share)},
 	}
 	if h.cfg.LastRun != nil {
-		if r := h.cfg.LastRun(); !r.At.IsZero() {
+		st.StaleAfterSeconds = h.cfg.StaleAfter.Seconds()
+		r := h.cfg.LastRun()
+		last := r.At
+		if !r.At.IsZero() {
 			st.LastRun = &Run{At: r.At.UTC(), Kind: r.Kind, Result: r.Result, Written: r.Written, DryRun: r.DryRun}
+		} else {
+			last = h.started
 		}
+		st.Stale = now.Sub(last) > h.cfg.StaleAfter
 	}
 
 	gateways := map[string][]Gateway{}
