@@ -85,6 +85,18 @@ func TestRegions(t *testing.T) {
 	}
 	st.Close()
 	goldenBoth(t, c, "regions_list", "regions", "list")
+	// One liveness definition (issue 22): a gateway last seen 20 s ago is not live for
+	// ratectl either, as for the rebalancer and its status page (15 s; ratectl said 30 s).
+	if _, err := pgxExec(url, `UPDATE gateway_instance SET last_seen = now() - interval '20 seconds' WHERE id = 'gw-3'`); err != nil {
+		t.Fatal(err)
+	}
+	if r := c.ok("regions", "list", "-o", "json"); !strings.Contains(r.stdout, `"region": "eu-west"`) ||
+		strings.Contains(strings.SplitN(r.stdout[strings.Index(r.stdout, `"region": "eu-west"`):], "}", 2)[0], `"live_gateways": 1`) {
+		t.Errorf("regions list with eu-west's only gateway seen 20 s ago: %s; want eu-west with no live gateway", r.stdout)
+	}
+	if _, err := pgxExec(url, `UPDATE gateway_instance SET last_seen = now() WHERE id = 'gw-3'`); err != nil {
+		t.Fatal(err)
+	}
 	if n := sqlInt(t, url, `SELECT count(*) FROM audit_log WHERE object LIKE 'region%' AND actor = 'alice' AND reason = 'new region'`); n != 1 {
 		t.Errorf("audit rows for eu-west: %d", n)
 	}
