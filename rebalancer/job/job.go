@@ -776,6 +776,12 @@ func (j *Job) decide(snap *regions.Snapshot, d demand.Demand, regs []string, sc 
 		share, o := currentShare(snap, r, sc, len(regs))
 		overridden = overridden || o
 		smp, fresh := d.Sample(sc, r)
+		if !fresh && !global && d.KnownZero(sc, r) {
+			// No series of its own and nothing folded in this region: the pair offers
+			// nothing here (known, not unknown), so a single-region tenant's pair is
+			// split by its demand and gets rows of its own (issue 22).
+			smp, fresh = demand.Sample{}, true
+		}
 		fresh = fresh && scraped(snap, d, r)
 		ri := rebalancer.RegionInput{Region: r, Share: share,
 			Status: rebalancer.RegionStatus(j.live(r), fresh)}

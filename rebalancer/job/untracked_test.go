@@ -2,6 +2,7 @@ package job_test
 
 import (
 	"testing"
+	"time"
 
 	"github.com/quotaplane/quotaplane/internal/testenv"
 	"github.com/quotaplane/quotaplane/rebalancer"
@@ -78,5 +79,38 @@ func TestNewRegionStartsAtTheFloor(t *testing.T) {
 		if got := store.NewRegionShare(n); got != want {
 			t.Errorf("NewRegionShare(%d) = %v, want the allocation's floor %v", n, got, want)
 		}
+	}
+}
+
+// TestSingleRegionTenantGetsItsLimit (issue 22): shop-a sends its 30 rps all to us-east
+// while another tenant without rows sends 100 rps in eu-west. Following "*" (split by the
+// untracked demand, 30/130), shop-a would get less than the equal split where its
+// traffic is. The gateways' folded series (_other) read zero in eu-west, so shop-a's
+// missing eu-west series is a known zero, not unknown: its pair is water-filled and gets
+// its limit in us-east.
+func TestSingleRegionTenantGetsItsLimit(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, testenv.PostgresDB(t))
+	other := regions.Scope{Tenant: "shop-z", Route: "list"}
+	e.exp.SetRegion(usEast, 30, 0, 0)
+	e.exp.SetRegion(euWest, 100, 0, 0)
+	e.exp.SetTenant(usEast, pair.Tenant, pair.Route, 30, 0)
+	e.exp.SetTenant(euWest, other.Tenant, other.Route, 100, 0)
+	for _, r := range []string{usEast, euWest} {
+		e.exp.SetTenant(r, regions.OtherLabel, regions.OtherLabel, 0, 0) // nothing folded
+	}
+	e.waitHistory(t)
+	j := e.newJob(t, nil, nil)
+	if _, err := j.RunOnce(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	snap, err := e.store.LoadSnapshot(t.Context(), time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Its rule is 100/s: 30 rps of demand plus headroom fits in us-east, eu-west keeps
+	// the floor and the rest is split equally; in any case well above the equal split.
+	if got, src := snap.Share(usEast, pair.Tenant, pair.Route); got < 0.6 || src != regions.SourceRebalancer {
+		t.Errorf("shop-a's share in us-east %v (%s), want its own rows, above the equal split", got, src)
 	}
 }
