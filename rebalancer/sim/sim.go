@@ -482,6 +482,9 @@ func (tr *tenantRun) waterfill(t int, full bool) error {
 			Share: tr.written[i],
 		})
 	}
+	if len(in) == 0 {
+		return nil // no region exists now
+	}
 	tick := rebalancer.CheckTick
 	if full {
 		tick = rebalancer.FullRun

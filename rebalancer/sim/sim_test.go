@@ -300,3 +300,18 @@ func TestUntrackedTail(t *testing.T) {
 		}
 	}
 }
+
+// TestRegionAbsentAtStart: a trace whose only region is added later runs (nothing is
+// decided while no region exists), and a region removed stops being served.
+func TestRegionAbsentAtStart(t *testing.T) {
+	tr := parseTrace(t, "# region-added,60,a\n# region-removed,120,a\n"+Header+"\n0,a,x,10\n179,a,x,10\n")
+	for _, p := range ComparePolicies(len(tr.Regions)) {
+		rep, err := Run(tr, p, DefaultConfig())
+		if err != nil {
+			t.Fatalf("%s: %v", p, err)
+		}
+		if len(rep.TenantRegions) != 1 || rep.TenantRegions[0].Offered != 600 {
+			t.Errorf("%s: %+v, want 60 s of 10 rps offered while a exists", p, rep.TenantRegions)
+		}
+	}
+}

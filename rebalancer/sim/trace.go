@@ -174,6 +174,9 @@ func (p *parser) directive(s string) error {
 		}
 		region := strings.TrimSpace(f[1])
 		if _, ok := p.regionIdx[region]; !ok {
+			if p.fixedRegions {
+				return fmt.Errorf("region %q is not in the # regions line", region)
+			}
 			if err := p.addRegion(region); err != nil {
 				return err
 			}

@@ -102,6 +102,7 @@ func TestParseTraceErrors(t *testing.T) {
 		{"region change without region", "# region-added,5\n" + h + "0,a,shop,1\n", "line 1: want # region-added,TIME_SECONDS,REGION"},
 		{"region change bad time", "# region-removed,soon,a\n" + h + "0,a,shop,1\n", "line 1: region-removed time"},
 		{"region change bad region", "# region-added,0,a b\n" + h + "0,a,shop,1\n", "line 1: invalid region id"},
+		{"region change not in the regions line", "# regions,a\n# region-added,0,b\n" + h + "0,a,shop,1\n", "line 2: region \"b\" is not in the # regions line"},
 		{"region changes out of order", "# region-added,9,b\n# region-removed,5,b\n" + h + "0,a,shop,1\n", "line 2: region changes must be in time order"},
 		{"region change after the end", "# region-added,50,b\n" + h + "0,a,shop,1\n", "region b changes at 50 s, after the trace ends"},
 		{"event unknown tenant", "# event,0,blog,x\n" + h + "0,a,shop,1\n", "event \"x\" names tenant blog, which has no rows"},
