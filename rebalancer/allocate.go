@@ -82,6 +82,11 @@ type Config struct {
 	// this fraction of its offered traffic (0.05) while the scope has at least this
 	// fraction of its refill unused.
 	FastPathThrottle float64
+	// MinDemand is the smallest demand that moves a scope, as a fraction of its refill
+	// (0.1): while its ok regions together offer less, their demand is noise (a trickle,
+	// a new tenant's first requests) and they keep their shares (Quiet); only a dark
+	// region still shrinks to the floor.
+	MinDemand float64
 }
 
 // DefaultConfig is the configuration for a scope split over nRegions regions.
@@ -97,6 +102,7 @@ func DefaultConfig(nRegions int) Config {
 		ThrottledGain:    0.10,
 		PeakHalfLife:     10 * time.Minute,
 		FastPathThrottle: 0.05,
+		MinDemand:        0.1,
 	}
 }
 
@@ -116,6 +122,8 @@ func (c Config) Validate(nRegions int) error {
 		return fmt.Errorf("%w rebalancer config: peak half-life %v must be > 0", ErrInvalid, c.PeakHalfLife)
 	case !finite(c.FastPathThrottle) || c.FastPathThrottle <= 0 || c.FastPathThrottle >= 1:
 		return fmt.Errorf("%w rebalancer config: fast-path throttle %v must be in (0, 1)", ErrInvalid, c.FastPathThrottle)
+	case !finite(c.MinDemand) || c.MinDemand < 0 || c.MinDemand > 1:
+		return fmt.Errorf("%w rebalancer config: min demand %v must be in [0, 1]", ErrInvalid, c.MinDemand)
 	}
 	return nil
 }

@@ -2,6 +2,7 @@ package rebalancer
 
 import (
 	"math"
+	"slices"
 	"time"
 
 	"github.com/quotaplane/quotaplane/regions"
@@ -16,6 +17,7 @@ const (
 	ReasonReturned   = "returned"   // fast path: a region that was dark is ok again
 	ReasonNoTrigger  = "no_trigger" // a check tick with nothing to act on
 	ReasonHysteresis = "hysteresis" // the change is too small to be worth a write
+	ReasonNoDemand   = "no_demand"  // the ok regions offer less than Config.MinDemand: noise
 )
 
 // Trigger is why the fast path fires: a reason and the region behind it.
@@ -156,9 +158,34 @@ const (
 	FullRun
 )
 
+// Quiet reports whether the ok regions of in together offer less than
+// Config.MinDemand x refill (short window): demand too small to move the scope. It is
+// false when no region is ok (nothing is known, which is not "quiet").
+func Quiet(cfg Config, refill float64, in []RegionInput) bool {
+	total, anyOK := 0.0, false
+	for _, r := range in {
+		if r.Status == StatusOK {
+			anyOK, total = true, total+demand(r)
+		}
+	}
+	return anyOK && total < cfg.MinDemand*refill
+}
+
 // Decide runs one tick for one scope: Allocate; on a CheckTick act only when
-// FastPathTrigger fires; then apply the hysteresis and plan the write.
+// FastPathTrigger fires; then apply the hysteresis and plan the write. A Quiet scope is
+// allocated with its ok regions keeping their shares (as unknown ones do), so only a dark
+// region can move it; without one its Reason is ReasonNoDemand.
 func Decide(cfg Config, limit regions.Limit, now time.Time, in []RegionInput, st State, tick Tick) (Decision, error) {
+	quiet := Quiet(cfg, limit.RefillPerSecond, in)
+	if quiet {
+		held := slices.Clone(in)
+		for i := range held {
+			if held[i].Status == StatusOK {
+				held[i].Status = StatusUnknown
+			}
+		}
+		in = held
+	}
 	trig, fired := FastPathTrigger(cfg, limit, in, st)
 	a, err := Allocate(cfg, limit, now, in, st)
 	if err != nil {
@@ -176,6 +203,9 @@ func Decide(cfg Config, limit regions.Limit, now time.Time, in []RegionInput, st
 	}
 	if !ShouldWrite(cfg, limit, in, a.Shares) {
 		d.Reason, d.Region = ReasonHysteresis, ""
+		if quiet {
+			d.Reason = ReasonNoDemand
+		}
 		return d, nil
 	}
 	old := make(map[string]float64, len(in))

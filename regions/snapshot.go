@@ -53,8 +53,18 @@ type Snapshot struct {
 	loadedAt time.Time
 	nRules   int
 	skipped  []SkippedRow
-	// nextExpiry is the earliest expiry of an override in force (zero: none).
+	// nextExpiry is the next instant (store clock) at which a time-bounded share changes
+	// state: it enters its transition (ExpiresAt - ExpiryGrace) or leaves it
+	// (ExpiresAt + ExpiryGrace). Zero: none.
 	nextExpiry time.Time
+	// asOf is the store time the shares are judged at: loadedAt, or At's argument.
+	asOf time.Time
+	// rows are the share rows as given (validated, normalised) that are not yet gone,
+	// so At can judge them again without the store.
+	rows []Share
+	// transitional marks the rows within ExpiryGrace of their expiry: they enforce the
+	// lower of themselves and what replaces them (Share). nil when there are none.
+	transitional map[shareKey]bool
 	// rebScopes are the distinct scopes with rebalancer rows, sorted by String().
 	rebScopes []Scope
 	// raises are, per region, the latest raise of each (tenant, route), the rows for
@@ -70,15 +80,28 @@ type shareKey struct {
 	source Source
 }
 
+// ExpiryGrace bounds how far apart two holders' estimates of the store's clock may be
+// at a share's expiry (see NewSnapshot): a holder times an expiry as a duration from its
+// last load on its own monotonic clock, so its estimate runs ahead of the store's by up
+// to one load's latency, and drifts by its clock's rate error (at 100 ppm, 2 s after
+// 5.5 hours without a load).
+const ExpiryGrace = 2 * time.Second
+
 // NewSnapshot validates data and builds a Snapshot. Any invalid row fails the whole
 // snapshot, so a reloader keeps its previous one (the store's loader leaves out, and
 // lists in Skipped, the rows it cannot accept, so they never get here).
 //
-// Expiry is judged once, here, by LoadedAt (the store's clock: the database's now()): a
-// share whose ExpiresAt is not after LoadedAt is left out, and NextExpiry is the earliest
-// expiry of those kept, when the holder must load a new snapshot (the Reloader does).
-// No method takes the reader's clock, so gateways whose clocks disagree still apply the
-// same shares. With LoadedAt zero nothing is left out.
+// Expiry is judged by LoadedAt (the store's clock: the database's now()), and again by
+// At, which a holder that cannot reload calls with its own estimate of the store's
+// clock, so a gateway cut off from the database ends an override when the others do.
+// A share whose ExpiresAt is not after the judging time is left out. One within
+// ExpiryGrace of its expiry (before or after: holders' estimates differ by up to that)
+// is in transition: every lookup it decides gets the lower of it and what replaces it
+// (the lookup without every transitional row). So whichever holders have passed the
+// expiry and whichever have not, no region enforces more than both the old and the new
+// shares allow, and a scope's enforced shares never sum above 1 across an expiry — in
+// a partition too. NextExpiry is the next such change of state. No method takes the
+// reader's clock. With LoadedAt zero nothing is left out.
 func NewSnapshot(d SnapshotData) (*Snapshot, error) {
 	validKeys := d.KeyTenants
 	if validKeys == nil {
@@ -91,6 +114,7 @@ func NewSnapshot(d SnapshotData) (*Snapshot, error) {
 		shares:   make(map[shareKey]Share, len(d.Shares)),
 		live:     make(map[string]int),
 		loadedAt: d.LoadedAt,
+		asOf:     d.LoadedAt,
 		nRules:   len(d.Rules),
 		skipped:  slices.Clone(d.Skipped),
 	}
@@ -125,7 +149,8 @@ func NewSnapshot(d SnapshotData) (*Snapshot, error) {
 			s.keys[k.Hash] = k.Tenant
 		}
 	}
-	rebScope := make(map[Scope]bool)
+	seen := make(map[shareKey]bool, len(d.Shares))
+	rows := make([]Share, 0, len(d.Shares))
 	for _, sh := range d.Shares {
 		if err := sh.Scope.Validate(); err != nil {
 			return nil, fmt.Errorf("snapshot: share of region %s: %w", sh.Region, err)
@@ -140,25 +165,14 @@ func NewSnapshot(d SnapshotData) (*Snapshot, error) {
 		if sh.Source != SourceOverride && sh.Source != SourceRebalancer {
 			return nil, fmt.Errorf("snapshot: %w: share source %q", ErrInvalid, sh.Source)
 		}
-		if !sh.ExpiresAt.IsZero() && !d.LoadedAt.IsZero() {
-			if !d.LoadedAt.Before(sh.ExpiresAt) {
-				continue // expired by the store's clock
-			}
-			if s.nextExpiry.IsZero() || sh.ExpiresAt.Before(s.nextExpiry) {
-				s.nextExpiry = sh.ExpiresAt
-			}
-		}
 		k := shareKey{sh.Scope, sh.Region, sh.Source}
-		if _, dup := s.shares[k]; dup {
+		if seen[k] {
 			return nil, fmt.Errorf("snapshot: %w: duplicate %s share of region %s scope %s", ErrInvalid, sh.Source, sh.Region, sh.Scope)
 		}
-		s.shares[k] = sh
-		if sh.Source == SourceRebalancer && !rebScope[sh.Scope] {
-			rebScope[sh.Scope] = true
-			s.rebScopes = append(s.rebScopes, sh.Scope)
-		}
+		seen[k] = true
+		rows = append(rows, sh)
 	}
-	slices.SortFunc(s.rebScopes, func(a, b Scope) int { return strings.Compare(a.String(), b.String()) })
+	s.judge(rows, d.LoadedAt)
 	s.raises = foldRaises(d.Raises, s.regions)
 	for _, in := range d.Instances {
 		if d.InstanceTTL <= 0 || d.LoadedAt.Sub(in.LastSeen) <= d.InstanceTTL {
@@ -167,6 +181,65 @@ func NewSnapshot(d SnapshotData) (*Snapshot, error) {
 	}
 	return s, nil
 }
+
+// judge fills the share maps from rows (valid, without duplicates) as of store time at
+// (zero: nothing expires); see NewSnapshot.
+func (s *Snapshot) judge(rows []Share, at time.Time) {
+	s.asOf, s.nextExpiry, s.transitional, s.rebScopes = at, time.Time{}, nil, nil
+	s.shares = make(map[shareKey]Share, len(rows))
+	s.rows = rows[:0:0]
+	next := func(t time.Time) {
+		if s.nextExpiry.IsZero() || t.Before(s.nextExpiry) {
+			s.nextExpiry = t
+		}
+	}
+	rebScope := make(map[Scope]bool)
+	for _, sh := range rows {
+		k := shareKey{sh.Scope, sh.Region, sh.Source}
+		if !sh.ExpiresAt.IsZero() && !at.IsZero() {
+			switch {
+			case !at.Before(sh.ExpiresAt.Add(ExpiryGrace)):
+				continue // gone for every holder
+			case !at.Before(sh.ExpiresAt.Add(-ExpiryGrace)):
+				if s.transitional == nil {
+					s.transitional = map[shareKey]bool{}
+				}
+				s.transitional[k] = true
+				next(sh.ExpiresAt.Add(ExpiryGrace))
+			default:
+				next(sh.ExpiresAt.Add(-ExpiryGrace))
+			}
+		}
+		s.rows = append(s.rows, sh)
+		s.shares[k] = sh
+		if sh.Source == SourceRebalancer && !rebScope[sh.Scope] {
+			rebScope[sh.Scope] = true
+			s.rebScopes = append(s.rebScopes, sh.Scope)
+		}
+	}
+	slices.SortFunc(s.rebScopes, func(a, b Scope) int { return strings.Compare(a.String(), b.String()) })
+}
+
+// At returns a copy of s with its time-bounded shares judged again as of store time at
+// (NewSnapshot): what a holder that cannot reload enforces once its own estimate of the
+// store's clock passes NextExpiry. Everything else is shared with s; s is unchanged. An
+// at before AsOf returns s.
+func (s *Snapshot) At(at time.Time) *Snapshot {
+	if !at.After(s.asOf) || s.asOf.IsZero() {
+		return s
+	}
+	c := *s
+	c.judge(s.rows, at)
+	return &c
+}
+
+// InTransition reports whether some share of the snapshot is within ExpiryGrace of its
+// expiry: its lookups then get the lower of it and its replacement, so a scope may sum
+// below 1 (never above) until the transition ends.
+func (s *Snapshot) InTransition() bool { return len(s.transitional) > 0 }
+
+// AsOf is the store time the snapshot's shares are judged at: LoadedAt, or At's time.
+func (s *Snapshot) AsOf() time.Time { return s.asOf }
 
 // Regions lists the known regions in the order they were loaded.
 func (s *Snapshot) Regions() []string { return append([]string(nil), s.regions...) }
@@ -179,9 +252,11 @@ func (s *Snapshot) RebalancerScopes() []Scope { return slices.Clone(s.rebScopes)
 // LoadedAt is when the data behind the snapshot was read.
 func (s *Snapshot) LoadedAt() time.Time { return s.loadedAt }
 
-// NextExpiry is the earliest expiry of an override in the snapshot, by the store's clock
-// (zero: none expires). The snapshot is stale from then on: reload after NextExpiry minus
-// LoadedAt has passed (a duration, so the holder's clock never enters).
+// NextExpiry is the next instant, by the store's clock, at which a time-bounded share of
+// the snapshot changes state (enters or leaves its transition: ExpiresAt -/+
+// ExpiryGrace); zero when none does. The holder must then reload, or, when it cannot,
+// enforce At(NextExpiry): both after NextExpiry minus AsOf has passed since the load (a
+// duration, so the holder's time of day never enters).
 func (s *Snapshot) NextExpiry() time.Time { return s.nextExpiry }
 
 // Skipped lists the rows the loader left out (SnapshotData.Skipped); a new slice.
@@ -212,11 +287,29 @@ func (s *Snapshot) Rule(tenant, route string) Rule {
 // override at a scope covers everything inside it. With neither, the regions split
 // equally. Only shares in force at LoadedAt are in the snapshot (see NewSnapshot).
 func (s *Snapshot) Share(region, tenant, route string) (float64, Source) {
+	v, src, trans := s.share(region, tenant, route, false)
+	if trans {
+		// A share in transition: the lower of it and what replaces it (NewSnapshot).
+		if after, asrc, _ := s.share(region, tenant, route, true); after < v {
+			return after, asrc
+		}
+	}
+	return v, src
+}
+
+// share resolves Share; skip leaves out the transitional rows, and trans says whether the
+// row that decided is transitional.
+func (s *Snapshot) share(region, tenant, route string, skip bool) (float64, Source, bool) {
 	scopes := [...]Scope{{tenant, route}, {tenant, Wildcard}, GlobalScope}
 	for _, src := range [...]Source{SourceOverride, SourceRebalancer} {
 		for _, sc := range scopes {
-			if sh, ok := s.shares[shareKey{sc, region, src}]; ok {
-				return sh.Share, src
+			k := shareKey{sc, region, src}
+			if sh, ok := s.shares[k]; ok {
+				t := s.transitional != nil && s.transitional[k]
+				if t && skip {
+					continue
+				}
+				return sh.Share, src, t
 			}
 		}
 	}
@@ -224,7 +317,7 @@ func (s *Snapshot) Share(region, tenant, route string) (float64, Source) {
 	if n == 0 {
 		n = 1
 	}
-	return 1 / float64(n), SourceDefault
+	return 1 / float64(n), SourceDefault, false
 }
 
 // ScopeRow is region's share for exactly this scope (an override before a rebalancer

@@ -114,11 +114,16 @@ func TestEffectiveSharePrecedence(t *testing.T) {
 			if math.Abs(got-tt.want) > 1e-12 || src != tt.wantSource {
 				t.Fatalf("Share = %v (%s), want %v (%s)", got, src, tt.want, tt.wantSource)
 			}
+			// The next change of state: an override enters its transition ExpiryGrace
+			// before it expires; one that expired at t0 leaves it ExpiryGrace after.
 			wantNext := time.Time{}
 			for _, l := range tt.levels {
 				if l.source == SourceOverride {
-					wantNext = t0.Add(time.Hour)
+					wantNext = t0.Add(time.Hour - ExpiryGrace)
 				}
+			}
+			if len(tt.expired) > 0 {
+				wantNext = t0.Add(ExpiryGrace)
 			}
 			if !s.NextExpiry().Equal(wantNext) {
 				t.Fatalf("NextExpiry = %v, want %v", s.NextExpiry(), wantNext)
@@ -305,5 +310,53 @@ func TestRaise(t *testing.T) {
 		if ago != tt.ago || ratio != tt.ratio || ok != tt.ok {
 			t.Errorf("Raise(%s, %s, %s) = %v, %v, %v; want %v, %v, %v", tt.region, tt.tenant, tt.route, ago, ratio, ok, tt.ago, tt.ratio, tt.ok)
 		}
+	}
+}
+
+// TestExpiryTransition: an override within ExpiryGrace of its expiry gives every lookup
+// the lower of it and what replaces it, so holders on either side of the expiry (old,
+// transition, new; never old and new, as their clocks differ by less than the grace)
+// enforce shares that sum to at most 1. At judges a held snapshot again.
+func TestExpiryTransition(t *testing.T) {
+	t.Parallel()
+	exp := t0.Add(time.Minute)
+	shares := []Share{
+		{Scope: GlobalScope, Region: "us-east", Share: 0.1, Source: SourceOverride, ExpiresAt: exp},
+		{Scope: GlobalScope, Region: "eu-west", Share: 0.9, Source: SourceOverride, ExpiresAt: exp},
+		{Scope: GlobalScope, Region: "us-east", Share: 0.6, Source: SourceRebalancer},
+		{Scope: GlobalScope, Region: "eu-west", Share: 0.4, Source: SourceRebalancer},
+	}
+	s := mustSnapshot(t, SnapshotData{Regions: []string{"us-east", "eu-west"}, Rules: []Rule{defaultRule()}, Shares: shares, LoadedAt: t0})
+	if !s.NextExpiry().Equal(exp.Add(-ExpiryGrace)) {
+		t.Fatalf("NextExpiry %v, want %v", s.NextExpiry(), exp.Add(-ExpiryGrace))
+	}
+	states := map[string]*Snapshot{"old": s, "transition": s.At(exp.Add(-ExpiryGrace)), "new": s.At(exp.Add(ExpiryGrace))}
+	want := map[string][2]float64{"old": {0.1, 0.9}, "transition": {0.1, 0.4}, "new": {0.6, 0.4}}
+	for name, snap := range states {
+		us, _ := snap.Share("us-east", "t", "r")
+		eu, _ := snap.Share("eu-west", "t", "r")
+		if math.Abs(us-want[name][0]) > 1e-12 || math.Abs(eu-want[name][1]) > 1e-12 {
+			t.Errorf("%s: us-east %v eu-west %v, want %v", name, us, eu, want[name])
+		}
+	}
+	if !states["transition"].NextExpiry().Equal(exp.Add(ExpiryGrace)) || !states["new"].NextExpiry().IsZero() {
+		t.Errorf("NextExpiry in transition %v, after %v", states["transition"].NextExpiry(), states["new"].NextExpiry())
+	}
+	for _, a := range []string{"old", "transition"} {
+		for _, b := range []string{"transition", "new"} {
+			if a == "old" && b == "new" {
+				continue // never at once: the grace exceeds the holders' skew
+			}
+			us, _ := states[a].Share("us-east", "t", "r")
+			eu, _ := states[b].Share("eu-west", "t", "r")
+			us2, _ := states[b].Share("us-east", "t", "r")
+			eu2, _ := states[a].Share("eu-west", "t", "r")
+			if us+eu > 1+1e-12 || us2+eu2 > 1+1e-12 {
+				t.Errorf("holders in %s and %s enforce %v and %v", a, b, us+eu, us2+eu2)
+			}
+		}
+	}
+	if s.At(t0.Add(-time.Second)) != s {
+		t.Error("At before AsOf made a new snapshot")
 	}
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/spf13/cobra"
@@ -14,8 +13,9 @@ import (
 )
 
 // liveInstanceTTL is how recent a gateway's heartbeat must be for ratectl to count it as
-// live.
-const liveInstanceTTL = 30 * time.Second
+// live: the gateways' default heartbeat TTL, as the rebalancer and its status page use
+// (it was 30 s here against their 15 s).
+const liveInstanceTTL = store.DefaultInstanceTTL
 
 // withStore opens the control-plane store for one command, bounded by --timeout, and
 // closes it afterwards. Every error is classified (dbError).

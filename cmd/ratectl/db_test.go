@@ -85,6 +85,18 @@ func TestRegions(t *testing.T) {
 	}
 	st.Close()
 	goldenBoth(t, c, "regions_list", "regions", "list")
+	// One liveness definition (issue 22): a gateway last seen 20 s ago is not live for
+	// ratectl either, as for the rebalancer and its status page (15 s; ratectl said 30 s).
+	if _, err := pgxExec(url, `UPDATE gateway_instance SET last_seen = now() - interval '20 seconds' WHERE id = 'gw-3'`); err != nil {
+		t.Fatal(err)
+	}
+	if r := c.ok("regions", "list", "-o", "json"); !strings.Contains(r.stdout, `"region": "eu-west"`) ||
+		strings.Contains(strings.SplitN(r.stdout[strings.Index(r.stdout, `"region": "eu-west"`):], "}", 2)[0], `"live_gateways": 1`) {
+		t.Errorf("regions list with eu-west's only gateway seen 20 s ago: %s; want eu-west with no live gateway", r.stdout)
+	}
+	if _, err := pgxExec(url, `UPDATE gateway_instance SET last_seen = now() WHERE id = 'gw-3'`); err != nil {
+		t.Fatal(err)
+	}
 	if n := sqlInt(t, url, `SELECT count(*) FROM audit_log WHERE object LIKE 'region%' AND actor = 'alice' AND reason = 'new region'`); n != 1 {
 		t.Errorf("audit rows for eu-west: %d", n)
 	}
@@ -99,18 +111,18 @@ func TestRegions(t *testing.T) {
 	if n := sqlInt(t, url, `SELECT count(*) FROM region_share WHERE region = 'ap-south' AND source = 'override' AND share = 0`); n != 1 {
 		t.Errorf("ap-south override rows with 0: %d, want 1", n)
 	}
-	// Rebalancer rows: the new region gets the equal split, as the command says.
+	// Rebalancer rows: the new region starts at the floor, as the command says.
 	c.ok("shares", "clear", "--reason", "test")
 	c.ok("regions", "remove", "ap-south", "--force")
 	if _, err := pgxExec(url, `INSERT INTO region_share (scope, region, share, source) VALUES ('*', 'us-east', 0.7, 'rebalancer'), ('*', 'eu-west', 0.3, 'rebalancer')`); err != nil {
 		t.Fatal(err)
 	}
 	r = c.ok("regions", "add", "ap-south")
-	if !strings.Contains(r.stdout, "ap-south gets the equal split (1/3) of the rebalancer's shares of *") || r.stderr != "" {
+	if !strings.Contains(r.stdout, "ap-south starts at the floor (0.05) of the rebalancer's shares of *") || r.stderr != "" {
 		t.Errorf("add under rebalancer rows: %+v", r)
 	}
-	if n := sqlInt(t, url, `SELECT count(*) FROM region_share WHERE region = 'ap-south' AND source = 'rebalancer' AND abs(share - 1.0/3) < 1e-12`); n != 1 {
-		t.Errorf("ap-south rebalancer rows with 1/3: %d, want 1", n)
+	if n := sqlInt(t, url, `SELECT count(*) FROM region_share WHERE region = 'ap-south' AND source = 'rebalancer' AND abs(share - 0.05) < 1e-12`); n != 1 {
+		t.Errorf("ap-south rebalancer rows at the floor 0.05: %d, want 1", n)
 	}
 	if _, err := pgxExec(url, `DELETE FROM region_share`); err != nil {
 		t.Fatal(err)

@@ -88,8 +88,8 @@ func newRegionsCmd(a *app) *cobra.Command {
 				}
 				reb, over := newRegionScopes(shares, name)
 				if len(reb) > 0 {
-					fmt.Fprintf(cmd.OutOrStdout(), "%s gets the equal split (1/%d) of the rebalancer's shares of %s; the other regions keep their proportions of the rest until the rebalancer moves them by demand\n",
-						name, len(all), strings.Join(reb, ", "))
+					fmt.Fprintf(cmd.OutOrStdout(), "%s starts at the floor (%.3g) of the rebalancer's shares of %s; the other regions keep their proportions of the rest until the rebalancer moves them by demand once its gateways report\n",
+						name, store.NewRegionShare(len(all)), strings.Join(reb, ", "))
 				}
 				if len(over) > 0 {
 					a.warnf("scopes %s are under an operator override: %s gets 0 of them until you change the override (ratectl shares set) or it expires",

@@ -34,6 +34,11 @@ token bucket per tenant per region, a 30 s scrape lag and a 20 s apply delay, an
 per policy: utilisation, over-admission (run and worst minute), unnecessary throttling
 (run and worst region), convergence after each event, and share writes.
 
+Comment lines may say "# untracked,TENANT,..." (tenants without a scope of their own:
+they follow "*", split from their summed demand as the rebalancer does) and
+"# region-added,T,REGION" / "# region-removed,T,REGION" (a region absent before T, or
+after it).
+
 Policies: waterfill, proportional-offered, proportional-allowed, static[:s1,s2,...]
 (shares in the trace's region order). Without --policy: all of them, static 0.7/0.3
 for two regions (the equal split otherwise). Nothing is read from or written to the

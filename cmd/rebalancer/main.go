@@ -76,11 +76,17 @@ func (o options) sessionTimeout() time.Duration {
 	if o.leaderTimeout > 0 {
 		return o.leaderTimeout
 	}
+	return max(2*o.tickEvery()+o.reloadWait+10*time.Second, time.Second)
+}
+
+// tickEvery is the shorter of --interval and --check-interval: the longest a leader goes
+// between two uses of its lock connection, but for a tick's own duration.
+func (o options) tickEvery() time.Duration {
 	every := o.interval
 	if o.checkInterval > 0 && o.checkInterval < every {
 		every = o.checkInterval
 	}
-	return max(2*every+o.reloadWait+10*time.Second, time.Second)
+	return every
 }
 
 func parseFlags(args []string, lookupEnv func(string) (string, bool), stderr io.Writer) (options, error) {
@@ -132,6 +138,11 @@ func parseFlags(args []string, lookupEnv func(string) (string, bool), stderr io.
 		return o, fmt.Errorf("--leader-timeout %s: must be at least 1s (or 0 for the default)", o.leaderTimeout)
 	case o.reloadWait <= 0 || o.instanceTTL <= 0 || o.shortWindow < time.Second:
 		return o, errors.New("--reload-wait and --instance-ttl must be > 0, --short-window at least 1s")
+	case o.leaderTimeout != 0 && o.leaderTimeout <= o.tickEvery()+o.reloadWait:
+		// The leader uses its lock connection before every tick: a session timeout that
+		// elapses between two ticks ends the session, and the lock, every time.
+		return o, fmt.Errorf("--leader-timeout %s: must be longer than the shorter of --interval and --check-interval (%s) plus --reload-wait (%s), or the leader loses its lock between two ticks",
+			o.leaderTimeout, o.tickEvery(), o.reloadWait)
 	case o.expireAfter < 1 && o.expireAfter != -1:
 		return o, fmt.Errorf("--expire-after-runs %d: must be at least 1, or -1 to never expire", o.expireAfter)
 	}
@@ -260,7 +271,7 @@ func statusPage(sources []demand.Source, o options, store status.Store, j *job.J
 		}
 		proms = append(proms, status.Source{Region: s.Region, API: promv1.NewAPI(c)})
 	}
-	return status.New(status.Config{Prometheus: proms, InstanceTTL: o.instanceTTL, LastRun: j.Last, Logger: log}, store)
+	return status.New(status.Config{Prometheus: proms, InstanceTTL: o.instanceTTL, LastRun: j.Last, StaleAfter: j.StaleAfter(), Logger: log}, store)
 }
 
 // adminMux serves /metrics, /healthz, /readyz (the database answers with a region row)

@@ -179,6 +179,30 @@ type Demand struct {
 	// Unreachable names the regions whose own Prometheus failed (per-region sources
 	// only; with one shared source a failure fails the whole Read).
 	Unreachable map[string]error
+	// Targets counts, per region, the scrape targets (distinct instance labels) with a
+	// fresh sample of RequestsMetric: the gateways whose traffic the region's rates
+	// hold. A region with fewer than it has running gateways lacks some of its demand,
+	// which is unknown, not zero (the job then keeps its shares). nil when not read.
+	Targets map[string]int
+	// Folded is, per region with a fresh series, the traffic of the pairs the gateways
+	// folded into OtherTenant (not tracked there). Zero folded traffic in a region means
+	// every pair with traffic there has a series of its own: a pair without one has none
+	// (known zero, not unknown). nil when not read.
+	Folded map[string]Sample
+}
+
+// KnownZero reports whether scope, without a sample in region, is known to offer
+// nothing there: the region's totals and its folded traffic are fresh and nothing was
+// folded, over both windows, so every pair with traffic in region has a series.
+func (d Demand) KnownZero(scope regions.Scope, region string) bool {
+	if _, ok := d.Sample(scope, region); ok || scope == regions.GlobalScope {
+		return false
+	}
+	if _, ok := d.Sample(regions.GlobalScope, region); !ok {
+		return false
+	}
+	f, ok := d.Folded[region]
+	return ok && f.Long.Offered() == 0 && f.Short.Offered() == 0
 }
 
 // Sample returns region's demand in scope; false means unknown.
@@ -264,7 +288,7 @@ func (r *Reader) Read(ctx context.Context, now time.Time) (Demand, error) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.Timeout)
 	defer cancel()
-	d := Demand{At: now, Scopes: map[regions.Scope]map[string]Sample{}, Unreachable: map[string]error{}}
+	d := Demand{At: now, Scopes: map[regions.Scope]map[string]Sample{}, Unreachable: map[string]error{}, Targets: map[string]int{}, Folded: map[string]Sample{}}
 	results := make([]sourceResult, len(r.sources))
 	var wg sync.WaitGroup
 	for i, s := range r.sources {
@@ -280,6 +304,12 @@ func (r *Reader) Read(ctx context.Context, now time.Time) (Demand, error) {
 				d.Unreachable[s.Region] = res.err
 			}
 			continue
+		}
+		for region, n := range res.targets {
+			d.Targets[region] += n
+		}
+		for region, smp := range res.folded {
+			d.Folded[region] = smp
 		}
 		for sc, byRegion := range res.scopes {
 			if d.Scopes[sc] == nil {
@@ -307,8 +337,10 @@ func collectErrs(rs []sourceResult) []error {
 }
 
 type sourceResult struct {
-	scopes map[regions.Scope]map[string]Sample
-	err    error
+	scopes  map[regions.Scope]map[string]Sample
+	targets map[string]int
+	folded  map[string]Sample
+	err     error
 }
 
 // seriesKey identifies one (scope, region) series group in query results.
@@ -348,6 +380,40 @@ func (r *Reader) readSource(ctx context.Context, s source, now time.Time) source
 			vecs[i] = v
 		}
 		r.merge(res.scopes, vecs, now)
+	}
+	// The folded remainder (tenant _other) per region, read as a scope of its own.
+	sel := offeredSelector(s.Region) + `,tenant="` + OtherTenant + `"`
+	var fvecs [3]model.Vector
+	for i, q := range [3]string{
+		fmt.Sprintf(`sum by (region, decision) (rate(%s{%s}[%s]))`, TenantRequestsMetric, sel, model.Duration(r.cfg.LongWindow)),
+		fmt.Sprintf(`sum by (region, decision) (rate(%s{%s}[%s]))`, TenantRequestsMetric, sel, model.Duration(r.cfg.ShortWindow)),
+		fmt.Sprintf(`max by (region) (timestamp(%s{%s}))`, TenantRequestsMetric, sel),
+	} {
+		v, err := query(ctx, s, q, now)
+		if err != nil {
+			res.err = err
+			return res
+		}
+		fvecs[i] = v
+	}
+	folded := map[regions.Scope]map[string]Sample{}
+	r.merge(folded, fvecs, now) // no tenant label: keyed as the region totals
+	res.folded = folded[regions.GlobalScope]
+
+	// The targets behind the region totals: one newest-sample time per (region, instance).
+	v, err := query(ctx, s, fmt.Sprintf(`max by (region, instance) (timestamp(%s{%s}))`, RequestsMetric, offeredSelector(s.Region)), now)
+	if err != nil {
+		res.err = err
+		return res
+	}
+	res.targets = map[string]int{}
+	for _, smp := range v {
+		region := string(smp.Metric["region"])
+		last := time.UnixMilli(int64(math.Round(float64(smp.Value) * 1000)))
+		if regions.ValidateID("region", region) != nil || math.IsNaN(float64(smp.Value)) || now.Sub(last) > r.cfg.MaxAge {
+			continue
+		}
+		res.targets[region]++
 	}
 	return res
 }

@@ -160,17 +160,74 @@ func (e *Elector) IsLeader(ctx context.Context) error {
 	if !got {
 		return fmt.Errorf("%w: advisory lock %d is held by another rebalancer", ErrNotLeader, e.key)
 	}
-	// Fence off every earlier leader: their writes check the epoch. This waits for a
-	// write in progress (it holds the row FOR SHARE) to commit first.
-	var epoch int64
-	if err := e.conn.QueryRow(ctx, `UPDATE rebalancer_lease SET epoch = epoch + 1, holder = $1, acquired_at = now()
-		WHERE id = 1 RETURNING epoch`, e.holder).Scan(&epoch); err != nil {
+	epoch, err := e.takeEpoch(ctx)
+	if err != nil {
 		e.dropConn() // releases the lock
 		return fmt.Errorf("%w: take the rebalancer lease (is the schema migrated?): %w", ErrNotLeader, err)
 	}
 	e.epoch = epoch
 	e.setLeader(true)
 	return nil
+}
+
+// takeEpoch fences off every earlier leader (their writes check the epoch) and returns
+// the new epoch; the caller holds the lock. It waits for a write in progress (it holds
+// the row FOR SHARE) to commit first.
+//
+// The new epoch is above every epoch ever handed out even when the row was reset or
+// lost: at least the database clock in milliseconds, and above the row's value. A lease
+// row deleted (by hand) is recreated; one recreated at 0 by `migrate down` + `up`, or
+// edited back, cannot give a new leader the epoch a stalled old one still holds.
+func (e *Elector) takeEpoch(ctx context.Context) (int64, error) {
+	var epoch int64
+	err := e.conn.QueryRow(ctx, `
+		INSERT INTO rebalancer_lease (id, holder, epoch, acquired_at)
+		VALUES (1, $1, (extract(epoch FROM clock_timestamp()) * 1000)::bigint, now())
+		ON CONFLICT (id) DO UPDATE SET
+			epoch = greatest(rebalancer_lease.epoch + 1, EXCLUDED.epoch),
+			holder = EXCLUDED.holder, acquired_at = now()
+		RETURNING epoch`, e.holder).Scan(&epoch)
+	return epoch, err
+}
+
+// ErrLeaseBroken is wrapped by RepairLease's error when the lease row could not be
+// repaired although this process holds the lock.
+var ErrLeaseBroken = errors.New("rebalancer lease broken")
+
+// RepairLease is called after a write was refused as fenced. If this process still
+// holds the lock (its session is alive and holds the advisory lock), no other rebalancer
+// can have taken over: the lease row was changed by something else — an epoch edited by
+// hand, `migrate down` + `up`, a deleted row — and would fence the leader for ever. It
+// then takes a new epoch (takeEpoch) and reports true. It reports false, and ends the
+// leadership, when the lock is gone (a takeover: the refusal was right).
+func (e *Elector) RepairLease(ctx context.Context) (bool, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if !e.leader || e.conn == nil || e.conn.IsClosed() {
+		return false, nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, e.timeout)
+	defer cancel()
+	var held bool
+	if err := e.conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND granted
+		AND pid = pg_backend_pid() AND classid::bigint = $1 AND objid::bigint = $2 AND objsubid = 1)`,
+		int64(uint64(e.key)>>32), int64(uint64(e.key)&0xffffffff)).Scan(&held); err != nil {
+		e.dropConn()
+		return false, nil
+	}
+	if !held {
+		e.dropConn()
+		return false, nil
+	}
+	old := e.epoch
+	epoch, err := e.takeEpoch(ctx)
+	if err != nil {
+		return false, fmt.Errorf("%w: the leader holds the lock but cannot rewrite the lease row: %w", ErrLeaseBroken, err)
+	}
+	e.epoch = epoch
+	e.log.Error("rebalancer lease changed while this rebalancer held the leader lock (edited by hand, migrate down and up, or a deleted row); took a new epoch",
+		"lock_key", e.key, "old_epoch", old, "epoch", epoch)
+	return true, nil
 }
 
 // Epoch is the lease epoch this process took with the lock (the fencing token its writes

@@ -35,16 +35,31 @@ const (
 	DefaultActor          = "rebalancer"
 	// DefaultExpireAfterRuns: a pair's rebalancer rows go after 3 full runs without demand.
 	DefaultExpireAfterRuns = 3
+	// DefaultStaleAfter is StaleAfter with the defaults: 3 check intervals plus the
+	// reload wait.
+	DefaultStaleAfter = 3*DefaultCheckInterval + DefaultReloadWait
 )
 
 // Store is what a tick needs from the control-plane store (store.Store).
 type Store interface {
 	Load(ctx context.Context, o store.LoadOptions) (*regions.Snapshot, error)
 	WriteRebalancer(ctx context.Context, w store.RebalancerWrite) error
+	// RegionsLastSeen is each region's newest gateway heartbeat, cleanly stopped
+	// gateways included (store.RegionDark).
+	RegionsLastSeen(ctx context.Context) (map[string]time.Time, error)
+	// ExpireOverrides deletes the overrides past their expiry, recording each in the
+	// share history and the audit log.
+	ExpireOverrides(ctx context.Context, actor string) ([]regions.Share, error)
 }
 
 // epocher is an Elector that hands out a fencing token (*Elector does).
 type epocher interface{ Epoch() int64 }
+
+// leaseRepairer is an Elector that can tell a right fence (another leader took over) from
+// a broken lease row, and repair the latter (*Elector does; see Elector.RepairLease).
+type leaseRepairer interface {
+	RepairLease(ctx context.Context) (bool, error)
+}
 
 // Hook points (Config.Hook).
 const (
@@ -94,6 +109,9 @@ type Config struct {
 	// Elector decides which rebalancer acts (an *Elector in production); nil means this
 	// one always does. Used by Run only.
 	Elector gocron.Elector
+	// NoRetry, in tests, keeps a tick that lost a race (ResultConflict) from being
+	// decided again at once, so the half-written state can be looked at.
+	NoRetry bool
 	// Hook, in tests, is called at the Hook* points of every tick that gets there, so a
 	// test can interleave other writers step by step. nil in production.
 	Hook func(ctx context.Context, point string)
@@ -119,12 +137,22 @@ type Job struct {
 	absent map[regions.Scope]int
 	// exported holds the {region, scope} label sets of the share series now exported.
 	exported map[[2]string]bool
+	// seen and seenAt are the current tick's store.RegionsLastSeen and the database
+	// time of its snapshot (store.RegionDark).
+	seen   map[string]time.Time
+	seenAt time.Time
 
 	lastMu sync.Mutex
 	last   Report
 
 	// lockDBDown: the elector last failed to reach PostgreSQL (for logging once).
 	lockDBDown atomic.Bool
+	// lastTick is when the last tick ended (Unix ns; 0: none yet), and overdue whether
+	// the watchdog has reported the current overdue stretch (Run).
+	lastTick atomic.Int64
+	overdue  atomic.Bool
+	// leading: the elector's last answer was yes (Run).
+	leading atomic.Bool
 }
 
 // New validates cfg and fills defaults. It starts nothing and dials nothing.
@@ -182,6 +210,10 @@ type Report struct {
 	// Expired lists the tenant/route pairs whose rebalancer rows the run deleted (a dry
 	// run: would have deleted) after Config.ExpireAfterRuns runs without demand.
 	Expired []regions.Scope
+	// Retried is the result of a first attempt that lost a race (ResultConflict: a
+	// region or share changed between the read and a write) when this report is of the
+	// full run decided again at once from a fresh read; "" otherwise.
+	Retried string
 }
 
 // ScopeReport is one scope's decision.
@@ -288,6 +320,84 @@ func (j *Job) Check(ctx context.Context) (Report, error) { return j.tick(ctx, ki
 func (j *Job) tick(ctx context.Context, k kind) (Report, error) {
 	j.mu.Lock()
 	defer j.mu.Unlock()
+	rep := j.timedTick(ctx, k)
+	if rep.Result == ResultConflict && !j.cfg.NoRetry && ctx.Err() == nil {
+		// A write lost a race with a region or share change: what committed (the
+		// decreases, perhaps rescaled by a region removal) may sum to 1 yet not be what a
+		// correct run writes. Decide again at once, as a full run, from a fresh read: it
+		// writes the correct shares, or nothing when the hysteresis finds them close.
+		j.log.Warn("rebalancer write lost a race with a region or share change; deciding again from a fresh read",
+			"kind", k.String(), "err", rep.Err)
+		j.m.retries.WithLabelValues(ResultConflict).Inc()
+		rep = j.timedTick(ctx, kindRun)
+		rep.Retried = ResultConflict
+	}
+	if r, ok := j.cfg.Elector.(leaseRepairer); ok && rep.Result == ResultFenced && ctx.Err() == nil {
+		// Fenced although this process may still hold the lock: a lease row edited, reset
+		// or deleted would fence the only leader for ever. Repair it (the lock proves
+		// nobody else leads), say so loudly, and decide again.
+		switch repaired, err := r.RepairLease(ctx); {
+		case err != nil:
+			j.m.leaseRepairs.WithLabelValues("failed").Inc()
+			j.log.Error("rebalancer lease is broken and could not be repaired; writes stay fenced", "err", err)
+		case repaired:
+			j.m.leaseRepairs.WithLabelValues("repaired").Inc()
+			if !j.cfg.NoRetry {
+				retried := rep.Result
+				rep = j.timedTick(ctx, kindRun)
+				rep.Retried = retried
+			}
+		}
+	}
+	level := slog.LevelInfo
+	if rep.Result != ResultOK {
+		level = slog.LevelWarn
+	}
+	if rep.Result != ResultOK || rep.Written > 0 || k == kindRun {
+		j.log.Log(ctx, level, "rebalancer tick", "kind", rep.Kind, "result", rep.Result, "retried", rep.Retried,
+			"scopes", len(rep.Scopes), "shares_written", rep.Written, "scopes_expired", len(rep.Expired),
+			"dry_run", rep.DryRun, "err", rep.Err)
+	}
+	j.lastMu.Lock()
+	j.last = rep
+	j.lastMu.Unlock()
+	end := time.Now()
+	j.lastTick.Store(end.UnixNano())
+	j.m.lastTick.Set(float64(end.UnixNano()) / 1e9)
+	if j.overdue.Swap(false) {
+		j.log.Info("rebalancer ticks again", "kind", rep.Kind, "result", rep.Result)
+	}
+	return rep, rep.Err
+}
+
+// StaleAfter is how long this rebalancer may go without ending a tick before it is
+// overdue: 3 of its shorter tick periods (interval, check interval) plus the reload
+// wait a tick may spend between its writes. The status page shows it stale then.
+func (j *Job) StaleAfter() time.Duration {
+	return 3*min(j.cfg.Interval, j.cfg.CheckInterval) + j.cfg.ReloadWait
+}
+
+// watchOverdue reports, once per stretch, a leader whose ticks stopped ending: a tick
+// hung (a database call without an answer), or the scheduler stopped. It logs, counts
+// ratelimit_rebalancer_overdue_total and keeps ratelimit_rebalancer_last_tick_timestamp_
+// seconds as it is, for an alert on time() minus it. A replica that does not lead is
+// never overdue (it does not tick). started is when Run began.
+func (j *Job) watchOverdue(now, started time.Time, leading bool) {
+	last := started
+	if ns := j.lastTick.Load(); ns != 0 {
+		last = time.Unix(0, ns)
+	}
+	late := now.Sub(last)
+	if !leading || late <= j.StaleAfter() || j.overdue.Swap(true) {
+		return
+	}
+	j.m.overdue.Inc()
+	j.log.Warn("rebalancer tick overdue: no tick ended within its bound", "since_last_tick", late.Round(time.Millisecond),
+		"bound", j.StaleAfter())
+}
+
+// timedTick is one tickLocked, timed and counted.
+func (j *Job) timedTick(ctx context.Context, k kind) Report {
 	start := time.Now()
 	rep := j.tickLocked(ctx, k)
 	j.m.duration.WithLabelValues(k.String()).Observe(time.Since(start).Seconds())
@@ -295,19 +405,7 @@ func (j *Job) tick(ctx context.Context, k kind) (Report, error) {
 	if rep.Result == ResultOK && k == kindRun {
 		j.m.lastSuccess.Set(float64(rep.At.UnixNano()) / 1e9)
 	}
-	level := slog.LevelInfo
-	if rep.Result != ResultOK {
-		level = slog.LevelWarn
-	}
-	if rep.Result != ResultOK || rep.Written > 0 || k == kindRun {
-		j.log.Log(ctx, level, "rebalancer tick", "kind", rep.Kind, "result", rep.Result,
-			"scopes", len(rep.Scopes), "shares_written", rep.Written, "scopes_expired", len(rep.Expired),
-			"dry_run", rep.DryRun, "err", rep.Err)
-	}
-	j.lastMu.Lock()
-	j.last = rep
-	j.lastMu.Unlock()
-	return rep, rep.Err
+	return rep
 }
 
 func (j *Job) tickLocked(ctx context.Context, k kind) Report {
@@ -325,10 +423,27 @@ func (j *Job) tickLocked(ctx context.Context, k kind) Report {
 			return fail(ResultNotLeader, fmt.Errorf("rebalance: %w: no leadership epoch", ErrNotLeader))
 		}
 	}
+	if !j.cfg.DryRun {
+		// Every override's end leaves a history and audit row (the gateways stopped
+		// applying it at its expiry, with or without this).
+		gone, err := j.store.ExpireOverrides(ctx, j.cfg.Actor)
+		if err != nil {
+			return fail(ResultSkippedDatabase, fmt.Errorf("rebalance: %w", err))
+		}
+		for _, sh := range gone {
+			j.log.Info("operator override expired", "scope", sh.Scope.String(), "region", sh.Region,
+				"share", sh.Share, "expired_at", sh.ExpiresAt)
+		}
+		j.m.overridesExpired.Add(float64(len(gone)))
+	}
 	snap, err := j.store.Load(ctx, store.LoadOptions{InstanceTTL: j.cfg.InstanceTTL, WithoutKeys: true})
 	if err != nil {
 		return fail(ResultSkippedDatabase, fmt.Errorf("rebalance: %w", err))
 	}
+	if j.seen, err = j.store.RegionsLastSeen(ctx); err != nil {
+		return fail(ResultSkippedDatabase, fmt.Errorf("rebalance: %w", err))
+	}
+	j.seenAt = snap.LoadedAt()
 	d, err := j.demand.Read(ctx, now)
 	if err != nil {
 		return fail(ResultSkippedPrometheus, fmt.Errorf("rebalance: %w", err))
@@ -347,18 +462,25 @@ func (j *Job) tickLocked(ctx context.Context, k kind) Report {
 		for _, sc := range pairs {
 			live[sc] = true
 		}
-		for _, sc := range append([]regions.Scope{regions.GlobalScope}, pairs...) {
-			dd := d
-			if sc == regions.GlobalScope {
-				dd = globalDemand(snap, d, live)
-			}
-			sr, f, s, err := j.decide(snap, dd, regs, sc, k, now)
+		// The pairs first: "*" governs exactly the traffic of the pairs that have no rows
+		// of their own after this run (globalDemand), so it must know which get some now.
+		written := map[regions.Scope]bool{}
+		rep.Scopes = append(rep.Scopes, ScopeReport{})
+		for _, sc := range pairs {
+			sr, f, s, err := j.decide(snap, d, regs, sc, k, now)
 			if err != nil {
 				allocErrs = append(allocErrs, err)
 			}
+			written[sc] = sr.Skipped == "" && len(f)+len(s) > 0
 			rep.Scopes = append(rep.Scopes, sr)
 			first, second = append(first, f...), append(second, s...)
 		}
+		sr, f, s, err := j.decide(snap, globalDemand(snap, d, written), regs, regions.GlobalScope, k, now)
+		if err != nil {
+			allocErrs = append(allocErrs, err)
+		}
+		rep.Scopes[0] = sr
+		first, second = append(f, first...), append(s, second...)
 		if k == kindRun {
 			maps.DeleteFunc(j.states, func(sc regions.Scope, _ rebalancer.State) bool {
 				return sc != regions.GlobalScope && !live[sc]
@@ -450,7 +572,7 @@ func (j *Job) expire(snap *regions.Snapshot, d demand.Demand, regs []string, liv
 	}
 	complete := len(d.Unreachable) == 0
 	for _, r := range regs {
-		if _, fresh := d.Sample(regions.GlobalScope, r); !fresh && snap.LiveInstances(r) > 0 {
+		if _, fresh := d.Sample(regions.GlobalScope, r); (!fresh || !scraped(snap, d, r)) && j.live(r) {
 			complete = false
 		}
 	}
@@ -518,7 +640,7 @@ func (j *Job) expiry(snap *regions.Snapshot, regs []string, sc regions.Scope, n 
 		}
 		rows = append(rows, sh)
 		in.Regions = append(in.Regions, RegionInput{Region: r,
-			Status:   rebalancer.RegionStatus(snap.LiveInstances(r) > 0, false),
+			Status:   rebalancer.RegionStatus(j.live(r), false),
 			Previous: sh.Share, Share: fallbackShare(snap, r, sc, len(regs))})
 	}
 	reason := fmt.Sprintf("%s: no demand for %d runs", ReasonExpired, n)
@@ -558,13 +680,17 @@ func (j *Job) pairScopes(d demand.Demand) []regions.Scope {
 }
 
 // globalDemand returns d with the "*" samples replaced by the traffic "*" governs: in
-// each region, the region total minus every pair with a scope of its own — one the
-// rebalancer splits (rebalanced), or one with a share row (rebalancer or override) for the
-// pair or its tenant in that region. What remains is the traffic of every other tenant
-// (the folded _other included).
-func globalDemand(snap *regions.Snapshot, d demand.Demand, rebalanced map[regions.Scope]bool) demand.Demand {
+// each region, the region total minus every pair with a share of its own there — a share
+// row (rebalancer or override) for the pair or its tenant in that region, or rows this run
+// writes (written). What remains is the traffic of exactly the tenants that follow "*"
+// (the folded _other included): new tenants, single-region tenants whose pair is never
+// written (their other region is a missing series, unknown, so the pair keeps the shares
+// it follows), tenants past the tracked set. A pair that is merely rebalanced without a
+// write still follows "*", so its traffic stays in (issue 22: subtracting it left "*"
+// with a new tenant's first request only, and moved it to that tenant's region).
+func globalDemand(snap *regions.Snapshot, d demand.Demand, written map[regions.Scope]bool) demand.Demand {
 	own := func(sc regions.Scope, region string) bool {
-		if rebalanced[sc] {
+		if written[sc] {
 			return true
 		}
 		_, pair := snap.ScopeRow(region, sc)
@@ -650,8 +776,15 @@ func (j *Job) decide(snap *regions.Snapshot, d demand.Demand, regs []string, sc 
 		share, o := currentShare(snap, r, sc, len(regs))
 		overridden = overridden || o
 		smp, fresh := d.Sample(sc, r)
+		if !fresh && !global && d.KnownZero(sc, r) {
+			// No series of its own and nothing folded in this region: the pair offers
+			// nothing here (known, not unknown), so a single-region tenant's pair is
+			// split by its demand and gets rows of its own (issue 22).
+			smp, fresh = demand.Sample{}, true
+		}
+		fresh = fresh && scraped(snap, d, r)
 		ri := rebalancer.RegionInput{Region: r, Share: share,
-			Status: rebalancer.RegionStatus(snap.LiveInstances(r) > 0, fresh)}
+			Status: rebalancer.RegionStatus(j.live(r), fresh)}
 		if ri.Status == rebalancer.StatusOK {
 			ri.Long, ri.Short = allocationRates(smp.Long), allocationRates(smp.Short)
 			anyOK, total = true, total+ri.Short.Offered()
@@ -670,13 +803,16 @@ func (j *Job) decide(snap *regions.Snapshot, d demand.Demand, regs []string, sc 
 		return skip(SkipOverride, nil)
 	}
 	cfg, st := j.cfg.Allocation(len(regs)), j.states[sc]
-	noDemand := global && anyOK && total <= 0
+	noDemand := false
 	if global {
-		// No headroom, no peak reserve; with no demand at all (every request belongs to a
-		// pair with its own scope) the ok regions split what dark and unknown ones leave
-		// equally, and the hysteresis writes only to shrink a dark region.
+		// No headroom, no peak reserve. Demand below the minimum of the default rule's
+		// refill (rebalancer.Quiet, as for any scope: a trickle, a new tenant's first
+		// requests), or none at all (every request belongs to a pair with its own shares),
+		// moves nothing: the ok regions keep their shares and the hysteresis writes only
+		// to shrink a dark region.
 		cfg.Headroom, st = 0, withoutPeaks(st)
-		if total > 0 {
+		noDemand = anyOK && (total <= 0 || rebalancer.Quiet(cfg, limit.RefillPerSecond, in))
+		if !noDemand {
 			limit.RefillPerSecond = total
 		}
 	}
@@ -849,6 +985,21 @@ func (j *Job) at(ctx context.Context, point string) {
 	if j.cfg.Hook != nil {
 		j.cfg.Hook(ctx, point)
 	}
+}
+
+// scraped says whether d holds the traffic of every running gateway of region: at least
+// as many fresh scrape targets as live heartbeats. A region that lost a scrape target
+// reads lower than it is (half, with one of two gateways unscraped: issue 22), and its
+// demand is unknown until the target is back or its gateway is gone — missing is
+// unknown, not zero. A reader that does not count targets (nil) is trusted.
+func scraped(snap *regions.Snapshot, d demand.Demand, region string) bool {
+	return d.Targets == nil || d.Targets[region] >= snap.LiveInstances(region)
+}
+
+// live says whether region has a gateway seen within the instance TTL, one that stopped
+// cleanly included (a restart is not a dark region), in this tick.
+func (j *Job) live(region string) bool {
+	return !store.RegionDark(j.seen, region, j.seenAt, j.cfg.InstanceTTL)
 }
 
 // exportShares sets ratelimit_rebalancer_share_ratio from a full run: "*" and the

@@ -59,6 +59,12 @@ type metrics struct {
 	leader        prometheus.Gauge
 	duration      *prometheus.HistogramVec
 	writesRefused *prometheus.CounterVec
+	retries       *prometheus.CounterVec
+	leaseRepairs  *prometheus.CounterVec
+	// overridesExpired counts override rows whose end was recorded.
+	overridesExpired prometheus.Counter
+	lastTick         prometheus.Gauge
+	overdue          prometheus.Counter
 }
 
 // newMetrics makes the job's metrics and registers them on reg (nil: none). A registry
@@ -102,6 +108,26 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "ratelimit_rebalancer_writes_refused_total",
 			Help: "Share writes the database refused, abandoning the tick, by reason: fenced (no longer the leader) or conflict (rows changed since read).",
 		}, []string{"reason"}),
+		retries: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ratelimit_rebalancer_retries_total",
+			Help: "Ticks decided again at once from a fresh read, by reason: conflict (a write lost a race with a region or share change).",
+		}, []string{"reason"}),
+		leaseRepairs: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ratelimit_rebalancer_lease_repairs_total",
+			Help: "Writes fenced while this rebalancer still held the leader lock (the lease row edited, reset by migrate down and up, or deleted), by outcome: repaired (a new epoch taken) or failed.",
+		}, []string{"outcome"}),
+		overridesExpired: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "ratelimit_rebalancer_overrides_expired_total",
+			Help: "Operator override rows past their expiry that the rebalancer deleted, each recorded in the share history and the audit log.",
+		}),
+		lastTick: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "ratelimit_rebalancer_last_tick_timestamp_seconds",
+			Help: "When this rebalancer last ended a tick (run or check, any result; Unix time); 0 before the first. A leader whose ticks stop keeps it old.",
+		}),
+		overdue: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "ratelimit_rebalancer_overdue_total",
+			Help: "Times the leader went longer than its stale bound (3 tick periods plus the reload wait) without ending a tick.",
+		}),
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "ratelimit_rebalancer_run_duration_seconds",
 			Help:    "Duration of a tick (kind run or check), including the shrink-before-grow wait.",
@@ -117,6 +143,9 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	}
 	m.writesRefused.WithLabelValues(ResultFenced)
 	m.writesRefused.WithLabelValues(ResultConflict)
+	m.retries.WithLabelValues(ResultConflict)
+	m.leaseRepairs.WithLabelValues("repaired")
+	m.leaseRepairs.WithLabelValues("failed")
 	m.duration.WithLabelValues(kindRun.String())
 	m.duration.WithLabelValues(kindCheck.String())
 	if reg == nil {
@@ -134,6 +163,11 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		{"ratelimit_rebalancer_expired_scopes_total", m.expiredScopes}, {"ratelimit_rebalancer_leader", m.leader},
 		{"ratelimit_rebalancer_run_duration_seconds", m.duration},
 		{"ratelimit_rebalancer_writes_refused_total", m.writesRefused},
+		{"ratelimit_rebalancer_retries_total", m.retries},
+		{"ratelimit_rebalancer_lease_repairs_total", m.leaseRepairs},
+		{"ratelimit_rebalancer_overrides_expired_total", m.overridesExpired},
+		{"ratelimit_rebalancer_last_tick_timestamp_seconds", m.lastTick},
+		{"ratelimit_rebalancer_overdue_total", m.overdue},
 	} {
 		if err := reg.Register(c.c); err != nil {
 			for _, d := range done {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/go-co-op/gocron/v2"
@@ -15,6 +16,26 @@ import (
 // when the elector could not reach PostgreSQL (its error wraps ErrDatabaseUnavailable).
 // Run returns after the scheduler and any tick in progress have stopped.
 func (j *Job) Run(ctx context.Context) error {
+	// The watchdog: an overdue tick (Job.StaleAfter) is logged and counted even while
+	// the tick that should have ended hangs.
+	started := time.Now()
+	wctx, stopWatch := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer stopWatch()
+	wg.Go(func() {
+		t := time.NewTicker(max(j.StaleAfter()/4, 10*time.Millisecond))
+		defer t.Stop()
+		for {
+			select {
+			case <-wctx.Done():
+				return
+			case now := <-t.C:
+				leading := j.cfg.Elector == nil || j.leading.Load()
+				j.watchOverdue(now, started, leading)
+			}
+		}
+	})
 	return runSchedule(ctx, schedule{
 		interval: j.cfg.Interval,
 		check:    j.cfg.CheckInterval,
@@ -25,6 +46,7 @@ func (j *Job) Run(ctx context.Context) error {
 		leader: func(k kind, err error) {
 			if errors.Is(err, ErrDatabaseUnavailable) {
 				j.m.leader.Set(0)
+				j.leading.Store(false)
 				j.m.count(k, ResultSkippedDatabase)
 				if !j.lockDBDown.Swap(true) { // logged once per outage
 					j.log.Warn("leader lock: postgresql unreachable; ticks skipped until it is back", "err", err)
@@ -39,8 +61,12 @@ func (j *Job) Run(ctx context.Context) error {
 			}
 			if err != nil {
 				j.m.leader.Set(0)
+				j.leading.Store(false)
 				j.m.count(k, ResultNotLeader)
 				return
+			}
+			if !j.leading.Swap(true) {
+				j.lastTick.Store(time.Now().UnixNano()) // overdue counts from leading
 			}
 			j.m.leader.Set(1)
 		},

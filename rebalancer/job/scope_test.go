@@ -41,8 +41,8 @@ func regionInput(t *testing.T, s job.ScopeReport, region string) job.RegionInput
 }
 
 // TestGlobalScopeSplitsTrafficWithoutOwnScope: "*" is split in proportion to the offered
-// traffic that "*" actually governs, the region totals minus the pairs with a scope of
-// their own (rebalanced this run, or holding a pair share row such as an override).
+// traffic that "*" actually governs, the region totals minus the pairs with shares of
+// their own (written this run, or holding a pair share row such as an override).
 // Headroom and the peak reserve play no part: "*" bounds many buckets at once.
 func TestGlobalScopeSplitsTrafficWithoutOwnScope(t *testing.T) {
 	t.Parallel()
@@ -53,8 +53,9 @@ func TestGlobalScopeSplitsTrafficWithoutOwnScope(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.exp.SetRegion(usEast, 120, 0, 0)
-	e.exp.SetRegion(euWest, 60, 0, 0)
-	e.exp.SetTenant(usEast, pair.Tenant, pair.Route, 100, 0)  // rebalanced: its own scope
+	e.exp.SetRegion(euWest, 70, 0, 0)
+	e.exp.SetTenant(usEast, pair.Tenant, pair.Route, 100, 0) // rebalanced and written: its own scope
+	e.exp.SetTenant(euWest, pair.Tenant, pair.Route, 10, 0)
 	e.exp.SetTenant(euWest, shopB.Tenant, shopB.Route, 30, 0) // not rebalanced (cap 1), but overridden
 	e.exp.SetTenant(euWest, shopC.Tenant, shopC.Route, 10, 0) // not rebalanced, no row: "*" governs it
 	e.waitHistory(t)
@@ -64,7 +65,7 @@ func TestGlobalScopeSplitsTrafficWithoutOwnScope(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// "*" governs us-east 120-100 = 20 rps and eu-west 60-30 = 30 rps (shop-c included).
+	// "*" governs us-east 120-100 = 20 rps and eu-west 70-10-30 = 30 rps (shop-c included).
 	want := map[string]float64{usEast: 0.4, euWest: 0.6}
 	g := scopeReport(t, rep, regions.GlobalScope)
 	for r, d := range map[string]float64{usEast: 20, euWest: 30} {

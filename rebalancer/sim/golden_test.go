@@ -25,6 +25,7 @@ var traces = []struct {
 	{"follow-the-sun.csv", []string{"us-east", "eu-west", "ap-south"}, genFollowTheSun},
 	{"flash-crowd.csv", twoRegions, genFlashCrowd},
 	{"dark-failover.csv", twoRegions, genDarkFailover},
+	{"untracked-tail.csv", []string{"us-east", "eu-west", "ap-south"}, genUntrackedTail},
 }
 
 var twoRegions = []string{"us-east", "eu-west"}
@@ -115,6 +116,38 @@ func genDarkFailover(w *traceWriter) {
 		}
 		w.row(t, "us-east", "shop", 560)
 		w.row(t, "eu-west", "shop", 240)
+	}
+}
+
+// genUntrackedTail is issue 22's tail: tenants without a scope of their own (they follow
+// "*"), single-region tenants, sub-threshold noise, tenants arriving, and a region added
+// (dark at first, then with a little traffic) and removed again.
+func genUntrackedTail(w *traceWriter) {
+	fmt.Fprintln(&w.b, "# untracked,solo,late,noise-1,noise-2,noise-3,noise-4")
+	fmt.Fprintln(&w.b, "# region-added,1200,ap-south")
+	fmt.Fprintln(&w.b, "# region-removed,2700,ap-south")
+	w.event(0, "solo", "an untracked tenant sends everything to us-east")
+	w.event(1200, "*", "ap-south added, no gateways yet")
+	w.event(3000, "late", "a new untracked tenant arrives in us-east after solo left")
+	w.header()
+	for t := 0; t < 3600; t += 10 {
+		w.row(t, "us-east", "big", 650) // tracked, two regions, at its limit
+		w.row(t, "eu-west", "big", 350)
+		w.row(t, "us-east", "one-region", 300) // tracked, all in us-east
+		if t < 2400 {
+			w.row(t, "us-east", "solo", 800) // untracked, all in us-east, below its limit
+		}
+		if t >= 3000 {
+			w.row(t, "us-east", "late", 400) // untracked, new
+		}
+		for k := 1; k <= 4; k++ { // untracked trickles in eu-west, coming and going
+			if (t/300+k)%3 != 0 {
+				w.row(t, "eu-west", fmt.Sprintf("noise-%d", k), 0.1*float64(k))
+			}
+		}
+		if t >= 1500 && t < 2700 { // ap-south's gateways report: a little of big
+			w.row(t, "ap-south", "big", 30)
+		}
 	}
 }
 

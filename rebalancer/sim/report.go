@@ -33,6 +33,22 @@ type Report struct {
 	// Writes counts share changes decided, over every tenant (a shrink-before-grow
 	// change is one write delivered in two transactions).
 	Writes int `json:"writes"`
+	// TenantRegions is, per tenant and region with traffic, what it was admitted against
+	// what the equal split would have let through (the tests' tail targets).
+	TenantRegions []TenantRegion `json:"-"`
+	// GlobalMaxShare is, per region, the largest "*" share written during the run (the
+	// untracked tenants' scope; empty without untracked tenants).
+	GlobalMaxShare map[string]float64 `json:"-"`
+}
+
+// TenantRegion is one tenant's admissions in one region over a run.
+type TenantRegion struct {
+	Tenant, Region string
+	Offered        float64
+	Admitted       float64
+	// EqualSplit is the sum over seconds of min(offered, refill / regions): what the
+	// equal split's refill admits, burst aside.
+	EqualSplit float64
 }
 
 // Convergence is how long after an event the event's tenant (all tenants for "*") had
@@ -128,6 +144,8 @@ func (r *run) report() Report {
 		UnnecessaryThrottle:      ratio(r.unnecessary, r.offered),
 		Writes:                   r.writes,
 		ConvergenceSeconds:       []Convergence{},
+		TenantRegions:            r.tenantRegions,
+		GlobalMaxShare:           r.globalMax,
 	}
 	for i := range r.regionOffered {
 		rep.WorstRegionUnnecessaryThrottle = math.Max(rep.WorstRegionUnnecessaryThrottle, ratio(r.regionUnnecessary[i], r.regionOffered[i]))

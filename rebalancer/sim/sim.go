@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"time"
 
 	"github.com/quotaplane/quotaplane/rebalancer"
@@ -81,7 +82,8 @@ func Run(trace *Trace, policy Policy, cfg Config) (Report, error) {
 		return Report{}, err
 	}
 	n := len(trace.Regions)
-	if cfg.Rebalancer == (rebalancer.Config{}) {
+	ownConfig := cfg.Rebalancer != (rebalancer.Config{})
+	if !ownConfig {
 		cfg.Rebalancer = rebalancer.DefaultConfig(n)
 	}
 	if err := cfg.Rebalancer.Validate(n); err != nil {
@@ -92,9 +94,24 @@ func Run(trace *Trace, policy Policy, cfg Config) (Report, error) {
 		return Report{}, fmt.Errorf("simulate: %w", err)
 	}
 	r := newRun(trace, policy, cfg, initial)
-	for j := range trace.Tenants {
-		if err := r.tenant(j); err != nil {
-			return Report{}, fmt.Errorf("simulate %s on tenant %s: %w", policy, trace.Tenants[j], err)
+	r.ownConfig = ownConfig
+	untracked := map[string]bool{}
+	for _, u := range trace.Untracked {
+		untracked[u] = true
+	}
+	var global []int
+	for j, tn := range trace.Tenants {
+		if untracked[tn] {
+			global = append(global, j)
+			continue
+		}
+		if err := r.group([]int{j}, false); err != nil {
+			return Report{}, fmt.Errorf("simulate %s on tenant %s: %w", policy, tn, err)
+		}
+	}
+	if len(global) > 0 {
+		if err := r.group(global, true); err != nil {
+			return Report{}, fmt.Errorf("simulate %s on the untracked tenants (*): %w", policy, err)
 		}
 	}
 	return r.report(), nil
@@ -107,8 +124,16 @@ type run struct {
 	initial []float64
 	T, n    int
 	live    [][]bool // [region][second]: the region served at that second
-	limit   regions.Limit
-	sec     struct{ interval, check, short, lag, apply, ttl int }
+	// exists [region][second]: the region is part of the deployment (RegionChanges).
+	exists [][]bool
+	// ownConfig: cfg.Rebalancer was given; else it is DefaultConfig of the regions that
+	// exist at each tick.
+	ownConfig bool
+	// tenantRegions and globalMax feed Report.TenantRegions and Report.GlobalMaxShare.
+	tenantRegions []TenantRegion
+	globalMax     map[string]float64
+	limit         regions.Limit
+	sec           struct{ interval, check, short, lag, apply, ttl int }
 
 	// totals over tenants
 	admitted, offered, bound, over, unnecessary float64
@@ -120,7 +145,7 @@ type run struct {
 
 func newRun(tr *Trace, p Policy, cfg Config, initial []float64) *run {
 	T, n := tr.Seconds(), len(tr.Regions)
-	r := &run{tr: tr, policy: p, cfg: cfg, initial: initial, T: T, n: n,
+	r := &run{tr: tr, policy: p, cfg: cfg, initial: slices.Clone(initial), T: T, n: n,
 		limit:             regions.Limit{Capacity: cfg.Capacity, RefillPerSecond: cfg.Refill},
 		regionOffered:     make([]float64, n),
 		regionUnnecessary: make([]float64, n),
@@ -131,17 +156,63 @@ func newRun(tr *Trace, p Policy, cfg Config, initial []float64) *run {
 	r.sec.interval, r.sec.check, r.sec.short = s(cfg.Interval), s(cfg.CheckInterval), s(cfg.ShortWindow)
 	r.sec.lag, r.sec.apply, r.sec.ttl = s(cfg.ScrapeLag), s(cfg.ApplyDelay), s(cfg.HeartbeatTTL)
 	r.live = make([][]bool, n)
-	for i := range r.live {
+	r.exists = make([][]bool, n)
+	idx := map[string]int{}
+	for i, name := range tr.Regions {
+		idx[name] = i
 		r.live[i] = make([]bool, T)
+		r.exists[i] = make([]bool, T)
+		present := true
+		for _, c := range tr.RegionChanges {
+			if c.Region == name {
+				present = !c.Added // the first change says what it was before
+				break
+			}
+		}
+		for t := range T {
+			for _, c := range tr.RegionChanges {
+				if c.Region == name && c.At == t {
+					present = c.Added
+				}
+			}
+			r.exists[i][t] = present
+		}
 	}
 	r.eachPoint(func(p point, from, to int) {
 		for _, row := range p.rows {
 			for t := from; t < to; t++ {
-				r.live[row.region][t] = true
+				r.live[row.region][t] = r.exists[row.region][t]
 			}
 		}
 	})
+	// Regions absent at 0 start with no share; the others split the initial shares.
+	sum := 0.0
+	for i := range r.initial {
+		if !r.exists[i][0] {
+			r.initial[i] = 0
+		}
+		sum += r.initial[i]
+	}
+	for i := range r.initial {
+		if sum > 0 && r.exists[i][0] {
+			r.initial[i] /= sum
+		}
+	}
 	return r
+}
+
+// regionConfig is the allocation tuning for the regions that exist at t.
+func (r *run) regionConfig(t int) rebalancer.Config {
+	if r.ownConfig {
+		return r.cfg.Rebalancer
+	}
+	n := 0
+	for i := range r.exists {
+		if r.exists[i][t] {
+			n++
+		}
+	}
+	return rebalancer.DefaultConfig(max(n, 1))
 }
 
 // eachPoint calls fn for every time point with the seconds [from, to) it covers.
@@ -156,16 +227,19 @@ func (r *run) eachPoint(fn func(p point, from, to int)) {
 	}
 }
 
-// tenantRun is one tenant's simulation: its buckets, counters and policy state.
+// tenantRun is one scope's simulation: a tenant with its own scope, or every untracked
+// tenant under "*" (global); its members' buckets, the scope's summed counters and its
+// policy state.
 type tenantRun struct {
 	*run
-	j          int
-	offered    [][]float64 // [region][second]
-	cumA, cumT [][]float64 // [region][second]: counters before that second
-	enforced   []float64   // shares the buckets use
-	written    []float64   // shares last written
+	members    []int
+	global     bool
+	offered    [][][]float64 // [member][region][second]
+	cumA, cumT [][]float64   // [region][second]: the scope's counters before that second
+	enforced   []float64     // shares the buckets use
+	written    []float64     // shares last written
 	pending    []pending
-	tokens     []float64
+	tokens     [][]float64 // [member][region]
 	capacity   []float64
 	refill     []float64
 	state      rebalancer.State
@@ -179,33 +253,59 @@ type pending struct {
 	ok    bool
 }
 
-func (r *run) tenant(j int) error {
+func (r *run) group(members []int, global bool) error {
 	n, T := r.n, r.T
-	tr := &tenantRun{run: r, j: j,
-		offered: make([][]float64, n), cumA: make([][]float64, n), cumT: make([][]float64, n),
+	tr := &tenantRun{run: r, members: members, global: global,
+		offered: make([][][]float64, len(members)), cumA: make([][]float64, n), cumT: make([][]float64, n),
 		enforced: make([]float64, n), written: append([]float64(nil), r.initial...),
-		pending: make([]pending, n), tokens: make([]float64, n),
+		pending: make([]pending, n), tokens: make([][]float64, len(members)),
 		capacity: make([]float64, n), refill: make([]float64, n), secondAt: -1,
 	}
+	for k := range members {
+		tr.offered[k] = make([][]float64, n)
+		tr.tokens[k] = make([]float64, n)
+		for i := range n {
+			tr.offered[k][i] = make([]float64, T)
+		}
+	}
 	for i := range n {
-		tr.offered[i] = make([]float64, T)
 		tr.cumA[i] = make([]float64, T+1)
 		tr.cumT[i] = make([]float64, T+1)
 		tr.setShare(i, r.initial[i])
-		tr.tokens[i] = tr.capacity[i]
+		for k := range members {
+			tr.tokens[k][i] = tr.capacity[i]
+		}
+	}
+	member := map[int]int{}
+	for k, j := range members {
+		member[j] = k
 	}
 	r.eachPoint(func(p point, from, to int) {
 		for _, row := range p.rows {
-			if row.tenant == j {
+			if k, ok := member[row.tenant]; ok {
 				for t := from; t < to; t++ {
-					tr.offered[row.region][t] = row.offered
+					tr.offered[k][row.region][t] = row.offered
 				}
 			}
 		}
 	})
-	m := newMeter(r, j)
+	meters := make([]*meter, len(members))
+	for k, j := range members {
+		meters[k] = newMeter(r, j)
+	}
+	// Per member and region: offered, admitted and what the equal split admits.
+	type tally struct{ offered, admitted, equal float64 }
+	tallies := make([][]tally, len(members))
+	for k := range tallies {
+		tallies[k] = make([]tally, n)
+	}
+	if global {
+		r.globalMax = map[string]float64{}
+	}
 	adm, rej := make([]float64, n), make([]float64, n)
+	sumA, sumT := make([]float64, n), make([]float64, n)
 	for t := range T {
+		tr.regionChanges(t)
 		for i, p := range tr.pending {
 			if p.ok && p.at <= t {
 				tr.setShare(i, p.share)
@@ -221,22 +321,105 @@ func (r *run) tenant(j int) error {
 				return fmt.Errorf("at %d s: %w", t, err)
 			}
 		}
+		clear(sumA)
+		clear(sumT)
+		nExist := 0
 		for i := range n {
-			adm[i], rej[i] = 0, 0
-			tr.tokens[i] = math.Min(tr.capacity[i], tr.tokens[i]+tr.refill[i])
-			if r.live[i][t] {
-				o := tr.offered[i][t]
-				adm[i] = math.Min(o, tr.tokens[i])
-				rej[i] = o - adm[i]
-				tr.tokens[i] -= adm[i]
+			if r.exists[i][t] {
+				nExist++
 			}
-			tr.cumA[i][t+1] = tr.cumA[i][t] + adm[i]
-			tr.cumT[i][t+1] = tr.cumT[i][t] + rej[i]
 		}
-		m.second(t, adm, rej)
+		if global {
+			for i, region := range r.tr.Regions {
+				r.globalMax[region] = math.Max(r.globalMax[region], tr.written[i])
+			}
+		}
+		for k := range members {
+			for i := range n {
+				adm[i], rej[i] = 0, 0
+				tr.tokens[k][i] = math.Min(tr.capacity[i], tr.tokens[k][i]+tr.refill[i])
+				if r.live[i][t] {
+					o := tr.offered[k][i][t]
+					adm[i] = math.Min(o, tr.tokens[k][i])
+					rej[i] = o - adm[i]
+					tr.tokens[k][i] -= adm[i]
+				}
+				sumA[i] += adm[i]
+				sumT[i] += rej[i]
+				if o := adm[i] + rej[i]; o > 0 {
+					tallies[k][i].offered += o
+					tallies[k][i].admitted += adm[i]
+					tallies[k][i].equal += math.Min(o, r.cfg.Refill/float64(max(nExist, 1)))
+				}
+			}
+			meters[k].second(t, adm, rej)
+		}
+		for i := range n {
+			tr.cumA[i][t+1] = tr.cumA[i][t] + sumA[i]
+			tr.cumT[i][t+1] = tr.cumT[i][t] + sumT[i]
+		}
 	}
-	m.finish()
+	for _, m := range meters {
+		m.finish()
+	}
+	for k, j := range members {
+		for i, region := range r.tr.Regions {
+			if tl := tallies[k][i]; tl.offered > 0 {
+				r.tenantRegions = append(r.tenantRegions, TenantRegion{Tenant: r.tr.Tenants[j], Region: region,
+					Offered: tl.offered, Admitted: tl.admitted, EqualSplit: tl.equal})
+			}
+		}
+	}
 	return nil
+}
+
+// regionChanges applies a region added or removed at t to the scope's shares at once,
+// as the store does in one transaction (store.AddRegion, store.RemoveRegion): a region
+// added starts at the floor (the others scaled to the rest); a removed one's share goes
+// to the others in proportion. Static shares are never rescaled.
+func (tr *tenantRun) regionChanges(t int) {
+	if tr.policy.kind == Static {
+		return
+	}
+	for _, c := range tr.tr.RegionChanges {
+		if c.At != t || t == 0 {
+			continue
+		}
+		ci := slices.Index(tr.tr.Regions, c.Region)
+		next := slices.Clone(tr.written)
+		rest := 0.0
+		for i := range next {
+			if i != ci {
+				rest += next[i]
+			}
+		}
+		nExist := 0
+		for i := range tr.exists {
+			if tr.exists[i][t] {
+				nExist++
+			}
+		}
+		f := 0.0
+		if c.Added {
+			f = 1.0
+			if nExist > 1 {
+				f = math.Min(0.05, 0.5/float64(nExist))
+			}
+		}
+		for i := range next {
+			switch {
+			case i == ci:
+				next[i] = f
+			case rest > 0:
+				next[i] = next[i] / rest * (1 - f)
+			}
+		}
+		for i := range next {
+			tr.written[i] = next[i]
+			tr.pending[i].ok = false
+			tr.setShare(i, next[i])
+		}
+	}
 }
 
 func (tr *tenantRun) setShare(i int, share float64) {
@@ -244,7 +427,9 @@ func (tr *tenantRun) setShare(i int, share float64) {
 	tr.enforced[i] = share
 	tr.capacity[i] = float64(l.Capacity)
 	tr.refill[i] = l.RefillPerSecond
-	tr.tokens[i] = math.Min(tr.tokens[i], tr.capacity[i])
+	for k := range tr.tokens {
+		tr.tokens[k][i] = math.Min(tr.tokens[k][i], tr.capacity[i])
+	}
 }
 
 // write records shares written at t: a region's gateways load an increase at t+1 and a
@@ -277,9 +462,12 @@ func (tr *tenantRun) tick(t int, full bool) error {
 }
 
 func (tr *tenantRun) waterfill(t int, full bool) error {
-	in := make([]rebalancer.RegionInput, tr.n)
+	in := make([]rebalancer.RegionInput, 0, tr.n)
 	e := t - tr.sec.lag
 	for i, region := range tr.tr.Regions {
+		if !tr.exists[i][t] {
+			continue
+		}
 		live := false
 		for s := max(0, t-tr.sec.ttl); s < t; s++ {
 			live = live || tr.live[i][s]
@@ -287,18 +475,37 @@ func (tr *tenantRun) waterfill(t int, full bool) error {
 		fresh := e >= 1 && tr.live[i][e-1]
 		long, okL := tr.rate(i, e, tr.sec.interval)
 		short, okS := tr.rate(i, e, tr.sec.short)
-		in[i] = rebalancer.RegionInput{
+		in = append(in, rebalancer.RegionInput{
 			Region: region,
 			Status: rebalancer.RegionStatus(live, fresh && okL && okS),
 			Long:   long, Short: short,
 			Share: tr.written[i],
-		}
+		})
+	}
+	if len(in) == 0 {
+		return nil // no region exists now
 	}
 	tick := rebalancer.CheckTick
 	if full {
 		tick = rebalancer.FullRun
 	}
-	d, err := rebalancer.Decide(tr.cfg.Rebalancer, tr.limit, epoch.Add(time.Duration(t)*time.Second), in, tr.state, tick)
+	cfg, limit, st := tr.regionConfig(t), tr.limit, tr.state
+	if tr.global {
+		// "*" as the job splits it (rebalancer/job): in proportion to the untracked
+		// tenants' demand, R their total, no headroom or peak; below the minimum demand
+		// of one tenant's refill, or with none, the ok regions keep their shares.
+		cfg.Headroom, st = 0, withoutPeaks(st)
+		total := 0.0
+		for _, ri := range in {
+			if ri.Status == rebalancer.StatusOK {
+				total += ri.Short.Offered()
+			}
+		}
+		if total > 0 && !rebalancer.Quiet(cfg, limit.RefillPerSecond, in) {
+			limit.RefillPerSecond = total
+		}
+	}
+	d, err := rebalancer.Decide(cfg, limit, epoch.Add(time.Duration(t)*time.Second), in, st, tick)
 	if err != nil {
 		return err
 	}
@@ -316,6 +523,16 @@ func (tr *tenantRun) waterfill(t int, full bool) error {
 	return nil
 }
 
+// withoutPeaks is st with every peak at 0 ("*" has no peak reserve).
+func withoutPeaks(st rebalancer.State) rebalancer.State {
+	out := rebalancer.State{At: st.At, Regions: make(map[string]rebalancer.RegionState, len(st.Regions))}
+	for r, rs := range st.Regions {
+		rs.Peak = 0
+		out.Regions[r] = rs
+	}
+	return out
+}
+
 // proportional is the naive baseline: shares in proportion to the interval's offered
 // (or allowed) rate, from whatever samples the window holds, a region without samples
 // read as zero; written in one step.
@@ -323,6 +540,9 @@ func (tr *tenantRun) proportional(t int) {
 	v := make([]float64, tr.n)
 	sum := 0.0
 	for i := range v {
+		if !tr.exists[i][t] {
+			continue
+		}
 		rt, ok := tr.rate(i, t-tr.sec.lag, tr.sec.interval)
 		if !ok {
 			continue

@@ -255,3 +255,63 @@ func TestWriteTableForPeople(t *testing.T) {
 		}
 	}
 }
+
+// TestUntrackedTail (issue 22): on the untracked-tail trace (tenants without a scope of
+// their own, single-region tenants, sub-threshold noise, a tenant arriving, a region
+// added and removed) water-filling leaves no tenant below its equal split where its
+// traffic is and never moves "*" towards the noise; proportional-offered, which reads
+// any demand, hands "*" to the noise once solo has left, and the tenant arriving after
+// it is throttled below its equal split.
+func TestUntrackedTail(t *testing.T) {
+	var tail *Trace
+	for _, tr := range loadTraces(t) {
+		if tr.Name == "untracked-tail" {
+			tail = tr
+		}
+	}
+	if tail == nil {
+		t.Fatal("no untracked-tail trace")
+	}
+	run := func(p Policy) Report {
+		rep, err := Run(tail, p, DefaultConfig())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return rep
+	}
+	wf := run(Policy{kind: Waterfill})
+	for _, tr := range wf.TenantRegions {
+		t.Logf("waterfill %s in %s: admitted %.0f of %.0f offered, equal split %.0f", tr.Tenant, tr.Region, tr.Admitted, tr.Offered, tr.EqualSplit)
+		if tr.Admitted < 0.99*tr.EqualSplit {
+			t.Errorf("waterfill: %s in %s admitted %.0f, below its equal split %.0f", tr.Tenant, tr.Region, tr.Admitted, tr.EqualSplit)
+		}
+	}
+	if got := wf.GlobalMaxShare["eu-west"]; got > 0.5+1e-9 {
+		t.Errorf("waterfill moved * to eu-west's noise: its share reached %v", got)
+	}
+	po := run(Policy{kind: ProportionalOffered})
+	t.Logf("* max share in eu-west: waterfill %.3f, proportional-offered %.3f", wf.GlobalMaxShare["eu-west"], po.GlobalMaxShare["eu-west"])
+	if got := po.GlobalMaxShare["eu-west"]; got < 0.9 {
+		t.Errorf("proportional-offered's * reached only %v in eu-west: the trace no longer shows the flip on noise", got)
+	}
+	for _, tr := range po.TenantRegions {
+		if tr.Tenant == "late" && tr.Admitted >= 0.99*tr.EqualSplit {
+			t.Errorf("proportional-offered admitted late %.0f of its equal split %.0f: the trace no longer shows the cost of the flip", tr.Admitted, tr.EqualSplit)
+		}
+	}
+}
+
+// TestRegionAbsentAtStart: a trace whose only region is added later runs (nothing is
+// decided while no region exists), and a region removed stops being served.
+func TestRegionAbsentAtStart(t *testing.T) {
+	tr := parseTrace(t, "# region-added,60,a\n# region-removed,120,a\n"+Header+"\n0,a,x,10\n179,a,x,10\n")
+	for _, p := range ComparePolicies(len(tr.Regions)) {
+		rep, err := Run(tr, p, DefaultConfig())
+		if err != nil {
+			t.Fatalf("%s: %v", p, err)
+		}
+		if len(rep.TenantRegions) != 1 || rep.TenantRegions[0].Offered != 600 {
+			t.Errorf("%s: %+v, want 60 s of 10 rps offered while a exists", p, rep.TenantRegions)
+		}
+	}
+}

@@ -34,6 +34,9 @@ var ErrTrace = errors.New("invalid trace")
 //	# any comment
 //	# regions,us-east,eu-west          optional, before the first row: region order
 //	# event,600,shop-a,flash crowd      a demand shift at 600 s for a tenant, or *
+//	# untracked,shop-x,shop-y           tenants without a scope of their own: they follow *
+//	# region-added,900,ap-south         a region that exists from 900 s on (absent before)
+//	# region-removed,1800,ap-south      a region that no longer exists from 1800 s on
 //	time_seconds,region,tenant,offered_rps
 //	0,us-east,shop-a,700
 //	0,eu-west,shop-a,300
@@ -48,7 +51,20 @@ type Trace struct {
 	Regions []string
 	Tenants []string
 	Events  []Event
-	points  []point
+	// Untracked lists the tenants with no scope of their own (# untracked): they follow
+	// "*", which the policy splits from their summed demand, as the job does.
+	Untracked []string
+	// RegionChanges are the regions added and removed during the trace (# region-added,
+	// # region-removed), in time order.
+	RegionChanges []RegionChange
+	points        []point
+}
+
+// RegionChange is a region added to or removed from the deployment at a time.
+type RegionChange struct {
+	At     int    `json:"time_seconds"`
+	Region string `json:"region"`
+	Added  bool   `json:"added"`
 }
 
 // Event marks a demand shift; convergence is measured from it.
@@ -139,6 +155,36 @@ func (p *parser) directive(s string) error {
 			}
 		}
 		p.fixedRegions = true
+	case "untracked":
+		for _, tn := range strings.Split(rest, ",") {
+			tn = strings.TrimSpace(tn)
+			if err := regions.ValidateID("tenant", tn); err != nil {
+				return fmt.Errorf("untracked: %w", err)
+			}
+			p.tr.Untracked = append(p.tr.Untracked, tn)
+		}
+	case "region-added", "region-removed":
+		f := strings.SplitN(rest, ",", 2)
+		if len(f) != 2 {
+			return fmt.Errorf("want # %s,TIME_SECONDS,REGION", name)
+		}
+		at, err := parseSeconds(f[0])
+		if err != nil {
+			return fmt.Errorf("%s time: %w", name, err)
+		}
+		region := strings.TrimSpace(f[1])
+		if _, ok := p.regionIdx[region]; !ok {
+			if p.fixedRegions {
+				return fmt.Errorf("region %q is not in the # regions line", region)
+			}
+			if err := p.addRegion(region); err != nil {
+				return err
+			}
+		}
+		if n := len(p.tr.RegionChanges); n > 0 && p.tr.RegionChanges[n-1].At > at {
+			return errors.New("region changes must be in time order")
+		}
+		p.tr.RegionChanges = append(p.tr.RegionChanges, RegionChange{At: at, Region: region, Added: name == "region-added"})
 	case "event":
 		f := strings.SplitN(rest, ",", 3)
 		if len(f) != 3 {
@@ -240,6 +286,16 @@ func (p *parser) finish() error {
 		return errors.New("no rows")
 	}
 	end := p.tr.Seconds()
+	for _, u := range p.tr.Untracked {
+		if _, ok := p.tenantIdx[u]; !ok {
+			return fmt.Errorf("untracked tenant %s has no rows", u)
+		}
+	}
+	for _, c := range p.tr.RegionChanges {
+		if c.At >= end {
+			return fmt.Errorf("region %s changes at %d s, after the trace ends (%d s)", c.Region, c.At, end)
+		}
+	}
 	for _, e := range p.tr.Events {
 		if e.At >= end {
 			return fmt.Errorf("event %q at %d s is after the trace ends (%d s)", e.Label, e.At, end)

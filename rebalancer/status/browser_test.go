@@ -144,6 +144,34 @@ func TestBrowser(t *testing.T) {
 		t.Errorf("header time %q: app.js did not run", stamp)
 	}
 
+	if n, err := chromedp.Run(bctx, chromedp.Evaluate[int](`document.querySelectorAll(".badge.stale").length`)); err != nil || n != 0 {
+		t.Errorf("a fresh rebalancer shows %d stale badges (%v)", n, err)
+	}
+
+	// A rebalancer whose last tick is older than its bound: the header says stale, in the
+	// error colours (issue 22).
+	stale := e.handler(t, func(c *status.Config) {
+		c.LastRun = func() job.Report {
+			return job.Report{At: time.Now().Add(-10 * time.Minute), Kind: "check", Result: job.ResultOK}
+		}
+		c.StaleAfter = time.Minute
+	})
+	staleSrv := httptest.NewServer(stale)
+	t.Cleanup(staleSrv.Close)
+	if err := chromedp.Do(bctx, chromedp.Navigate(staleSrv.URL+"/"), chromedp.WaitVisible(chromedp.CSS("header.top .badge.stale"))); err != nil {
+		t.Fatalf("stale page: %v", err)
+	}
+	badge, err := chromedp.Run(bctx, chromedp.Text(chromedp.CSS("header.top .badge.stale")))
+	if err != nil || badge != "stale" {
+		t.Errorf("stale badge text %q (%v)", badge, err)
+	}
+	if c, err := chromedp.Run(bctx, chromedp.Evaluate[string](`getComputedStyle(document.querySelector(".badge.stale")).color`)); err != nil || c == "" || c == "rgb(0, 0, 0)" {
+		t.Errorf("stale badge colour %q (%v): style not applied", c, err)
+	}
+	if err := chromedp.Do(bctx, chromedp.Navigate(srv.URL+"/"), chromedp.WaitVisible(chromedp.CSS("#changes table"))); err != nil {
+		t.Fatalf("reload the page: %v", err)
+	}
+
 	png, err := chromedp.Run(bctx, chromedp.FullScreenshot(100))
 	if err != nil {
 		t.Fatal(err)

@@ -24,8 +24,12 @@ type Status struct {
 	ChartRangeSeconds  float64   `json:"chart_range_seconds"`
 	Prometheus         PromState `json:"prometheus"`
 	// LastRun is the rebalancer's last tick; null when unknown or before the first.
-	LastRun *Run     `json:"last_run"`
-	Regions []Region `json:"regions"`
+	LastRun *Run `json:"last_run"`
+	// Stale: the rebalancer's last tick is older than StaleAfterSeconds (or there was
+	// none for that long): it is not deciding, and the shares shown may be old.
+	Stale             bool     `json:"stale"`
+	StaleAfterSeconds float64  `json:"stale_after_seconds"`
+	Regions           []Region `json:"regions"`
 	// TenantShares are the tenant scopes whose effective shares differ most from the
 	// default ones, largest difference first; TenantScopes counts every tenant scope
 	// with a share of its own.
@@ -61,7 +65,8 @@ type Region struct {
 	Name         string    `json:"name"`
 	LiveGateways int       `json:"live_gateways"`
 	Gateways     []Gateway `json:"gateways"`
-	// Dark: no gateway of the region heartbeated within the instance TTL.
+	// Dark: no gateway of the region heartbeated within the instance TTL, cleanly
+	// stopped ones included (store.RegionDark, as the rebalancer decides it).
 	Dark bool `json:"dark"`
 	// Share is the region's effective share of scope "*"; ShareSource is override,
 	// rebalancer, or default (no stored share: an equal split).
@@ -199,6 +204,7 @@ type storeData struct {
 	instances []regions.Instance
 	shares    []regions.Share
 	history   []store.HistoryEntry
+	seen      map[string]time.Time // store.RegionsLastSeen
 }
 
 func (h *Handler) readStore(ctx context.Context) (storeData, error) {
@@ -212,6 +218,9 @@ func (h *Handler) readStore(ctx context.Context) (storeData, error) {
 		return d, err
 	}
 	if d.instances, err = h.store.Instances(ctx); err != nil {
+		return d, err
+	}
+	if d.seen, err = h.store.RegionsLastSeen(ctx); err != nil {
 		return d, err
 	}
 	if d.shares, err = h.store.Shares(ctx); err != nil {
@@ -253,9 +262,15 @@ func (h *Handler) build(now time.Time, db storeData, pd promData) (*Status, erro
 			ThrottledRPS: seriesOf(db.regions, pd.throttled), Share: seriesOf(db.regions, pd.share)},
 	}
 	if h.cfg.LastRun != nil {
-		if r := h.cfg.LastRun(); !r.At.IsZero() {
+		st.StaleAfterSeconds = h.cfg.StaleAfter.Seconds()
+		r := h.cfg.LastRun()
+		last := r.At
+		if !r.At.IsZero() {
 			st.LastRun = &Run{At: r.At.UTC(), Kind: r.Kind, Result: r.Result, Written: r.Written, DryRun: r.DryRun}
+		} else {
+			last = h.started
 		}
+		st.Stale = now.Sub(last) > h.cfg.StaleAfter
 	}
 
 	gateways := map[string][]Gateway{}
@@ -269,7 +284,9 @@ func (h *Handler) build(now time.Time, db storeData, pd promData) (*Status, erro
 		if rg.Gateways == nil {
 			rg.Gateways = []Gateway{}
 		}
-		rg.Dark = rg.LiveGateways == 0
+		// Dark as the rebalancer sees it: no gateway seen within the TTL, cleanly stopped
+		// ones included (a restart is not dark).
+		rg.Dark = store.RegionDark(db.seen, name, now, h.cfg.InstanceTTL)
 		if sh, ok := snap.ScopeRow(name, regions.GlobalScope); ok {
 			rg.Share, rg.ShareSource, rg.ShareReason = sh.Share, string(sh.Source), sh.Reason
 			rg.ShareSetAt = timePtr(sh.UpdatedAt)

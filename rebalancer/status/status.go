@@ -43,6 +43,8 @@ var ErrStoreUnavailable = errors.New("postgresql unavailable")
 type Store interface {
 	Regions(ctx context.Context) ([]string, error)
 	Instances(ctx context.Context) ([]regions.Instance, error)
+	// RegionsLastSeen decides a dark region as the rebalancer does (store.RegionDark).
+	RegionsLastSeen(ctx context.Context) (map[string]time.Time, error)
 	Shares(ctx context.Context) ([]regions.Share, error)
 	History(ctx context.Context, f store.HistoryFilter) ([]store.HistoryEntry, error)
 }
@@ -81,6 +83,10 @@ type Config struct {
 	Timeout time.Duration
 	// LastRun, when set, reports the rebalancer's last tick ((*job.Job).Last).
 	LastRun func() job.Report
+	// StaleAfter: with LastRun set, a last tick older than this (or none, once the page
+	// has been up that long) shows the badge "stale" ((*job.Job).StaleAfter); default
+	// job.DefaultStaleAfter.
+	StaleAfter time.Duration
 	// Now is the clock; nil means time.Now. Gateway liveness compares it with the
 	// heartbeats' database time.
 	Now    func() time.Time
@@ -92,10 +98,12 @@ type Config struct {
 type Handler struct {
 	cfg   Config
 	store Store
-	log   *slog.Logger
-	mux   *http.ServeMux
-	page  *template.Template
-	down  *template.Template
+	// started is when New ran: without any tick for StaleAfter since, the page is stale.
+	started time.Time
+	log     *slog.Logger
+	mux     *http.ServeMux
+	page    *template.Template
+	down    *template.Template
 	// Failing states, so a failure is logged when it starts and ends, not on every view.
 	promFailing  atomic.Bool
 	storeFailing atomic.Bool
@@ -125,6 +133,7 @@ func New(cfg Config, store Store) (*Handler, error) {
 		}
 	}
 	def(&cfg.InstanceTTL, job.DefaultInstanceTTL)
+	def(&cfg.StaleAfter, job.DefaultStaleAfter)
 	def(&cfg.RateWindow, DefaultRateWindow)
 	def(&cfg.ChartRange, DefaultChartRange)
 	def(&cfg.Timeout, DefaultTimeout)
@@ -135,8 +144,8 @@ func New(cfg Config, store Store) (*Handler, error) {
 		cfg.HistoryLimit = DefaultHistoryLimit
 	}
 	switch {
-	case cfg.InstanceTTL < 0 || cfg.Timeout < 0:
-		return nil, errors.New("status: InstanceTTL and Timeout must be > 0")
+	case cfg.InstanceTTL < 0 || cfg.Timeout < 0 || cfg.StaleAfter < 0:
+		return nil, errors.New("status: InstanceTTL, Timeout and StaleAfter must be > 0")
 	case cfg.RateWindow < time.Second:
 		return nil, fmt.Errorf("status: RateWindow %s: must be at least 1s", cfg.RateWindow)
 	case cfg.ChartRange < time.Minute:
@@ -147,7 +156,7 @@ func New(cfg Config, store Store) (*Handler, error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	h := &Handler{cfg: cfg, store: store, log: cfg.Logger}
+	h := &Handler{cfg: cfg, store: store, log: cfg.Logger, started: cfg.Now()}
 	if h.log == nil {
 		h.log = slog.New(slog.DiscardHandler)
 	}

@@ -460,3 +460,34 @@ func TestAssetsSelfContained(t *testing.T) {
 		}
 	}
 }
+
+// TestCleanStopIsNotDark: a region whose only gateway stopped cleanly (restarting) is not
+// dark on the page while that heartbeat is within the TTL, as for the rebalancer; the
+// stopped gateway is no longer listed as live.
+func TestCleanStopIsNotDark(t *testing.T) {
+	t.Parallel()
+	st := openStore(t, testenv.PostgresDB(t))
+	ctx := t.Context()
+	for _, r := range []string{usEast, euWest} {
+		if err := st.AddRegion(ctx, r); err != nil {
+			t.Fatal(err)
+		}
+		if err := st.Heartbeat(ctx, "gw-"+r, r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := st.RemoveInstance(ctx, "gw-"+euWest); err != nil {
+		t.Fatal(err)
+	}
+	h, err := status.New(status.Config{InstanceTTL: time.Minute}, st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := h.Collect(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if eu := s.Regions[0]; eu.Dark || eu.LiveGateways != 0 {
+		t.Errorf("eu-west after a clean stop: %+v, want not dark with no live gateway", eu)
+	}
+}

@@ -346,14 +346,9 @@ func planRegions(cur, want []string) []Change {
 		if !slices.Contains(cur, r) {
 			out = append(out, Change{Action: ActionAdd, Object: "region", ID: r, order: orderAddRegion,
 				apply: func(ctx context.Context, tx pgx.Tx) error {
-					if _, err := tx.Exec(ctx, `INSERT INTO region (name) VALUES ($1)`, r); err != nil {
-						return err
-					}
-					// As AddRegion: every scope with shares gets 0 for the new region, so its
-					// shares keep summing to 1 (an override in the file rewrites its own).
-					_, err := tx.Exec(ctx, `INSERT INTO region_share (scope, region, share, source, expires_at, reason)
-						SELECT scope, $1, 0, source, max(expires_at), 'region added' FROM region_share GROUP BY scope, source`, r)
-					return err
+					// As AddRegion: the new region starts at the floor of every rebalancer
+					// scope and at 0 of every override (one in the file rewrites its own).
+					return addRegionTx(ctx, tx, r)
 				}})
 		}
 	}

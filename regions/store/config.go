@@ -6,6 +6,7 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"math"
 	mrand "math/rand/v2"
 	"time"
 	"unicode"
@@ -25,18 +26,35 @@ func (s *Store) Regions(ctx context.Context) ([]string, error) {
 	return names, nil
 }
 
+// NewRegionShare is the share a region added to n regions (itself included) starts with
+// in every scope that has rebalancer rows: the rebalancer's floor, min(0.05, 0.5/n)
+// (rebalancer.DefaultConfig; a test in rebalancer/job holds them equal), or all of it
+// when it is the only region.
+func NewRegionShare(n int) float64 {
+	if n <= 1 {
+		return 1
+	}
+	return math.Min(0.05, 0.5/float64(n))
+}
+
 // AddRegion adds a region (ErrExists if it exists), and gives it a row in every scope
 // that has rows, in the same transaction, so each scope's rows keep naming every region
-// and summing to 1:
-//   - rebalancer rows: the new region gets the equal split 1/N (N regions, the new one
-//     included) and the existing rows are scaled to sum to 1 - 1/N, keeping their
-//     proportions (equally, if they summed to 0). The rebalancer then moves it by demand.
+// and summing to 1 while no live region loses more than the floor (issue 22: a region
+// added with 1/N cut every advertised limit by a third until the next run):
+//   - rebalancer rows: the new region starts at NewRegionShare (the floor), and the
+//     existing rows are scaled to sum to the rest, keeping their proportions (equally, if
+//     they summed to 0). "*" gets rebalancer rows first when it has none (its equal
+//     split over the old regions), so every tenant that follows "*" or the equal split
+//     keeps its share but for the floor too (once the rebalancer writes: on a database
+//     without rebalancer rows, being set up, the regions split equally). The rebalancer gives the new region
+//     demand-based shares once its gateways report (until then it is dark, or unknown:
+//     its share is kept).
 //   - override rows: the new region gets 0 and the operator's split stays as set (an
 //     override is an instruction); the override keeps its expiry. Change the override
 //     to give the new region traffic.
 //
-// Scopes without rows split equally, new region included. It serialises with every share
-// write (lockRegions).
+// It serialises with every share write (lockRegions). ratectl apply -f adds regions the
+// same way (addRegionTx).
 func (s *Store) AddRegion(ctx context.Context, name string) error {
 	if err := regions.ValidateID("region", name); err != nil {
 		return fmt.Errorf("add region: %w", err)
@@ -45,40 +63,60 @@ func (s *Store) AddRegion(ctx context.Context, name string) error {
 		if err := lockRegionsExclusive(ctx, tx); err != nil {
 			return err
 		}
-		tag, err := tx.Exec(ctx, `INSERT INTO region (name) VALUES ($1) ON CONFLICT (name) DO NOTHING`, name)
-		if err != nil {
-			return dbErr(err)
-		}
-		if tag.RowsAffected() == 0 {
-			return ErrExists
-		}
-		var n int
-		if err := tx.QueryRow(ctx, `SELECT count(*) FROM region`).Scan(&n); err != nil {
-			return err
-		}
-		// Rebalancer rows: scale the others to 1 - 1/n.
-		if _, err := tx.Exec(ctx, `
-			WITH totals AS (
-				SELECT scope, sum(share) AS total, count(*) AS k FROM region_share
-				WHERE source = 'rebalancer' GROUP BY scope
-			)
-			UPDATE region_share r
-			SET share = CASE WHEN t.total > 0 THEN least(1, r.share / t.total * (1 - 1.0 / $1)) ELSE (1 - 1.0 / $1) / t.k END,
-			    updated_at = now(), reason = 'region added: ' || $2
-			FROM totals t
-			WHERE r.scope = t.scope AND r.source = 'rebalancer'`, n, name); err != nil {
-			return err
-		}
-		_, err = tx.Exec(ctx, `
-			INSERT INTO region_share (scope, region, share, source, expires_at, reason)
-			SELECT scope, $1, CASE WHEN source = 'rebalancer' THEN 1.0 / $2 ELSE 0 END, source, max(expires_at), 'region added'
-			FROM region_share GROUP BY scope, source`, name, n)
-		return dbErr(err)
+		return addRegionTx(ctx, tx, name)
 	})
 	if err != nil {
 		return fmt.Errorf("add region %s: %w", name, err)
 	}
 	return nil
+}
+
+// addRegionTx is AddRegion inside tx, which holds the region lock.
+func addRegionTx(ctx context.Context, tx pgx.Tx, name string) error {
+	tag, err := tx.Exec(ctx, `INSERT INTO region (name) VALUES ($1) ON CONFLICT (name) DO NOTHING`, name)
+	if err != nil {
+		return dbErr(err)
+	}
+	if tag.RowsAffected() == 0 {
+		return ErrExists
+	}
+	var n int
+	if err := tx.QueryRow(ctx, `SELECT count(*) FROM region`).Scan(&n); err != nil {
+		return err
+	}
+	f := NewRegionShare(n)
+	if n > 1 {
+		// "*" without rebalancer rows is the equal split of the old regions: write it, so
+		// the new region's floor comes out of it as out of any scope. Only once the
+		// rebalancer writes (some rebalancer row exists): a database without shares is
+		// being set up, and its regions split equally.
+		if _, err := tx.Exec(ctx, `
+			INSERT INTO region_share (scope, region, share, source, reason)
+			SELECT '*', name, 1.0 / ($1 - 1), 'rebalancer', 'region added: ' || $2
+			FROM region WHERE name <> $2
+			  AND NOT EXISTS (SELECT 1 FROM region_share WHERE scope = '*' AND source = 'rebalancer')
+			  AND EXISTS (SELECT 1 FROM region_share WHERE source = 'rebalancer')`, n, name); err != nil {
+			return err
+		}
+	}
+	// Rebalancer rows: scale the others to 1 - f.
+	if _, err := tx.Exec(ctx, `
+		WITH totals AS (
+			SELECT scope, sum(share) AS total, count(*) AS k FROM region_share
+			WHERE source = 'rebalancer' GROUP BY scope
+		)
+		UPDATE region_share r
+		SET share = CASE WHEN t.total > 0 THEN least(1, r.share / t.total * (1 - $1::float8)) ELSE (1 - $1::float8) / t.k END,
+		    updated_at = now(), reason = 'region added: ' || $2
+		FROM totals t
+		WHERE r.scope = t.scope AND r.source = 'rebalancer'`, f, name); err != nil {
+		return err
+	}
+	_, err = tx.Exec(ctx, `
+		INSERT INTO region_share (scope, region, share, source, expires_at, reason)
+		SELECT scope, $1, CASE WHEN source = 'rebalancer' THEN $2::float8 ELSE 0 END, source, max(expires_at), 'region added'
+		FROM region_share GROUP BY scope, source`, name, f)
+	return dbErr(err)
 }
 
 // RegionRemoval says what RemoveRegion does with a region that shares still name.
@@ -104,54 +142,60 @@ func (s *Store) RemoveRegion(ctx context.Context, name string, how RegionRemoval
 		if err := lockRegionsExclusive(ctx, tx); err != nil {
 			return err
 		}
-		var locked string
-		switch err := tx.QueryRow(ctx, `SELECT name FROM region WHERE name = $1 FOR UPDATE`, name).Scan(&locked); {
-		case errors.Is(err, pgx.ErrNoRows):
-			return ErrNotFound
-		case err != nil:
-			return err
-		}
-		var shares int
-		if err := tx.QueryRow(ctx, `SELECT count(*) FROM region_share WHERE region = $1`, name).Scan(&shares); err != nil {
-			return err
-		}
-		if shares > 0 && how != DropShares {
-			return fmt.Errorf("%w: %d share rows name it (clear them, or force)", ErrRegionInUse, shares)
-		}
-		// The (scope, source) sets that named the region, to renormalise after the delete.
-		var scopes, sources []string
-		rows, _ := tx.Query(ctx, `SELECT DISTINCT scope, source FROM region_share WHERE region = $1`, name)
-		var sc, src string
-		if _, err := pgx.ForEachRow(rows, []any{&sc, &src}, func() error {
-			scopes, sources = append(scopes, sc), append(sources, src)
-			return nil
-		}); err != nil {
-			return err
-		}
-		if _, err := tx.Exec(ctx, `DELETE FROM region_share WHERE region = $1`, name); err != nil {
-			return err
-		}
-		if _, err := tx.Exec(ctx, `
-			WITH sets AS (SELECT * FROM unnest($1::text[], $2::text[]) AS s(scope, source)),
-			totals AS (
-				SELECT r.scope, r.source, sum(r.share) AS total, count(*) AS n
-				FROM region_share r JOIN sets USING (scope, source)
-				GROUP BY r.scope, r.source
-			)
-			UPDATE region_share r
-			SET share = CASE WHEN t.total > 0 THEN r.share / t.total ELSE 1.0 / t.n END,
-			    updated_at = now()
-			FROM totals t
-			WHERE r.scope = t.scope AND r.source = t.source`, scopes, sources); err != nil {
-			return err
-		}
-		_, err := tx.Exec(ctx, `DELETE FROM region WHERE name = $1`, name)
-		return dbErr(err)
+		return removeRegionTx(ctx, tx, name, how)
 	})
 	if err != nil {
 		return fmt.Errorf("remove region %s: %w", name, err)
 	}
 	return nil
+}
+
+// removeRegionTx is RemoveRegion inside tx, which holds the region lock: the region's
+// shares go to the others of each scope in the same transaction.
+func removeRegionTx(ctx context.Context, tx pgx.Tx, name string, how RegionRemoval) error {
+	var locked string
+	switch err := tx.QueryRow(ctx, `SELECT name FROM region WHERE name = $1 FOR UPDATE`, name).Scan(&locked); {
+	case errors.Is(err, pgx.ErrNoRows):
+		return ErrNotFound
+	case err != nil:
+		return err
+	}
+	var shares int
+	if err := tx.QueryRow(ctx, `SELECT count(*) FROM region_share WHERE region = $1`, name).Scan(&shares); err != nil {
+		return err
+	}
+	if shares > 0 && how != DropShares {
+		return fmt.Errorf("%w: %d share rows name it (clear them, or force)", ErrRegionInUse, shares)
+	}
+	// The (scope, source) sets that named the region, to renormalise after the delete.
+	var scopes, sources []string
+	rows, _ := tx.Query(ctx, `SELECT DISTINCT scope, source FROM region_share WHERE region = $1`, name)
+	var sc, src string
+	if _, err := pgx.ForEachRow(rows, []any{&sc, &src}, func() error {
+		scopes, sources = append(scopes, sc), append(sources, src)
+		return nil
+	}); err != nil {
+		return err
+	}
+	if _, err := tx.Exec(ctx, `DELETE FROM region_share WHERE region = $1`, name); err != nil {
+		return err
+	}
+	if _, err := tx.Exec(ctx, `
+		WITH sets AS (SELECT * FROM unnest($1::text[], $2::text[]) AS s(scope, source)),
+		totals AS (
+			SELECT r.scope, r.source, sum(r.share) AS total, count(*) AS n
+			FROM region_share r JOIN sets USING (scope, source)
+			GROUP BY r.scope, r.source
+		)
+		UPDATE region_share r
+		SET share = CASE WHEN t.total > 0 THEN r.share / t.total ELSE 1.0 / t.n END,
+		    updated_at = now()
+		FROM totals t
+		WHERE r.scope = t.scope AND r.source = t.source`, scopes, sources); err != nil {
+		return err
+	}
+	_, err := tx.Exec(ctx, `DELETE FROM region WHERE name = $1`, name)
+	return dbErr(err)
 }
 
 // KeyPrefix starts every API key secret, so a leaked key is recognisable (secret scanners).
@@ -346,8 +390,9 @@ func (s *Store) DeleteRule(ctx context.Context, tenant, route string) error {
 }
 
 // InstanceHorizon is how long a gateway_instance row may go unseen before a heartbeat of
-// its region deletes it. Rows of crashed gateways (a clean stop removes its own row, and
-// the default instance id is new at every start) would otherwise pile up forever. It is
+// its region deletes it. Rows of crashed and stopped gateways (a clean stop marks its own
+// row stopped, and the default instance id is new at every start) would otherwise pile
+// up forever. It is
 // far longer than any instance TTL, so a live instance is never pruned; one cut off from
 // the database for longer simply comes back with its next heartbeat.
 const InstanceHorizon = time.Hour
@@ -383,7 +428,7 @@ func (s *Store) Heartbeat(ctx context.Context, id, region string) error {
 		return fmt.Errorf("heartbeat %s: %w", id, err)
 	}
 	const upsert = `INSERT INTO gateway_instance (id, region, last_seen) VALUES ($1, $2, now())
-		ON CONFLICT (id) DO UPDATE SET region = EXCLUDED.region, last_seen = now()`
+		ON CONFLICT (id) DO UPDATE SET region = EXCLUDED.region, last_seen = now(), stopped_at = NULL`
 	var err error
 	if mrand.IntN(pruneEvery) == 0 {
 		_, err = s.pool.Exec(ctx, `WITH pruned AS (
@@ -417,27 +462,60 @@ func (s *Store) PruneInstances(ctx context.Context, region string, olderThan tim
 	return tag.RowsAffected(), nil
 }
 
-// RemoveInstance forgets gateway instance id (on a clean shutdown). Removing an unknown
-// instance does nothing.
+// RemoveInstance records that gateway instance id stopped cleanly (on shutdown): its row
+// is marked stopped, not deleted. The loader leaves stopped rows out (LiveInstances), so
+// the region's other gateways stop counting it in their fallback share at once; but its
+// region is not dark while the row's last heartbeat is within the instance TTL
+// (RegionsSeen), so gateways that restart together do not cost their region its shares
+// (issue 22: deleting the row made the region dark until the new processes beat).
+// Stopping an unknown instance does nothing.
 func (s *Store) RemoveInstance(ctx context.Context, id string) error {
 	if err := regions.ValidateID("instance", id); err != nil {
 		return fmt.Errorf("remove instance: %w", err)
 	}
-	if _, err := s.pool.Exec(ctx, `DELETE FROM gateway_instance WHERE id = $1`, id); err != nil {
+	if _, err := s.pool.Exec(ctx, `UPDATE gateway_instance SET stopped_at = now() WHERE id = $1 AND stopped_at IS NULL`, id); err != nil {
 		return fmt.Errorf("remove instance %s: %w", id, err)
 	}
 	return nil
 }
 
-// Instances lists every instance that ever heartbeated and was not removed, by region and
-// id, with its last heartbeat (the database's clock).
+// Instances lists every running instance that ever heartbeated (not stopped cleanly), by
+// region and id, with its last heartbeat (the database's clock).
 func (s *Store) Instances(ctx context.Context) ([]regions.Instance, error) {
-	rows, _ := s.pool.Query(ctx, `SELECT id, region, last_seen FROM gateway_instance ORDER BY region, id`)
+	rows, _ := s.pool.Query(ctx, `SELECT id, region, last_seen FROM gateway_instance WHERE stopped_at IS NULL ORDER BY region, id`)
 	in, err := pgx.CollectRows(rows, pgx.RowToStructByPos[regions.Instance])
 	if err != nil {
 		return nil, fmt.Errorf("list instances: %w", err)
 	}
 	return in, nil
+}
+
+// RegionsLastSeen returns, per region, the newest heartbeat of any of its gateway
+// instances (the database's clock), cleanly stopped ones included. A region whose newest
+// heartbeat is older than the instance TTL, or that has none, is dark (RegionDark): this
+// is the one definition of a dark region, for the rebalancer, the status page and
+// ratectl. A gateway's fallback counts only running instances (Snapshot.LiveInstances).
+func (s *Store) RegionsLastSeen(ctx context.Context) (map[string]time.Time, error) {
+	rows, _ := s.pool.Query(ctx, `SELECT region, max(last_seen) FROM gateway_instance GROUP BY region`)
+	out := map[string]time.Time{}
+	var (
+		region string
+		at     time.Time
+	)
+	if _, err := pgx.ForEachRow(rows, []any{&region, &at}, func() error {
+		out[region] = at
+		return nil
+	}); err != nil {
+		return nil, fmt.Errorf("regions last seen: %w", err)
+	}
+	return out, nil
+}
+
+// RegionDark says whether region is dark at now: no heartbeat of any of its gateways in
+// lastSeen (RegionsLastSeen) within ttl.
+func RegionDark(lastSeen map[string]time.Time, region string, now time.Time, ttl time.Duration) bool {
+	at, ok := lastSeen[region]
+	return !ok || now.Sub(at) > ttl
 }
 
 // RawID accepts any id a row may hold, valid or not: 1 to 64 bytes of printable UTF-8.

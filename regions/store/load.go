@@ -173,9 +173,9 @@ func loadData(ctx context.Context, tx pgx.Tx, o LoadOptions, d *regions.Snapshot
 	}
 
 	if instanceTTL > 0 {
-		rows, _ = tx.Query(ctx, `SELECT id, region, last_seen FROM gateway_instance WHERE last_seen >= now() - $1::double precision * interval '1 microsecond'`, instanceTTL.Microseconds())
+		rows, _ = tx.Query(ctx, `SELECT id, region, last_seen FROM gateway_instance WHERE stopped_at IS NULL AND last_seen >= now() - $1::double precision * interval '1 microsecond'`, instanceTTL.Microseconds())
 	} else {
-		rows, _ = tx.Query(ctx, `SELECT id, region, last_seen FROM gateway_instance`)
+		rows, _ = tx.Query(ctx, `SELECT id, region, last_seen FROM gateway_instance WHERE stopped_at IS NULL`)
 	}
 	if d.Instances, err = pgx.CollectRows(rows, pgx.RowToStructByPos[regions.Instance]); err != nil {
 		return nil, fmt.Errorf("read instances: %w", err)

@@ -58,8 +58,10 @@ const (
 
 // Reloader holds the current Snapshot and replaces it whole: on every notification on
 // NotifyChannel (coalesced by Debounce), every Interval, when an override in the
-// snapshot expires (Snapshot.NextExpiry, timed as a duration from the load on the
-// store's clock), and soon after a failed load (retrying with backoff up to Interval). A load is validated before the swap; a failed
+// snapshot changes state (Snapshot.NextExpiry, timed as a duration from the load on the
+// store's clock; when that reload fails, the expiry is applied to the snapshot held,
+// Snapshot.At, so a holder cut off from the store ends an override when the others do),
+// and soon after a failed load (retrying with backoff up to Interval). A load is validated before the swap; a failed
 // load keeps the previous snapshot. While the LISTEN connection is down it reconnects with
 // backoff and the timer keeps reloading; after it reconnects it reloads, since changes
 // may have been missed.
@@ -98,6 +100,8 @@ func NewReloader(o ReloaderOptions) *Reloader {
 type reloaderMetrics struct {
 	skippedTotal *prometheus.CounterVec
 	skipped      *prometheus.GaugeVec
+	// localExpiries counts snapshots derived without the store (expireLocally).
+	localExpiries prometheus.Counter
 }
 
 // newReloaderMetrics registers on reg when it is not nil; a collector already registered
@@ -112,6 +116,10 @@ func newReloaderMetrics(reg prometheus.Registerer) reloaderMetrics {
 			Name: "ratelimit_snapshot_rows_skipped",
 			Help: "Rows the current snapshot left out because they are invalid, by table.",
 		}, []string{"table"}),
+		localExpiries: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "ratelimit_snapshot_local_expiries_total",
+			Help: "Share expiries applied on this process's clock because the store could not be reached at the expiry.",
+		}),
 	}
 	for _, t := range SkippedTables {
 		m.skippedTotal.WithLabelValues(t)
@@ -120,6 +128,7 @@ func newReloaderMetrics(reg prometheus.Registerer) reloaderMetrics {
 	if reg != nil {
 		m.skippedTotal = registerOrExisting(reg, m.skippedTotal)
 		m.skipped = registerOrExisting(reg, m.skipped)
+		m.localExpiries = registerOrExisting(reg, m.localExpiries)
 	}
 	return m
 }
@@ -255,23 +264,36 @@ func (r *Reloader) Run(ctx context.Context) error {
 		expiry     <-chan time.Time // the current snapshot's next override expiry
 		retryDelay = retryMin
 	)
-	reload := func() {
+	// base is the last loaded snapshot's store time (AsOf) and when, on this process's
+	// monotonic clock, its load started: base.at + time.Since(base.start) estimates the
+	// store's clock, ahead of it by at most the load's latency (and this clock's drift).
+	var base struct {
+		at    time.Time
+		start time.Time
+	}
+	// armExpiry times the current snapshot's next expiry state change on that estimate.
+	armExpiry := func() {
+		expiry = nil
+		if s := r.Current(); s != nil && !s.NextExpiry().IsZero() && !base.at.IsZero() {
+			wait := s.NextExpiry().Sub(base.at) - time.Since(base.start)
+			expiry = time.After(max(wait, 0) + expiryMargin)
+		}
+	}
+	reload := func() bool {
 		start := time.Now()
 		if err := r.Reload(ctx); err != nil {
 			if ctx.Err() == nil {
 				retry = time.After(retryDelay)
 				retryDelay = min(2*retryDelay, r.opts.Interval)
 			}
-			return
+			return false
 		}
 		retry, retryDelay = nil, retryMin
-		expiry = nil
-		if s := r.Current(); s != nil && !s.NextExpiry().IsZero() {
-			// A duration on the store's clock (NextExpiry - LoadedAt), counted from
-			// when the load started: this clock's time of day never enters.
-			wait := s.NextExpiry().Sub(s.LoadedAt()) - time.Since(start)
-			expiry = time.After(max(wait, 0) + expiryMargin)
+		if s := r.Current(); s != nil {
+			base.at, base.start = s.AsOf(), start
 		}
+		armExpiry()
+		return true
 	}
 	reload()
 	for {
@@ -290,10 +312,39 @@ func (r *Reloader) Run(ctx context.Context) error {
 			reload()
 		case <-expiry:
 			expiry = nil
-			reload()
+			if !reload() && ctx.Err() == nil {
+				// Cut off from the store: apply the expiry on this process's own
+				// estimate of the store's clock, as every holder does (regions.ExpiryGrace
+				// bounds how far apart they are), so this region ends an override when the
+				// others do instead of keeping it for as long as the cut lasts.
+				r.expireLocally(base.at.Add(time.Since(base.start)))
+				armExpiry()
+			}
 		case <-ticker.C:
 			reload()
 		}
+	}
+}
+
+// expireLocally swaps in the current snapshot with its shares judged at store time at
+// (Snapshot.At), for a holder that cannot reload; OnReload sees it as a new snapshot.
+func (r *Reloader) expireLocally(at time.Time) {
+	r.loadMu.Lock()
+	defer r.loadMu.Unlock()
+	cur := r.Current()
+	if cur == nil {
+		return
+	}
+	next := cur.At(at)
+	if next == cur {
+		return
+	}
+	r.cur.Store(next)
+	r.m.localExpiries.Inc()
+	r.log.Warn("share expiry applied without the store (cut off); by this process's clock",
+		"as_of", at, "next_expiry", next.NextExpiry())
+	if r.opts.OnReload != nil {
+		r.opts.OnReload(next)
 	}
 }
 

@@ -291,6 +291,9 @@ func (s *Store) WriteRebalancer(ctx context.Context, w RebalancerWrite) error {
 			// FOR SHARE: a takeover (which increments epoch) waits until this commits.
 			var epoch int64
 			err := tx.QueryRow(ctx, `SELECT epoch FROM rebalancer_lease WHERE id = 1 FOR SHARE`).Scan(&epoch)
+			if errors.Is(err, pgx.ErrNoRows) {
+				return fmt.Errorf("%w: the rebalancer_lease row is missing (deleted, or the schema reset)", ErrFenced)
+			}
 			if err != nil {
 				return fmt.Errorf("check lease: %w", err)
 			}
@@ -457,4 +460,43 @@ func (s *Store) History(ctx context.Context, f HistoryFilter) ([]HistoryEntry, e
 		return nil, fmt.Errorf("share history: %w", err)
 	}
 	return entries, nil
+}
+
+// ReasonOverrideExpired starts the reason of the history and audit rows ExpireOverrides
+// writes.
+const ReasonOverrideExpired = "expired: operator override ended"
+
+// ExpireOverrides deletes the override rows whose expiry has passed (the database's
+// clock), in one transaction recorded as actor: each leaves a share-history row (old
+// share, no new one, reason ReasonOverrideExpired) and an audit_log row (object
+// region_share, action delete, the row as it was). Gateways stopped applying them at
+// their expiry already (they are not loaded after it); this makes the end visible in
+// `ratectl shares history` and `ratectl audit`, where it left no trace before. It
+// returns the rows deleted.
+func (s *Store) ExpireOverrides(ctx context.Context, actor string) ([]regions.Share, error) {
+	if err := regions.ValidateID("actor", actor); err != nil {
+		return nil, fmt.Errorf("expire overrides: %w", err)
+	}
+	var gone []regions.Share
+	err := s.write(ctx, audit{actor: actor, reason: ReasonOverrideExpired}, func(tx pgx.Tx) error {
+		rows, _ := tx.Query(ctx, `
+			WITH gone AS (
+				DELETE FROM region_share WHERE source = 'override' AND expires_at IS NOT NULL AND expires_at <= now()
+				RETURNING *
+			), logged AS (
+				INSERT INTO audit_log (actor, reason, object, action, old)
+				SELECT $1, $2 || ' at ' || to_char(expires_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"'),
+				       'region_share', 'delete', to_jsonb(gone) - 'inputs'
+				FROM gone
+			)
+			SELECT scope, region, share, source, expires_at, updated_at, reason FROM gone ORDER BY scope, region`,
+			actor, ReasonOverrideExpired)
+		var err error
+		gone, err = pgx.CollectRows(rows, scanShare)
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("expire overrides: %w", err)
+	}
+	return gone, nil
 }

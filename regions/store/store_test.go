@@ -774,9 +774,9 @@ func TestStoreRegionChangesKeepSharesSummingToOne(t *testing.T) {
 	if got, src := snap.Share("ap-south", "shop-a", "x"); got != 0 || src != regions.SourceOverride {
 		t.Errorf("ap-south share under shop-a's override = %v (%s), want 0 (override)", got, src)
 	}
-	// The rebalancer's rows: the new region gets the equal split, the others keep their
+	// The rebalancer's rows: the new region starts at the floor, the others keep their
 	// proportions in what is left.
-	for r, want := range map[string]float64{"ap-south": 1.0 / 3, "us-east": 0.7 * 2 / 3, "eu-west": 0.3 * 2 / 3} {
+	for r, want := range map[string]float64{"ap-south": 0.05, "us-east": 0.7 * 0.95, "eu-west": 0.3 * 0.95} {
 		if sh, ok := snap.ScopeRow(r, regions.GlobalScope); !ok || math.Abs(sh.Share-want) > 1e-12 {
 			t.Errorf("%s rebalancer share of * after adding ap-south = %v, want %v", r, sh.Share, want)
 		}
