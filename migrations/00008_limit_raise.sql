@@ -28,7 +28,8 @@ CREATE TABLE limit_raise (
 );
 
 -- +goose StatementBegin
-CREATE FUNCTION limit_raise_mark(p_region text, p_tenant text, p_route text, p_old double precision, p_new double precision) RETURNS void
+CREATE FUNCTION limit_raise_mark(p_region text, p_tenant text, p_route text, p_old double precision, p_new double precision,
+    p_at timestamptz DEFAULT now()) RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
     v_ratio double precision;
@@ -37,11 +38,11 @@ BEGIN
         RETURN; -- not a raise
     END IF;
     v_ratio := CASE WHEN p_new > 0 THEN greatest(0, least(1, p_old / p_new)) ELSE 0 END;
-    INSERT INTO limit_raise (region, tenant, route, raised_at, ratio) VALUES (p_region, p_tenant, p_route, now(), v_ratio)
+    INSERT INTO limit_raise (region, tenant, route, raised_at, ratio) VALUES (p_region, p_tenant, p_route, p_at, v_ratio)
     ON CONFLICT (region, tenant, route) DO UPDATE SET
         ratio = CASE WHEN limit_raise.raised_at > now() - interval '1 hour'
                      THEN limit_raise.ratio * EXCLUDED.ratio ELSE EXCLUDED.ratio END,
-        raised_at = now();
+        raised_at = greatest(limit_raise.raised_at, EXCLUDED.raised_at);
 END
 $$;
 -- +goose StatementEnd
@@ -161,12 +162,17 @@ BEGIN
     LOOP
         tenant := split_part(v_scope, '/', 1);
         route := coalesce(nullif(split_part(v_scope, '/', 2), ''), '*');
-        before := CASE TG_OP
-            WHEN 'INSERT' THEN limit_raise_share_of(r.region, tenant, route, r.scope, r.source, '', '', 0)
-            WHEN 'DELETE' THEN limit_raise_share_of(r.region, tenant, route, '', '', r.scope, r.source, r.share)
+        before := CASE
+            -- An update of an expired override: the old row was no longer in force.
+            WHEN TG_OP = 'INSERT' OR (TG_OP = 'UPDATE' AND OLD.expires_at <= now())
+                THEN limit_raise_share_of(r.region, tenant, route, r.scope, r.source, '', '', 0)
+            WHEN TG_OP = 'DELETE' THEN limit_raise_share_of(r.region, tenant, route, '', '', r.scope, r.source, r.share)
             ELSE limit_raise_share_of(r.region, tenant, route, '', '', OLD.scope, OLD.source, OLD.share) END;
         PERFORM limit_raise_mark(r.region, tenant, route, before,
-            limit_raise_share_of(r.region, tenant, route, '', '', '', '', 0));
+            limit_raise_share_of(r.region, tenant, route, '', '', '', '', 0),
+            -- An override deleted after it expired (the rebalancer cleans them up) stopped
+            -- counting at its expiry: the raise dates from then.
+            CASE WHEN TG_OP = 'DELETE' AND r.expires_at <= now() THEN r.expires_at ELSE now() END);
     END LOOP;
     RETURN NULL;
 END
@@ -175,6 +181,40 @@ $$;
 
 CREATE TRIGGER region_share_raise AFTER INSERT OR UPDATE OR DELETE ON region_share
     FOR EACH ROW EXECUTE FUNCTION limit_raise_share();
+
+-- The raises of the overrides that have expired and are not deleted yet: the gateways
+-- stopped applying them at expires_at (the loader reads only rows in force), before the
+-- rebalancer's cleanup deletes them (which marks the same raise, dated at the expiry).
+-- The loader reads these with the table's rows.
+-- +goose StatementBegin
+CREATE FUNCTION limit_raise_expired() RETURNS TABLE (region text, tenant text, route text, raised_at timestamptz, ratio double precision)
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    r       record;
+    v_scope text;
+    v_old   double precision;
+    v_new   double precision;
+BEGIN
+    FOR r IN SELECT * FROM region_share s WHERE s.expires_at <= now() AND s.expires_at > now() - interval '1 day' LOOP
+        FOR v_scope IN SELECT r.scope UNION
+            SELECT o.scope FROM region_share o
+            WHERE o.region = r.region AND (r.scope = '*' OR starts_with(o.scope, r.scope || '/'))
+        LOOP
+            tenant := split_part(v_scope, '/', 1);
+            route := coalesce(nullif(split_part(v_scope, '/', 2), ''), '*');
+            v_old := limit_raise_share_of(r.region, tenant, route, '', '', r.scope, r.source, r.share);
+            v_new := limit_raise_share_of(r.region, tenant, route, '', '', '', '', 0);
+            IF v_new > v_old THEN
+                region := r.region;
+                raised_at := r.expires_at;
+                ratio := v_old / v_new;
+                RETURN NEXT;
+            END IF;
+        END LOOP;
+    END LOOP;
+END
+$$;
+-- +goose StatementEnd
 
 -- A region removed: the equal split of the others grows from 1/n to 1/(n-1).
 -- +goose StatementBegin
@@ -217,5 +257,6 @@ DROP FUNCTION limit_raise_share_of(text, text, text, text, text, text, text, dou
 DROP TRIGGER rate_limit_rule_raise ON rate_limit_rule;
 DROP FUNCTION limit_raise_rule();
 DROP FUNCTION limit_raise_rule_capacity(text, text, text, text);
-DROP FUNCTION limit_raise_mark(text, text, text, double precision, double precision);
+DROP FUNCTION limit_raise_expired();
+DROP FUNCTION limit_raise_mark(text, text, text, double precision, double precision, timestamptz);
 DROP TABLE limit_raise;

@@ -13,6 +13,7 @@ import (
 	"testing"
 
 	"github.com/quotaplane/quotaplane/internal/testenv"
+	"github.com/quotaplane/quotaplane/migrations"
 )
 
 // TestBinaryExitCodes builds the real binary and checks what a shell script sees: exit
@@ -47,7 +48,7 @@ func TestBinaryExitCodes(t *testing.T) {
 		{"version", nil, []string{"version"}, 0, "ratectl v9.9.9-test", ""},
 		{"--version", nil, []string{"--version"}, 0, "ratectl v9.9.9-test (commit ", ""},
 		{"help", nil, nil, 0, "Usage:", ""},
-		{"migrate", []string{envDatabaseURL + "=" + dbURL}, []string{"migrate", "up"}, 0, "applied 7 migration(s)", ""},
+		{"migrate", []string{envDatabaseURL + "=" + dbURL}, []string{"migrate", "up"}, 0, "applied " + strconv.FormatInt(migrations.Latest(), 10) + " migration(s)", ""},
 		{"read", []string{envDatabaseURL + "=" + dbURL}, []string{"rules", "list", "-o", "json"}, 0, `"tenant": "*"`, ""},
 		{"operation failed", []string{envDatabaseURL + "=" + dbURL}, []string{"keys", "revoke", "999"}, 1, "", "ratectl: key 999 does not exist"},
 		{"usage: unknown command", nil, []string{"frobnicate"}, 2, "", `ratectl: unknown command "frobnicate"`},

@@ -164,10 +164,11 @@ func loadData(ctx context.Context, tx pgx.Tx, o LoadOptions, d *regions.Snapshot
 		return nil, fmt.Errorf("read shares: %w", err)
 	}
 
-	// Raise markers (migrations/00008): one row per region, tenant and route at most;
-	// those older than a day hold no bucket back any more (no sane rule takes a day to
-	// fill).
-	rows, _ = tx.Query(ctx, `SELECT region, tenant, route, raised_at, ratio FROM limit_raise WHERE raised_at > now() - interval '1 day'`)
+	// Raise markers (migrations/00008): one row per region, tenant and route, and those
+	// of overrides expired but not deleted yet; those older than a day hold no bucket
+	// back any more (no sane rule takes a day to fill).
+	rows, _ = tx.Query(ctx, `SELECT region, tenant, route, raised_at, ratio FROM limit_raise WHERE raised_at > now() - interval '1 day'
+		UNION ALL SELECT * FROM limit_raise_expired()`)
 	if d.Raises, err = pgx.CollectRows(rows, pgx.RowToStructByPos[regions.Raise]); err != nil {
 		return nil, fmt.Errorf("read raise markers: %w", err)
 	}

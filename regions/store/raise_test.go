@@ -12,8 +12,9 @@ import (
 // capacity, whoever makes it (the store or plain SQL), and every gateway's snapshot
 // reads the marks: a rule added, raised, more shards or removed (every region), a share
 // added, raised or removed (its region), a region removed (every tenant), each with the
-// old capacity over the new as the gateways resolve them, precedence included. A
-// lowering marks nothing.
+// old capacity over the new as the gateways resolve them, precedence included; an
+// override's expiry dates from the expiry, before and after its cleanup. A lowering
+// marks nothing.
 func TestRaiseMarkers(t *testing.T) {
 	s, _ := newStore(t)
 	ctx := WithAudit(context.Background(), "test", "raise markers")
@@ -158,5 +159,29 @@ func TestRaiseMarkers(t *testing.T) {
 	}
 	if _, _, ok := snap.Raise("us-east", "d", "y", 0); ok {
 		t.Error("snapshot Raise(us-east, d, y): a raise, want none (only d/x's share rose)")
+	}
+
+	// An override that expired a minute ago and is not deleted yet: the gateways stopped
+	// applying it then, so the raise to the even 0.5 dates from then; so does the mark
+	// its deletion writes.
+	clear()
+	exec(t, s, `INSERT INTO region_share (scope, region, share, source, expires_at) VALUES ('e', 'us-east', 0.2, 'override', now() - interval '1 minute')`)
+	if m := marks(); len(m) != 0 {
+		t.Errorf("an override inserted already expired: %v, want nothing", m)
+	}
+	snap, err = s.LoadSnapshot(ctx, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ago, ratio, ok := snap.Raise("us-east", "e", "r", 0); !ok || !near(ratio, 0.4) || ago < 59*time.Second || ago > 2*time.Minute {
+		t.Errorf("snapshot Raise(us-east, e, r) after e's override of 0.2 expired = %v, %v, %v; want 0.2/0.5 a minute ago", ago, ratio, ok)
+	}
+	exec(t, s, `DELETE FROM region_share WHERE scope = 'e'`)
+	var markedAgo time.Duration
+	if err := s.Pool().QueryRow(ctx, `SELECT extract(epoch FROM now() - raised_at)::float8 * interval '1 second' FROM limit_raise WHERE region = 'us-east' AND tenant = 'e' AND route = '*'`).Scan(&markedAgo); err != nil {
+		t.Fatalf("the expired override's deletion marked nothing: %v", err)
+	}
+	if markedAgo < 59*time.Second || markedAgo > 2*time.Minute {
+		t.Errorf("the expired override's deletion marked the raise %v ago, want at its expiry a minute ago", markedAgo)
 	}
 }
