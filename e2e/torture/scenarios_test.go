@@ -91,12 +91,12 @@ func stallScenario(t *testing.T, ctx context.Context, env *Env) row {
 		t.Logf("a 3 s Redis stall: %d admitted (at most 21)", n)
 	}
 	// Issue 14 item 6: every token the fallback admitted during the stall was charged
-	// once Redis answered, and counted as repaid (or written off): none was dropped
-	// silently. The refill of the fallback bucket during the stall (0.005/s) voids less
-	// than one token of debt.
-	if d := r.debts; d.owed < 1 || d.settled() < d.owed-1 {
-		t.Errorf("after the stall: the fallback admitted %.0f tokens, %.0f repaid, %.0f written off, %.0f dropped; want some admitted and all but < 1 of them settled",
-			d.owed, d.repaid, d.writtenOff, d.dropped)
+	// once Redis answered, and counted as repaid (or written off): none was lost. At
+	// 0.01/s a fallback bucket, which starts empty, earns nothing in 3 s, so it may
+	// admit nothing at all; what it did admit must be settled.
+	if d := r.debts; d.settled() < d.owed-1 || d.lost > 0 {
+		t.Errorf("after the stall: the fallback admitted %.0f tokens, %.0f repaid, %.0f written off, %.0f lost; want all but < 1 of them charged",
+			d.owed, d.repaid, d.writtenOff, d.lost)
 	}
 	return r
 }

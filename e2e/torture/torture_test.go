@@ -45,10 +45,10 @@ type row struct {
 
 // debts are the fallback's accounting over a run, summed over the gateways: the tokens
 // it admitted (each owed) and what became of them.
-type debts struct{ owed, repaid, writtenOff, dropped float64 }
+type debts struct{ owed, repaid, writtenOff, lost float64 }
 
-// settled is what a reply from Redis (or an eviction) accounted for.
-func (d debts) settled() float64 { return d.repaid + d.writtenOff + d.dropped }
+// settled is what a reply from Redis accounted for, or a stop could not charge.
+func (d debts) settled() float64 { return d.repaid + d.writtenOff + d.lost }
 
 // fleetScrape is every running gateway's /metrics (a gateway that does not answer is
 // left out).
@@ -535,7 +535,7 @@ func report(t *testing.T, env *Env, name string, x *Executor, sum Summary, res R
 
 // fleetCounters reads the fallback's admissions, its debts and the Redis errors since
 // before into r, and checks the debts (issue 14 item 6): what the gateways count as
-// repaid, written off and dropped is never more than the tokens their fallbacks admitted
+// repaid, written off and lost is never more than the tokens their fallbacks admitted
 // (the repaid metric counts what the script charged, once per reply read, not what was
 // sent). A gateway restarted in the run lost its counters and its debts with them, so
 // its delta starts at its restart.
@@ -548,13 +548,13 @@ func fleetCounters(t *testing.T, ctx context.Context, env *Env, before map[strin
 		owed:       fleetDelta(before, after, "ratelimit_fallback_owed_tokens_total"),
 		repaid:     fleetDelta(before, after, "ratelimit_fallback_repaid_tokens_total"),
 		writtenOff: fleetDelta(before, after, "ratelimit_fallback_debt_written_off_tokens_total"),
-		dropped:    fleetDelta(before, after, "ratelimit_fallback_debt_dropped_tokens_total"),
+		lost:       fleetDelta(before, after, "ratelimit_fallback_debt_lost_tokens_total"),
 	}
 	d := r.debts
-	t.Logf("gateways: %.0f requests admitted by the fallback (%.0f tokens owed: %.0f repaid, %.0f written off, %.0f dropped), %.0f Redis errors",
-		r.fallback, d.owed, d.repaid, d.writtenOff, d.dropped, r.redisErrs)
+	t.Logf("gateways: %.0f requests admitted by the fallback (%.0f tokens owed: %.0f repaid, %.0f written off, %.0f lost), %.0f Redis errors",
+		r.fallback, d.owed, d.repaid, d.writtenOff, d.lost, r.redisErrs)
 	if d.settled() > d.owed+1e-9 {
-		t.Errorf("the fallbacks admitted %.0f tokens, but %.0f are counted as repaid, written off or dropped: a debt was counted twice", d.owed, d.settled())
+		t.Errorf("the fallbacks admitted %.0f tokens, but %.0f are counted as repaid, written off or lost: a debt was counted twice", d.owed, d.settled())
 	}
 }
 
