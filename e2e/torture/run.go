@@ -90,7 +90,7 @@ func (x *Executor) Do(ctx context.Context, start time.Time, e Event) {
 	err := x.do(ctx, e)
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	x.ran = append(x.ran, ran{e, began})
+	x.ran = append(x.ran, ran{e, began, time.Now()})
 	line := fmt.Sprintf("%8.3fs %s (took %v)", began.Sub(start).Seconds(), e, time.Since(began).Round(time.Millisecond))
 	if err != nil {
 		line += " ERROR " + err.Error()
@@ -99,10 +99,10 @@ func (x *Executor) Do(ctx context.Context, start time.Time, e Event) {
 	x.log = append(x.log, line)
 }
 
-// ran is an event and when it began.
+// ran is an event and when it began and ended.
 type ran struct {
 	Event
-	began time.Time
+	began, ended time.Time
 }
 
 // Began are the times at which the events of kind for tenant began.
@@ -113,6 +113,20 @@ func (x *Executor) Began(kind Kind, tenant string) []time.Time {
 	for _, r := range x.ran {
 		if r.Kind == kind && r.Tenant == tenant {
 			out = append(out, r.began)
+		}
+	}
+	return out
+}
+
+// RedisFaults are the spans of the Redis faults that ran (stalls, kills, black holes,
+// latency), from when each began to when it was healed.
+func (x *Executor) RedisFaults() []Span {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	var out []Span
+	for _, r := range x.ran {
+		if r.Kind.redisFault() {
+			out = append(out, Span{r.began, r.ended})
 		}
 	}
 	return out
