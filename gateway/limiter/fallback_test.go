@@ -139,7 +139,7 @@ func TestFallbackDebtIsWhatExceedsItsRefill(t *testing.T) {
 		t.Errorf("fallback admitted %d in 20 s, want about 10", admitted)
 	}
 	clock.Advance(2 * time.Second) // the bucket refills 1 of its 5
-	owing := l.fb.owing() // what ratelimit_fallback_debt_tokens shows, the episode in progress included
+	owing := l.fb.owing()          // what ratelimit_fallback_debt_tokens shows, the episode in progress included
 	debt := l.fb.owed(bucketID{tenant: "t", route: "r"}, 100).total()
 	if owing != debt {
 		t.Errorf("the fallback says it owes %d while an outage is in progress, and a charge takes %d", owing, debt)
