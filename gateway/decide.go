@@ -43,6 +43,13 @@ type verdict struct {
 // the metrics. ok is false only when ctx ended first: there is no one to answer.
 func (g *Gateway) decide(ctx context.Context, a ask) (v verdict, ok bool) {
 	rule, lim, share := a.snap.RegionalRule(g.cfg.Region, a.tenant, a.rt.id)
+	// A share increase another region's gateways have not acknowledged yet is not
+	// enforced: one of them may be cut off from the store and still hold its old share.
+	pending, held := a.snap.Pending(g.cfg.Region, a.tenant, a.rt.id)
+	if held {
+		share *= pending
+		lim = regions.Scale(rule.Capacity, rule.RefillPerSecond, share)
+	}
 	start := time.Now()
 	req := limiter.Request{Tenant: a.tenant, Route: a.rt.id, Limit: lim, Cost: a.cost, Shards: rule.Shards}
 	if a.value != "" {
@@ -54,6 +61,9 @@ func (g *Gateway) decide(ctx context.Context, a ask) (v verdict, ok bool) {
 	// Within a fill time of a change that may have raised this limit, a bucket Redis no
 	// longer holds comes back at the old limit plus the refill since, not full.
 	if ago, ratio, ok := a.snap.Raise(g.cfg.Region, a.tenant, a.rt.id, g.sinceSnapshot()); ok {
+		if held && pending > 0 {
+			ratio = min(1, ratio/pending) // relative to the old share in force, not the new
+		}
 		req.RaisedAgo, req.RaiseRatio = ago, ratio
 	}
 	d, err := g.lim.Decide(ctx, req)

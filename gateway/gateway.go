@@ -310,6 +310,12 @@ func (g *Gateway) run(ctx context.Context, ln, aln, rln net.Listener) error {
 				// The others see this heartbeat in their snapshot within a reload (on a
 				// timer: heartbeats send no NOTIFY), after the next heartbeat at worst.
 				g.countedFrom.Store(int64(time.Since(g.origin) + g.cfg.HeartbeatInterval + g.cfg.ReloadInterval))
+			},
+			xmin: func() int64 {
+				if s := g.snap.Load(); s != nil {
+					return s.Xmin()
+				}
+				return 0
 			}}
 		wg.Go(func() { hb.run(bg) })
 	}

@@ -20,6 +20,10 @@ type heartbeats struct {
 	log    *slog.Logger
 	errs   prometheus.Counter
 	first  func() // called after the first heartbeat that succeeded
+	// xmin is the transaction horizon of the snapshot in force (regions.Snapshot.Xmin),
+	// reported with each heartbeat: the acknowledgment other regions' share increases
+	// wait for (regions.Snapshot.Pending).
+	xmin func() int64
 }
 
 // run records the instance alive every interval until ctx ends. Failures are counted,
@@ -61,7 +65,11 @@ func (h *heartbeats) run(ctx context.Context) {
 func (h *heartbeats) beat(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, max(h.every, time.Second))
 	defer cancel()
-	return h.store.Heartbeat(ctx, h.id, h.region)
+	var xmin int64
+	if h.xmin != nil {
+		xmin = h.xmin()
+	}
+	return h.store.HeartbeatAt(ctx, h.id, h.region, xmin)
 }
 
 // remove deletes the heartbeat on shutdown so the others' fallback shares grow at once

@@ -76,6 +76,7 @@ type metrics struct {
 	reloadErrors   prometheus.Counter
 	shareRatio     *prometheus.GaugeVec // region, scope
 	instances      prometheus.Gauge
+	heldRaises     prometheus.Gauge
 	decisionErrors prometheus.Counter
 	unmatched      prometheus.Counter
 	upstreamErrors *prometheus.CounterVec // region, route, reason
@@ -142,6 +143,7 @@ func newMetrics(reg prometheus.Registerer, region string, extraBounds []float64)
 	m.rulesLoaded = gauge("ratelimit_rules_loaded", "Rules in the current snapshot.")
 	m.reloadErrors = counter("ratelimit_rule_reload_errors_total", "Snapshot reloads that failed; the previous snapshot stays in use.")
 	m.instances = gauge("ratelimit_gateway_instances", "Live gateway instances of this region by heartbeat (0 = unknown; the fallback then divides by expected_instances).")
+	m.heldRaises = gauge("ratelimit_share_increases_held", "Share increases of this region not enforced yet: a gateway of another region, seen within the ack horizon (5 min), has not reported a snapshot that includes them (it may be cut off from the database and still hold its old share).")
 	m.decisionErrors = counter("ratelimit_decision_errors_total", "Requests let through because the limiter could not decide (fail open).")
 	m.unmatched = counter("ratelimit_unmatched_requests_total", "Authenticated requests that matched no route (answered 404).")
 	m.heartbeatErrs = counter("ratelimit_heartbeat_errors_total", "Heartbeats that could not be written.")
@@ -150,7 +152,7 @@ func newMetrics(reg prometheus.Registerer, region string, extraBounds []float64)
 
 	for _, c := range []prometheus.Collector{
 		m.requests, m.tenantRequests, duration, m.lastReload, m.rulesLoaded, m.reloadErrors,
-		m.shareRatio, m.instances, m.decisionErrors, m.unmatched, m.upstreamErrors, m.heartbeatErrs, m.ready,
+		m.shareRatio, m.instances, m.heldRaises, m.decisionErrors, m.unmatched, m.upstreamErrors, m.heartbeatErrs, m.ready,
 		m.unauthThrottled,
 	} {
 		if err := reg.Register(c); err != nil {

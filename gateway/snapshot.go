@@ -70,6 +70,7 @@ func (g *Gateway) setSnapshot(s *regions.Snapshot) {
 	g.m.rulesLoaded.Set(float64(s.RuleCount()))
 	g.m.lastReload.SetToCurrentTime()
 	g.m.instances.Set(float64(s.LiveInstances(g.cfg.Region)))
+	g.m.heldRaises.Set(float64(s.HeldRaises(g.cfg.Region)))
 	share, _ := s.Share(g.cfg.Region, regions.Wildcard, regions.Wildcard)
 	g.m.shareRatio.WithLabelValues(regions.Wildcard).Set(share)
 	g.tenants.refreshShares()

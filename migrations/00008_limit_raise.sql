@@ -14,8 +14,18 @@
 -- tenant+* is compared with the default rule (the routes are the gateways' business). Two
 -- raises within an hour compound (their ratios multiply), so the second does not forget
 -- the first's ramp; raises of different rows do not compound (a gateway takes the
--- tightest of the rows that apply to a bucket). A tenant without an API key is marked too: an RLS caller trusted
--- with tenant ids (rls_trust_tenant) gives it buckets.
+-- tightest of the rows that apply to a bucket). A tenant without an API key is marked too:
+-- an RLS caller trusted with tenant ids (rls_trust_tenant) gives it buckets.
+--
+-- Acknowledgments (issue 22): a gateway reports with each heartbeat the transaction
+-- horizon of the snapshot it enforces (gateway_instance.snapshot_xmin: every transaction
+-- below it had finished when the snapshot was read, so its writes are in it; NULL: none
+-- reported, nothing acknowledged). A share increase of one region (a marker of that
+-- region; xid is its writer's transaction) is enforced only once every gateway of the
+-- other regions seen within 5 minutes has acknowledged it (regions.Snapshot.Pending):
+-- until then the region enforces its share x gate_ratio, the last acknowledged share
+-- over the new one. So a gateway cut off from PostgreSQL, which keeps its old share,
+-- never sums with the others' new ones above 1.
 
 -- +goose Up
 CREATE TABLE limit_raise (
@@ -24,8 +34,25 @@ CREATE TABLE limit_raise (
     route     text NOT NULL,
     raised_at timestamptz NOT NULL DEFAULT now(),
     ratio     double precision NOT NULL CHECK (ratio >= 0 AND ratio <= 1),
+    -- The transaction that wrote it, and the share in force before the raises the other
+    -- regions have not all acknowledged, over the new one (see above).
+    xid        xid8 NOT NULL DEFAULT pg_current_xact_id(),
+    gate_ratio double precision NOT NULL CHECK (gate_ratio >= 0 AND gate_ratio <= 1),
     PRIMARY KEY (region, tenant, route)
 );
+
+ALTER TABLE gateway_instance ADD COLUMN snapshot_xmin bigint;
+
+-- Whether every gateway of another region than p_region, seen within 5 minutes, has
+-- loaded the writes of transaction p_xid (regions.AckHorizon).
+-- +goose StatementBegin
+CREATE FUNCTION limit_raise_acked(p_region text, p_xid xid8) RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT coalesce(min(coalesce(snapshot_xmin, 0)), 9223372036854775807) > p_xid::text::bigint
+    FROM gateway_instance
+    WHERE region <> p_region AND stopped_at IS NULL AND last_seen > now() - interval '5 minutes'
+$$;
+-- +goose StatementEnd
 
 -- +goose StatementBegin
 CREATE FUNCTION limit_raise_mark(p_region text, p_tenant text, p_route text, p_old double precision, p_new double precision,
@@ -38,11 +65,14 @@ BEGIN
         RETURN; -- not a raise
     END IF;
     v_ratio := CASE WHEN p_new > 0 THEN greatest(0, least(1, p_old / p_new)) ELSE 0 END;
-    INSERT INTO limit_raise (region, tenant, route, raised_at, ratio) VALUES (p_region, p_tenant, p_route, p_at, v_ratio)
+    INSERT INTO limit_raise (region, tenant, route, raised_at, ratio, gate_ratio) VALUES (p_region, p_tenant, p_route, p_at, v_ratio, v_ratio)
     ON CONFLICT (region, tenant, route) DO UPDATE SET
         ratio = CASE WHEN limit_raise.raised_at > now() - interval '1 hour'
                      THEN limit_raise.ratio * EXCLUDED.ratio ELSE EXCLUDED.ratio END,
-        raised_at = greatest(limit_raise.raised_at, EXCLUDED.raised_at);
+        gate_ratio = CASE WHEN limit_raise_acked(limit_raise.region, limit_raise.xid)
+                          THEN EXCLUDED.ratio ELSE limit_raise.gate_ratio * EXCLUDED.ratio END,
+        raised_at = greatest(limit_raise.raised_at, EXCLUDED.raised_at),
+        xid = pg_current_xact_id();
 END
 $$;
 -- +goose StatementEnd
@@ -259,4 +289,6 @@ DROP FUNCTION limit_raise_rule();
 DROP FUNCTION limit_raise_rule_capacity(text, text, text, text);
 DROP FUNCTION limit_raise_expired();
 DROP FUNCTION limit_raise_mark(text, text, text, double precision, double precision, timestamptz);
+DROP FUNCTION limit_raise_acked(text, xid8);
+ALTER TABLE gateway_instance DROP COLUMN snapshot_xmin;
 DROP TABLE limit_raise;

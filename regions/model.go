@@ -313,4 +313,8 @@ type Instance struct {
 	ID       string
 	Region   string
 	LastSeen time.Time
+	// SnapshotXmin is the transaction horizon of the snapshot it enforced at its last
+	// heartbeat (Snapshot.Xmin): it applies every change committed by a transaction
+	// below it. 0: unknown.
+	SnapshotXmin int64
 }

@@ -16,6 +16,12 @@ type Raise struct {
 	Region, Tenant, Route string
 	At                    time.Time
 	Ratio                 float64
+	// Xid is the store's id of the transaction that wrote it (0: none, an expiry); a
+	// raise of one region's share is enforced only once every gateway of the other
+	// regions has loaded a snapshot that includes it (Pending). GateRatio is the share
+	// in force before the raises not all acknowledged yet, over the new one.
+	Xid       int64
+	GateRatio float64
 }
 
 // raiseKey is a raise's (tenant, route) within its region.
@@ -86,3 +92,101 @@ func (s *Snapshot) Raise(region, tenant, route string, sinceLoad time.Duration) 
 	ago = s.loadedAt.Sub(r.At) + sinceLoad
 	return max(ago, time.Nanosecond), r.Ratio, true
 }
+
+// AckHorizon is how long after its last heartbeat a gateway may still be running on the
+// snapshot it last reported: one that cannot reach the store keeps serving. A share
+// increase of another region waits for its acknowledgment that long at most (Pending);
+// after that it is taken for gone.
+const AckHorizon = 5 * time.Minute
+
+// regionRaises indexes the raises of one region (shares' raises; "*" rows are rules',
+// which raise every region at once and need no acknowledgment).
+func regionRaises(raises []Raise) map[string]map[raiseKey]Raise {
+	var out map[string]map[raiseKey]Raise
+	for _, r := range raises {
+		if r.Region == Wildcard || r.Xid == 0 {
+			continue
+		}
+		if out == nil {
+			out = map[string]map[raiseKey]Raise{}
+		}
+		m := out[r.Region]
+		if m == nil {
+			m = map[raiseKey]Raise{}
+			out[r.Region] = m
+		}
+		k := raiseKey{r.Tenant, r.Route}
+		if p, ok := m[k]; !ok || r.Xid > p.Xid {
+			m[k] = r
+		}
+	}
+	return out
+}
+
+// ackedBy is, per region, the lowest transaction horizon reported by a gateway of
+// another region seen within AckHorizon of at (any, when at is zero): a gateway that
+// reported none acknowledges nothing (0). A region without such gateways is absent.
+func ackedBy(instances []Instance, regions []string, at time.Time) map[string]int64 {
+	out := map[string]int64{}
+	for _, in := range instances {
+		if !at.IsZero() && at.Sub(in.LastSeen) > AckHorizon {
+			continue
+		}
+		for _, r := range regions {
+			if r == in.Region {
+				continue
+			}
+			if v, ok := out[r]; !ok || in.SnapshotXmin < v {
+				out[r] = in.SnapshotXmin
+			}
+		}
+	}
+	return out
+}
+
+// Pending is the share increase of tenant's route in region that some gateway of another
+// region has not acknowledged yet, as the old share over the new: until it has, the
+// region enforces its old share (the new one x ratio), so that a gateway cut off from
+// the store, which keeps enforcing its old, larger share, never sums with this region's
+// new one above 1. ok is false when every increase is acknowledged (or there is none).
+// The region's own gateways see the increase one reload after the acknowledgment.
+func (s *Snapshot) Pending(region, tenant, route string) (ratio float64, ok bool) {
+	m := s.shareRaises[region]
+	if m == nil {
+		return 0, false
+	}
+	acked, wait := s.acked[region]
+	if !wait {
+		return 0, false
+	}
+	ratio = 1
+	for _, k := range [...]raiseKey{{tenant, route}, {tenant, Wildcard}, {Wildcard, route}, {Wildcard, Wildcard}} {
+		if r, found := m[k]; found && r.Xid >= acked {
+			ratio, ok = min(ratio, r.GateRatio), true
+		}
+	}
+	if !ok {
+		return 0, false
+	}
+	return ratio, true
+}
+
+// HeldRaises is how many share increases of region (raise rows: a scope, a tenant or a
+// pair) some gateway of another region has not acknowledged yet (Pending).
+func (s *Snapshot) HeldRaises(region string) int {
+	acked, wait := s.acked[region]
+	if !wait {
+		return 0
+	}
+	n := 0
+	for _, r := range s.shareRaises[region] {
+		if r.Xid >= acked {
+			n++
+		}
+	}
+	return n
+}
+
+// Xmin is the store's transaction horizon of the load (SnapshotData.Xmin), for the
+// holder's heartbeats.
+func (s *Snapshot) Xmin() int64 { return s.xmin }

@@ -29,6 +29,10 @@ type SnapshotData struct {
 	// Raises are the changes that may have raised tenants' regional capacities
 	// (Raise; the store's limit_raise table).
 	Raises []Raise
+	// Xmin is the store's transaction horizon of the load (every transaction below it
+	// had finished, so its writes are in the data); 0 when the store has none. A gateway
+	// reports it with its heartbeats (Instance.SnapshotXmin).
+	Xmin int64
 }
 
 // SkippedRow is a stored row a loader left out of a snapshot because it is invalid (an
@@ -70,6 +74,12 @@ type Snapshot struct {
 	// raises are, per region, the latest raise of each (tenant, route), the rows for
 	// every region ("*") folded in (raise.go).
 	raises map[string]map[raiseKey]Raise
+	// shareRaises are the raises of one region (a share's), not folded, and acked per
+	// region the lowest transaction horizon the other regions' gateways have reported
+	// (absent: none may be running); see Pending.
+	shareRaises map[string]map[raiseKey]Raise
+	acked       map[string]int64
+	xmin        int64
 }
 
 type ruleKey struct{ tenant, route string }
@@ -174,6 +184,7 @@ func NewSnapshot(d SnapshotData) (*Snapshot, error) {
 	}
 	s.judge(rows, d.LoadedAt)
 	s.raises = foldRaises(d.Raises, s.regions)
+	s.shareRaises, s.acked, s.xmin = regionRaises(d.Raises), ackedBy(d.Instances, s.regions, d.LoadedAt), d.Xmin
 	for _, in := range d.Instances {
 		if d.InstanceTTL <= 0 || d.LoadedAt.Sub(in.LastSeen) <= d.InstanceTTL {
 			s.live[in.Region]++

@@ -360,3 +360,55 @@ func TestExpiryTransition(t *testing.T) {
 		t.Error("At before AsOf made a new snapshot")
 	}
 }
+
+// TestPending: a raise of one region's share waits until every gateway of the other
+// regions seen within AckHorizon has reported a transaction horizon above the raise's
+// transaction; rule raises ("*") and expiries (no transaction) never wait.
+func TestPending(t *testing.T) {
+	base := SnapshotData{
+		Regions:  []string{"us-east", "eu-west"},
+		Rules:    []Rule{{Tenant: Wildcard, Route: Wildcard, Capacity: 20, RefillPerSecond: 10, Shards: 1}},
+		LoadedAt: t0,
+		Raises: []Raise{
+			{Region: "us-east", Tenant: Wildcard, Route: Wildcard, At: t0.Add(-time.Second), Ratio: 0.5, Xid: 100, GateRatio: 0.5},
+			{Region: Wildcard, Tenant: "a", Route: Wildcard, At: t0.Add(-time.Second), Ratio: 0.2, Xid: 101, GateRatio: 0.2},
+			{Region: "eu-west", Tenant: "b", Route: "r", At: t0.Add(-time.Second), Ratio: 0.3}, // an expiry
+		},
+	}
+	gw := func(region string, xmin int64, ago time.Duration) Instance {
+		return Instance{ID: "gw-" + region, Region: region, LastSeen: t0.Add(-ago), SnapshotXmin: xmin}
+	}
+	for _, tt := range []struct {
+		name      string
+		instances []Instance
+		region    string
+		tenant    string
+		ratio     float64
+		pending   bool
+	}{
+		{"eu-west has not loaded the raise", []Instance{gw("eu-west", 100, time.Second)}, "us-east", "a", 0.5, true},
+		{"eu-west never reported", []Instance{gw("eu-west", 0, time.Second)}, "us-east", "a", 0.5, true},
+		{"eu-west has loaded it", []Instance{gw("eu-west", 101, time.Second)}, "us-east", "a", 0, false},
+		{"eu-west gone past the horizon", []Instance{gw("eu-west", 100, AckHorizon+time.Second)}, "us-east", "a", 0, false},
+		{"only us-east's own gateways", []Instance{gw("us-east", 1, time.Second)}, "us-east", "a", 0, false},
+		{"no gateway anywhere", nil, "us-east", "a", 0, false},
+		{"a rule raise in eu-west", []Instance{gw("us-east", 1, time.Second)}, "eu-west", "a", 0, false},
+		{"an expiry in eu-west", []Instance{gw("us-east", 1, time.Second)}, "eu-west", "b", 0, false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			d := base
+			d.Instances = tt.instances
+			s, err := NewSnapshot(d)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ratio, pending := s.Pending(tt.region, tt.tenant, "r")
+			if pending != tt.pending || ratio != tt.ratio {
+				t.Errorf("Pending(%s, %s, r) = %v, %v; want %v, %v", tt.region, tt.tenant, ratio, pending, tt.ratio, tt.pending)
+			}
+			if n := s.HeldRaises(tt.region); (n > 0) != tt.pending {
+				t.Errorf("HeldRaises(%s) = %d with Pending %v", tt.region, n, pending)
+			}
+		})
+	}
+}

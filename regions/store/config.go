@@ -421,22 +421,34 @@ const DefaultInstanceTTL = MissedHeartbeats * DefaultHeartbeatInterval
 // region unseen for InstanceHorizon (PruneInstances). It does not notify gateways; they
 // count instances on their timer reload.
 func (s *Store) Heartbeat(ctx context.Context, id, region string) error {
+	return s.HeartbeatAt(ctx, id, region, 0)
+}
+
+// HeartbeatAt is Heartbeat that also records the transaction horizon of the snapshot
+// the instance enforces (regions.Snapshot.Xmin): its acknowledgment of every change
+// committed before it, which a share increase of another region waits for
+// (regions.Snapshot.Pending). Zero records none.
+func (s *Store) HeartbeatAt(ctx context.Context, id, region string, xmin int64) error {
 	if err := regions.ValidateID("instance", id); err != nil {
 		return fmt.Errorf("heartbeat: %w", err)
 	}
 	if err := regions.ValidateID("region", region); err != nil {
 		return fmt.Errorf("heartbeat %s: %w", id, err)
 	}
-	const upsert = `INSERT INTO gateway_instance (id, region, last_seen) VALUES ($1, $2, now())
-		ON CONFLICT (id) DO UPDATE SET region = EXCLUDED.region, last_seen = now(), stopped_at = NULL`
+	var at *int64
+	if xmin > 0 {
+		at = &xmin
+	}
+	const upsert = `INSERT INTO gateway_instance (id, region, last_seen, snapshot_xmin) VALUES ($1, $2, now(), $3)
+		ON CONFLICT (id) DO UPDATE SET region = EXCLUDED.region, last_seen = now(), stopped_at = NULL, snapshot_xmin = EXCLUDED.snapshot_xmin`
 	var err error
 	if mrand.IntN(pruneEvery) == 0 {
 		_, err = s.pool.Exec(ctx, `WITH pruned AS (
 			DELETE FROM gateway_instance
-			WHERE region = $2 AND id <> $1 AND last_seen < now() - make_interval(secs => $3)
-		) `+upsert, id, region, InstanceHorizon.Seconds())
+			WHERE region = $2 AND id <> $1 AND last_seen < now() - make_interval(secs => $4)
+		) `+upsert, id, region, at, InstanceHorizon.Seconds())
 	} else {
-		_, err = s.pool.Exec(ctx, upsert, id, region)
+		_, err = s.pool.Exec(ctx, upsert, id, region, at)
 	}
 	if err != nil {
 		return fmt.Errorf("heartbeat %s in %s: %w", id, region, dbErr(err))
@@ -482,7 +494,7 @@ func (s *Store) RemoveInstance(ctx context.Context, id string) error {
 // Instances lists every running instance that ever heartbeated (not stopped cleanly), by
 // region and id, with its last heartbeat (the database's clock).
 func (s *Store) Instances(ctx context.Context) ([]regions.Instance, error) {
-	rows, _ := s.pool.Query(ctx, `SELECT id, region, last_seen FROM gateway_instance WHERE stopped_at IS NULL ORDER BY region, id`)
+	rows, _ := s.pool.Query(ctx, `SELECT id, region, last_seen, coalesce(snapshot_xmin, 0) FROM gateway_instance WHERE stopped_at IS NULL ORDER BY region, id`)
 	in, err := pgx.CollectRows(rows, pgx.RowToStructByPos[regions.Instance])
 	if err != nil {
 		return nil, fmt.Errorf("list instances: %w", err)

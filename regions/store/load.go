@@ -74,7 +74,9 @@ var SkippedTables = []string{TableRegion, TableRule, TableKey, TableShare}
 // loadData reads everything but the keys into d, and returns the valid keys as a map.
 func loadData(ctx context.Context, tx pgx.Tx, o LoadOptions, d *regions.SnapshotData) (map[regions.KeyHash]string, error) {
 	instanceTTL := o.InstanceTTL
-	if err := tx.QueryRow(ctx, `SELECT now()`).Scan(&d.LoadedAt); err != nil {
+	// The first statement takes the transaction's snapshot (repeatable read): its xmin
+	// is the horizon below which every transaction's writes are in this load.
+	if err := tx.QueryRow(ctx, `SELECT now(), pg_snapshot_xmin(pg_current_snapshot())::text::bigint`).Scan(&d.LoadedAt, &d.Xmin); err != nil {
 		return nil, fmt.Errorf("read clock: %w", err)
 	}
 	d.InstanceTTL = instanceTTL
@@ -167,16 +169,20 @@ func loadData(ctx context.Context, tx pgx.Tx, o LoadOptions, d *regions.Snapshot
 	// Raise markers (migrations/00008): one row per region, tenant and route, and those
 	// of overrides expired but not deleted yet; those older than a day hold no bucket
 	// back any more (no sane rule takes a day to fill).
-	rows, _ = tx.Query(ctx, `SELECT region, tenant, route, raised_at, ratio FROM limit_raise WHERE raised_at > now() - interval '1 day'
-		UNION ALL SELECT * FROM limit_raise_expired()`)
+	rows, _ = tx.Query(ctx, `SELECT region, tenant, route, raised_at, ratio, xid::text::bigint, gate_ratio FROM limit_raise WHERE raised_at > now() - interval '1 day'
+		UNION ALL SELECT *, 0::bigint, ratio FROM limit_raise_expired()`)
 	if d.Raises, err = pgx.CollectRows(rows, pgx.RowToStructByPos[regions.Raise]); err != nil {
 		return nil, fmt.Errorf("read raise markers: %w", err)
 	}
 
+	// Instances seen within the TTL count in the fallback's N; those seen within the ack
+	// horizon may still enforce an old snapshot (regions.Snapshot.Pending).
+	const instances = `SELECT id, region, last_seen, coalesce(snapshot_xmin, 0) FROM gateway_instance WHERE stopped_at IS NULL`
 	if instanceTTL > 0 {
-		rows, _ = tx.Query(ctx, `SELECT id, region, last_seen FROM gateway_instance WHERE stopped_at IS NULL AND last_seen >= now() - $1::double precision * interval '1 microsecond'`, instanceTTL.Microseconds())
+		horizon := max(instanceTTL, regions.AckHorizon)
+		rows, _ = tx.Query(ctx, instances+` AND last_seen >= now() - $1::double precision * interval '1 microsecond'`, horizon.Microseconds())
 	} else {
-		rows, _ = tx.Query(ctx, `SELECT id, region, last_seen FROM gateway_instance WHERE stopped_at IS NULL`)
+		rows, _ = tx.Query(ctx, instances)
 	}
 	if d.Instances, err = pgx.CollectRows(rows, pgx.RowToStructByPos[regions.Instance]); err != nil {
 		return nil, fmt.Errorf("read instances: %w", err)

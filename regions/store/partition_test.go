@@ -70,3 +70,83 @@ func TestPartitionedGatewayEndsOverrideOnTime(t *testing.T) {
 	}
 	t.Logf("both at 0.5 after %v (ttl %v, grace %v), max enforced sum %v", time.Since(set).Round(time.Millisecond), ttl, regions.ExpiryGrace, maxSum)
 }
+
+// TestPartitionedGatewayHoldsIncreases (issue 22): shares move (us-east 0.5 -> 0.8,
+// eu-west 0.5 -> 0.2, then 0.9 / 0.1) while eu-west's gateway cannot reach PostgreSQL
+// and so keeps 0.5. Without acknowledgments us-east enforced 0.8 at once: 0.8 + 0.5 =
+// 1.3 for as long as the cut lasted. us-east now holds its increases until every eu-west
+// gateway has reported (with its heartbeat) a snapshot that includes the writes: the
+// enforced sum stays at 1, and us-east gets 0.9 once eu-west is back at 0.1.
+func TestPartitionedGatewayHoldsIncreases(t *testing.T) {
+	t.Parallel()
+	s, _ := newStore(t)
+	ctx := WithAudit(context.Background(), "rebalancer", "test")
+	for _, r := range []string{"us-east", "eu-west"} {
+		if err := s.AddRegion(ctx, r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	load := func() *regions.Snapshot {
+		t.Helper()
+		snap, err := s.LoadSnapshot(ctx, time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return snap
+	}
+	enforced := func(snap *regions.Snapshot, region string) float64 {
+		share, _ := snap.Share(region, "shop-a", "orders")
+		if ratio, pending := snap.Pending(region, "shop-a", "orders"); pending {
+			share *= ratio
+		}
+		return share
+	}
+	beat := func(id, region string, snap *regions.Snapshot) {
+		t.Helper()
+		if err := s.HeartbeatAt(ctx, id, region, snap.Xmin()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	us, eu := load(), load()
+	beat("gw-us", "us-east", us)
+	beat("gw-eu", "eu-west", eu)
+	// eu-west is cut off from here on: it keeps eu and cannot heartbeat.
+	if err := s.SetOverride(ctx, regions.GlobalScope, map[string]float64{"us-east": 0.8, "eu-west": 0.2}, "alice", "move", 0); err != nil {
+		t.Fatal(err)
+	}
+	us = load()
+	beat("gw-us", "us-east", us)
+	if u, e := enforced(us, "us-east"), enforced(eu, "eu-west"); u+e > 1+1e-9 {
+		t.Errorf("eu-west cut off: us-east enforces %v + eu-west (old snapshot) %v = %v, want at most 1", u, e, u+e)
+	} else if u != 0.5 {
+		t.Errorf("eu-west cut off: us-east enforces %v, want its old 0.5 until eu-west acknowledges", u)
+	}
+	// A second move while eu-west is still away: us-east still holds the share eu-west
+	// acknowledged last, 0.5 (the held ratios multiply: 0.5/0.8 x 0.8/0.9).
+	if err := s.SetOverride(ctx, regions.GlobalScope, map[string]float64{"us-east": 0.9, "eu-west": 0.1}, "alice", "move again", 0); err != nil {
+		t.Fatal(err)
+	}
+	if u := enforced(load(), "us-east"); u < 0.5-1e-9 || u > 0.5+1e-9 {
+		t.Errorf("a second move, eu-west still cut off: us-east enforces %v, want 0.5", u)
+	}
+	// eu-west is back: it reloads, and its next heartbeat acknowledges the writes.
+	eu = load()
+	if e := enforced(eu, "eu-west"); e != 0.1 {
+		t.Errorf("eu-west back: it enforces %v, want 0.1", e)
+	}
+	if u := enforced(load(), "us-east"); u != 0.5 {
+		t.Errorf("eu-west reloaded but has not heartbeaten: us-east enforces %v, want 0.5 still", u)
+	}
+	beat("gw-eu", "eu-west", eu)
+	if u := enforced(load(), "us-east"); u != 0.9 {
+		t.Errorf("eu-west acknowledged: us-east enforces %v, want 0.9", u)
+	}
+	// A move after the acknowledgment holds only its own increase: 0.9 until eu-west
+	// loads it, not the 0.5 of before.
+	if err := s.SetOverride(ctx, regions.GlobalScope, map[string]float64{"us-east": 0.95, "eu-west": 0.05}, "alice", "and again", 0); err != nil {
+		t.Fatal(err)
+	}
+	if u := enforced(load(), "us-east"); u < 0.9-1e-9 || u > 0.9+1e-9 {
+		t.Errorf("a move after the acknowledgment: us-east enforces %v, want 0.9 until eu-west loads it", u)
+	}
+}
