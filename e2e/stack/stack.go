@@ -15,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/quotaplane/quotaplane/internal/testenv"
@@ -144,7 +145,9 @@ type Stack struct {
 	dir      string
 	bin      string
 	upstream *http.Server
-	log      *slog.Logger
+	// delayed counts the upstream's ?delay_ms requests still being answered.
+	delayed atomic.Int64
+	log     *slog.Logger
 
 	mu   sync.Mutex     // guards Gateways and next once Start has returned
 	next map[string]int // region -> the number of the next gateway AddGateway starts
@@ -289,6 +292,10 @@ func (s *Stack) startData(ctx context.Context) error {
 	return nil
 }
 
+// UpstreamDelayed is how many ?delay_ms requests the upstream is answering now: the
+// requests a gateway admitted and still has in flight.
+func (s *Stack) UpstreamDelayed() int { return int(s.delayed.Load()) }
+
 func (s *Stack) startUpstream() error {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -297,6 +304,8 @@ func (s *Stack) startUpstream() error {
 	s.upstream = &http.Server{ReadHeaderTimeout: 5 * time.Second, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		// ?delay_ms=N (at most 5000) answers late: in-flight requests for drain tests.
 		if ms, err := strconv.Atoi(r.URL.Query().Get("delay_ms")); err == nil && ms > 0 {
+			s.delayed.Add(1)
+			defer s.delayed.Add(-1)
 			select {
 			case <-time.After(time.Duration(min(ms, 5000)) * time.Millisecond):
 			case <-r.Context().Done():
