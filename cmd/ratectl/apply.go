@@ -225,11 +225,11 @@ func (a *app) renderPlan(cmd *cobra.Command, p changePlanJSON) error {
 				fmt.Fprintf(w, "+ %s %s%s\n", c.Object, c.ID, colonDesc(c.New))
 			case store.ActionChange:
 				changes++
-				fmt.Fprintf(w, "~ %s %s: %s -> %s\n", c.Object, c.ID, c.Old, c.New)
+				fmt.Fprintf(w, "~ %s %s: %s -> %s\n", c.Object, c.ID, valueText(c.Old), valueText(c.New))
 			case store.ActionDelete:
 				dels++
-				if c.New != "" {
-					fmt.Fprintf(w, "- %s %s: %s -> %s\n", c.Object, c.ID, c.Old, c.New)
+				if c.New != nil {
+					fmt.Fprintf(w, "- %s %s: %s -> %s\n", c.Object, c.ID, valueText(c.Old), valueText(c.New))
 				} else {
 					fmt.Fprintf(w, "- %s %s%s\n", c.Object, c.ID, colonDesc(c.Old))
 				}
@@ -414,9 +414,14 @@ func newDiffCmd(a *app) *cobra.Command {
 		gwConfig []string
 	)
 	cmd := &cobra.Command{
-		Use:   "diff -f FILE",
+		Use:   "diff -f FILE [--exit-code]",
 		Short: "Show what apply -f FILE would change (writes nothing)",
-		Args:  noArgs,
+		Long: `Show what apply -f FILE would change, and write nothing.
+
+With --exit-code the exit status tells a CI job what it found, as terraform plan
+-detailed-exitcode and kubectl diff do: 0 the database matches the file, 2 there are
+changes (the plan is printed), 1 an error of any kind (bad file, unreachable database).`,
+		Args: noArgs,
 		RunE: runE(func(cmd *cobra.Command, _ []string) error {
 			cfg, routes, err := a.readLimitsFile(cmd, file, gwConfig)
 			if err != nil {
@@ -427,12 +432,19 @@ func newDiffCmd(a *app) *cobra.Command {
 				if err != nil {
 					return err
 				}
-				return a.renderPlan(cmd, changePlanJSON{Changes: changes, Warnings: ruleWarnings(changes, routes)})
+				if err := a.renderPlan(cmd, changePlanJSON{Changes: changes, Warnings: ruleWarnings(changes, routes)}); err != nil {
+					return err
+				}
+				if a.detailedExit && len(changes) > 0 {
+					return errChangesPending
+				}
+				return nil
 			})
 		}),
 	}
 	cmd.Flags().StringVarP(&file, "file", "f", "", "the limits file (YAML; - for stdin)")
 	cmd.Flags().StringSliceVar(&gwConfig, "gateway-config", nil, "gateway config files whose route ids rules must use (warn otherwise)")
+	cmd.Flags().BoolVar(&a.detailedExit, "exit-code", false, "exit 0 when nothing would change, 2 when something would, 1 on any error")
 	return cmd
 }
 
@@ -460,11 +472,20 @@ func newExportCmd(a *app) *cobra.Command {
 	}
 }
 
-func colonDesc(s string) string {
-	if s == "" {
+// colonDesc is ": " and the value's text, or nothing for no value.
+func colonDesc(v store.ChangeValue) string {
+	if v == nil {
 		return ""
 	}
-	return ": " + s
+	return ": " + v.String()
+}
+
+// valueText is the value's text, "-" for no value.
+func valueText(v store.ChangeValue) string {
+	if v == nil {
+		return "-"
+	}
+	return v.String()
 }
 
 // readLimitsFile reads the limits file of apply and diff (--file, required) and the route

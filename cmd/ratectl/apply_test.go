@@ -229,3 +229,79 @@ func TestComposeLimitsFile(t *testing.T) {
 	}
 	checkError(t, c.run("apply", "-f", "testdata/apply/limits.yaml", "--only-missing"), exitUsage, "--only-missing adds regions and rules only", "")
 }
+
+// TestDiffExitCode: diff --exit-code exits 0 when the database matches, 2 when the plan
+// has changes (the plan on stdout, nothing on stderr but warnings) and 1 on any error;
+// its JSON plan holds old and new values as numbers, not prose.
+func TestDiffExitCode(t *testing.T) {
+	t.Parallel()
+	c, _ := newDB(t)
+	const file = "testdata/apply/limits.yaml"
+	r := c.run("diff", "-f", file, "--exit-code")
+	if r.code != exitChanges || !strings.Contains(r.stdout, "Plan: 6 to add, 1 to change") || strings.Contains(r.stderr, "ratectl: changes") {
+		t.Errorf("diff --exit-code with changes: exit %d, stdout %q, stderr %q; want exit 2 and the plan", r.code, r.stdout, r.stderr)
+	}
+	if r := c.ok("diff", "-f", file); r.code != 0 {
+		t.Errorf("diff without --exit-code: exit %d, want 0", r.code)
+	}
+	r = c.run("diff", "-f", file, "--exit-code", "-o", "json")
+	if r.code != exitChanges {
+		t.Fatalf("diff --exit-code -o json: exit %d, want 2: %s", r.code, r.stderr)
+	}
+	var plan struct {
+		Changes []struct {
+			Action, Object, ID string
+			Old, New           map[string]any
+		}
+	}
+	if err := json.Unmarshal([]byte(r.stdout), &plan); err != nil {
+		t.Fatalf("diff -o json: %v\n%s", err, r.stdout)
+	}
+	found := 0
+	for _, ch := range plan.Changes {
+		switch ch.Object + " " + ch.ID {
+		case "rule */*":
+			found++
+			if ch.Old["capacity"] != 20.0 || ch.Old["refill_per_second"] != 10.0 || ch.New["capacity"] != 50.0 || ch.New["shards"] != 1.0 {
+				t.Errorf("rule */*: old %v, new %v; want capacity 20 -> 50 as numbers", ch.Old, ch.New)
+			}
+		case "override shop-a":
+			found++
+			shares, _ := ch.New["shares"].(map[string]any)
+			if ch.Old != nil || shares["us-east"] != 0.75 || ch.New["expires_at"] != "2030-01-02T03:04:05Z" {
+				t.Errorf("override shop-a: old %v, new %v", ch.Old, ch.New)
+			}
+		case "key sha256:2cf24dba5fb0":
+			found++
+			if ch.New["tenant"] != "shop-a" || ch.New["label"] != "ci" {
+				t.Errorf("key: new %v", ch.New)
+			}
+		}
+	}
+	if found != 3 {
+		t.Errorf("found %d of the rule, override and key changes in %s", found, r.stdout)
+	}
+
+	c.ok("apply", "-f", file, "--apply")
+	if r := c.run("diff", "-f", file, "--exit-code"); r.code != 0 || !strings.Contains(r.stdout, "No changes") {
+		t.Errorf("diff --exit-code with no change: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
+	}
+	// Every error exits 1, whatever its usual code (2 usage, 3 unreachable).
+	bad := filepath.Join(t.TempDir(), "bad.yaml")
+	if err := os.WriteFile(bad, []byte("rulez: []\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for name, args := range map[string][]string{
+		"bad file":     {"diff", "-f", bad, "--exit-code"},
+		"no file":      {"diff", "--exit-code"},
+		"unknown flag": {"diff", "--exit-code", "--frob", "-f", file},
+		"unreachable":  {"diff", "-f", file, "--exit-code", "--database-url", "postgres://x@127.0.0.1:1/db", "--timeout", "2s"},
+	} {
+		if r := c.run(args...); r.code != exitFailure || !strings.HasPrefix(r.stderr, "ratectl: ") {
+			t.Errorf("%s: exit %d, stderr %q; want exit 1 and the error", name, r.code, r.stderr)
+		}
+	}
+	if r := c.run("diff", "--frob"); r.code != exitUsage {
+		t.Errorf("diff --frob without --exit-code: exit %d, want 2", r.code)
+	}
+}

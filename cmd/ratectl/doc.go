@@ -11,6 +11,8 @@
 //	2  usage: a bad flag, argument or value (bad id, shares not summing to 1, ...)
 //	3  a dependency is unreachable: PostgreSQL, Prometheus or Redis
 //
+// except for `diff --exit-code`, for CI: 0 no change, 2 changes, 1 any error.
+//
 // The database URL, passwords and API key secrets never appear in its errors or logs.
 // It imports regions, migrations, lua, rebalancer/sim and rebalancer/demand (the
 // offered-demand query it shares with the rebalancer); nothing imports it.

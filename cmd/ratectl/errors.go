@@ -46,6 +46,13 @@ func (e unreachableError) Error() string {
 }
 func (e unreachableError) Unwrap() error { return e.err }
 
+// errChangesPending is diff --exit-code's "the plan is not empty": exit 2, and nothing
+// printed on stderr (the plan is on stdout).
+var errChangesPending = errors.New("changes pending")
+
+// exitChanges is the exit code of errChangesPending.
+const exitChanges = 2
+
 // runError marks an error returned by a command's RunE, so exitCode can tell it from an
 // error cobra raised while parsing the command line (a usage error).
 type runError struct{ err error }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -48,11 +49,35 @@ func (a *app) execute(ctx context.Context, args []string, stdout, stderr io.Writ
 	root.SetOut(stdout)
 	root.SetErr(stderr)
 	err := root.ExecuteContext(ctx)
-	if err == nil {
+	detailed := a.detailedExit || wantsDetailedExit(args)
+	switch {
+	case err == nil:
 		return exitOK
+	case detailed && errors.Is(err, errChangesPending):
+		return exitChanges
 	}
 	fmt.Fprintln(stderr, "ratectl:", oneLine(err, a.secrets()))
+	if detailed {
+		return exitFailure // 2 and 3 would read as "changes"
+	}
 	return exitCode(err)
+}
+
+// wantsDetailedExit is whether args hold diff's --exit-code, for a command line cobra
+// refused before it set the flag (an unknown flag after it, say).
+func wantsDetailedExit(args []string) bool {
+	diff := false
+	for _, s := range args {
+		switch s {
+		case "--":
+			return false
+		case "diff":
+			diff = true
+		case "--exit-code", "--exit-code=true", "--exit-code=1":
+			return diff
+		}
+	}
+	return false
 }
 
 // osActor names the operator in the audit trail: the OS user, else $USER.

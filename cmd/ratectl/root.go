@@ -44,6 +44,9 @@ type app struct {
 	output        string
 	timeout       time.Duration
 
+	// detailedExit is diff --exit-code: exit 2 means "changes", so every error exits 1.
+	detailedExit bool
+
 	// redisURL is set by bucket inspect; kept here so its password is blanked in errors.
 	redisURL string
 }
@@ -66,7 +69,8 @@ reads live figures from Prometheus, inspects a tenant's bucket in a region's Red
 and replays traffic traces through the rebalancer's allocation code.
 
 Exit codes: 0 success, 1 operation failed, 2 usage or invalid input,
-3 a dependency (PostgreSQL, Prometheus, Redis) is unreachable.`,
+3 a dependency (PostgreSQL, Prometheus, Redis) is unreachable; diff --exit-code:
+0 no change, 2 changes, 1 any error.`,
 		SilenceErrors:     true,
 		SilenceUsage:      true,
 		Args:              noArgs,

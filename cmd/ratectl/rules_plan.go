@@ -42,8 +42,7 @@ func (a *app) planRuleDelete(ctx context.Context, cmd *cobra.Command, st *store.
 	case err == nil && len(rules) == 0:
 		return fmt.Errorf("rule %s/%s does not exist", tenant, route)
 	case err == nil:
-		r := rules[0]
-		c.Old = fmt.Sprintf("capacity %d, refill %g/s", r.Capacity, r.RefillPerSecond)
+		c.Old = store.RuleValueOf(rules[0])
 	case !errors.Is(err, regions.ErrInvalid):
 		return err
 	}

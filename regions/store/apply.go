@@ -49,28 +49,6 @@ type KeySpec struct {
 	Label  string
 }
 
-// ChangeAction is what a Change does.
-type ChangeAction string
-
-const (
-	ActionAdd    ChangeAction = "add"
-	ActionChange ChangeAction = "change"
-	ActionDelete ChangeAction = "delete" // a key is revoked instead
-)
-
-// Change is one planned write: one object added, changed or deleted, so one audit entry
-// (rules, keys, regions) or one history row per region (overrides).
-type Change struct {
-	Action ChangeAction `json:"action"`
-	Object string       `json:"object"` // region, rule, override, key
-	ID     string       `json:"id"`     // region name, TENANT/ROUTE, scope, sha256:hex prefix
-	Old    string       `json:"old,omitempty"`
-	New    string       `json:"new,omitempty"`
-
-	apply func(ctx context.Context, tx pgx.Tx) error
-	order int
-}
-
 // Normalize validates c and sorts its lists; errors wrap regions.ErrInvalid.
 func (c *Config) Normalize() error {
 	var errs []error
@@ -371,17 +349,6 @@ func planRegions(cur, want []string) []Change {
 	return out
 }
 
-func describeRule(r regions.Rule) string {
-	s := fmt.Sprintf("capacity %d, refill %g/s", r.Capacity, r.RefillPerSecond)
-	if r.Shadow {
-		s += ", shadow"
-	}
-	if r.Shards != 1 {
-		s += fmt.Sprintf(", %d shards", r.Shards)
-	}
-	return s
-}
-
 func planRules(cur, want []regions.Rule) []Change {
 	key := func(r regions.Rule) string { return r.Tenant + "/" + r.Route }
 	have := map[string]regions.Rule{}
@@ -395,7 +362,7 @@ func planRules(cur, want []regions.Rule) []Change {
 		if ok && old == r {
 			continue
 		}
-		c := Change{Action: ActionAdd, Object: "rule", ID: key(r), New: describeRule(r), order: orderRule,
+		c := Change{Action: ActionAdd, Object: "rule", ID: key(r), New: RuleValueOf(r), order: orderRule,
 			apply: func(ctx context.Context, tx pgx.Tx) error {
 				_, err := tx.Exec(ctx, `INSERT INTO rate_limit_rule (tenant_id, route_id, capacity, refill_per_second, shadow, shards, updated_at)
 					VALUES ($1, $2, $3, $4, $5, $6, now())
@@ -406,31 +373,19 @@ func planRules(cur, want []regions.Rule) []Change {
 				return err
 			}}
 		if ok {
-			c.Action, c.Old = ActionChange, describeRule(old)
+			c.Action, c.Old = ActionChange, RuleValueOf(old)
 		}
 		out = append(out, c)
 	}
 	for _, k := range slices.Sorted(maps.Keys(have)) {
 		r := have[k]
-		out = append(out, Change{Action: ActionDelete, Object: "rule", ID: k, Old: describeRule(r), order: orderRule,
+		out = append(out, Change{Action: ActionDelete, Object: "rule", ID: k, Old: RuleValueOf(r), order: orderRule,
 			apply: func(ctx context.Context, tx pgx.Tx) error {
 				_, err := tx.Exec(ctx, `DELETE FROM rate_limit_rule WHERE tenant_id = $1 AND route_id = $2`, r.Tenant, r.Route)
 				return err
 			}})
 	}
 	return out
-}
-
-func describeOverride(o Override) string {
-	var parts []string
-	for _, r := range slices.Sorted(maps.Keys(o.Shares)) {
-		parts = append(parts, fmt.Sprintf("%s=%g", r, o.Shares[r]))
-	}
-	s := strings.Join(parts, " ")
-	if !o.ExpiresAt.IsZero() {
-		s += ", expires " + o.ExpiresAt.UTC().Format(time.RFC3339)
-	}
-	return s
 }
 
 func sameOverride(a, b Override) bool {
@@ -459,7 +414,7 @@ func planOverrides(cur, want []Override) []Change {
 		if ok && sameOverride(old, o) {
 			continue // the reason alone is no change: it lives in the history rows
 		}
-		c := Change{Action: ActionAdd, Object: "override", ID: id, New: describeOverride(o), order: orderOverride,
+		c := Change{Action: ActionAdd, Object: "override", ID: id, New: overrideValueOf(o), order: orderOverride,
 			apply: func(ctx context.Context, tx pgx.Tx) error {
 				var expires *time.Time
 				if !o.ExpiresAt.IsZero() {
@@ -479,25 +434,18 @@ func planOverrides(cur, want []Override) []Change {
 				return err
 			}}
 		if ok {
-			c.Action, c.Old = ActionChange, describeOverride(old)
+			c.Action, c.Old = ActionChange, overrideValueOf(old)
 		}
 		out = append(out, c)
 	}
 	for _, id := range slices.Sorted(maps.Keys(have)) {
-		out = append(out, Change{Action: ActionDelete, Object: "override", ID: id, Old: describeOverride(have[id]), order: orderOverride,
+		out = append(out, Change{Action: ActionDelete, Object: "override", ID: id, Old: overrideValueOf(have[id]), order: orderOverride,
 			apply: func(ctx context.Context, tx pgx.Tx) error {
 				_, err := tx.Exec(ctx, `DELETE FROM region_share WHERE scope = $1 AND source = 'override'`, id)
 				return err
 			}})
 	}
 	return out
-}
-
-func describeKey(k KeySpec) string {
-	if k.Label == "" {
-		return "tenant " + k.Tenant
-	}
-	return fmt.Sprintf("tenant %s, label %q", k.Tenant, k.Label)
 }
 
 func planKeys(cur, want []KeySpec) ([]Change, error) {
@@ -517,13 +465,13 @@ func planKeys(cur, want []KeySpec) ([]Change, error) {
 			return nil, fmt.Errorf("%w key %s: belongs to tenant %s, the file says %s (a key cannot move: revoke it and import a new one)",
 				regions.ErrInvalid, id, old.Tenant, k.Tenant)
 		case ok:
-			out = append(out, Change{Action: ActionChange, Object: "key", ID: id, Old: describeKey(old), New: describeKey(k), order: orderKey,
+			out = append(out, Change{Action: ActionChange, Object: "key", ID: id, Old: keyValueOf(old), New: keyValueOf(k), order: orderKey,
 				apply: func(ctx context.Context, tx pgx.Tx) error {
 					_, err := tx.Exec(ctx, `UPDATE api_key SET label = $2 WHERE key_hash = $1 AND revoked_at IS NULL`, k.Hash[:], k.Label)
 					return err
 				}})
 		default:
-			out = append(out, Change{Action: ActionAdd, Object: "key", ID: id, New: describeKey(k), order: orderKey,
+			out = append(out, Change{Action: ActionAdd, Object: "key", ID: id, New: keyValueOf(k), order: orderKey,
 				apply: func(ctx context.Context, tx pgx.Tx) error {
 					var revoked bool
 					err := tx.QueryRow(ctx, `SELECT true FROM api_key WHERE key_hash = $1`, k.Hash[:]).Scan(&revoked)
@@ -540,7 +488,7 @@ func planKeys(cur, want []KeySpec) ([]Change, error) {
 	}
 	for _, h := range slices.SortedFunc(maps.Keys(have), func(a, b regions.KeyHash) int { return cmp.Compare(hex.EncodeToString(a[:]), hex.EncodeToString(b[:])) }) {
 		k := have[h]
-		out = append(out, Change{Action: ActionDelete, Object: "key", ID: "sha256:" + shortHash(h), Old: describeKey(k), New: "revoked", order: orderKey,
+		out = append(out, Change{Action: ActionDelete, Object: "key", ID: "sha256:" + shortHash(h), Old: keyValueOf(k), New: &KeyValue{Tenant: k.Tenant, Label: k.Label, Revoked: true}, order: orderKey,
 			apply: func(ctx context.Context, tx pgx.Tx) error {
 				_, err := tx.Exec(ctx, `UPDATE api_key SET revoked_at = now() WHERE key_hash = $1 AND revoked_at IS NULL`, h[:])
 				return err
