@@ -21,33 +21,36 @@ import (
 
 // limitsFile is the YAML of `ratectl apply -f` and `ratectl export`. A section left out is
 // not managed; a section present, even empty, is the whole truth for its objects.
+//
+// `ratectl export -o json` prints the same document as JSON (the same field names), which
+// apply -f also takes, JSON being YAML.
 type limitsFile struct {
-	Regions   *[]string       `yaml:"regions,omitempty"`
-	Rules     *[]ruleYAML     `yaml:"rules,omitempty"`
-	Overrides *[]overrideYAML `yaml:"overrides,omitempty"`
-	Keys      *[]keyYAML      `yaml:"keys,omitempty"`
+	Regions   *[]string       `yaml:"regions,omitempty" json:"regions,omitempty"`
+	Rules     *[]ruleYAML     `yaml:"rules,omitempty" json:"rules,omitempty"`
+	Overrides *[]overrideYAML `yaml:"overrides,omitempty" json:"overrides,omitempty"`
+	Keys      *[]keyYAML      `yaml:"keys,omitempty" json:"keys,omitempty"`
 }
 
 type ruleYAML struct {
-	Tenant          string  `yaml:"tenant"`
-	Route           string  `yaml:"route"`
-	Capacity        int64   `yaml:"capacity"`
-	RefillPerSecond float64 `yaml:"refill_per_second"`
-	Shadow          bool    `yaml:"shadow,omitempty"`
-	Shards          int     `yaml:"shards,omitempty"`
+	Tenant          string  `yaml:"tenant" json:"tenant"`
+	Route           string  `yaml:"route" json:"route"`
+	Capacity        int64   `yaml:"capacity" json:"capacity"`
+	RefillPerSecond float64 `yaml:"refill_per_second" json:"refill_per_second"`
+	Shadow          bool    `yaml:"shadow,omitempty" json:"shadow,omitempty"`
+	Shards          int     `yaml:"shards,omitempty" json:"shards,omitempty"`
 }
 
 type overrideYAML struct {
-	Scope     string             `yaml:"scope"`
-	Shares    map[string]float64 `yaml:"shares"`
-	ExpiresAt string             `yaml:"expires_at,omitempty"` // RFC 3339
-	Reason    string             `yaml:"reason"`
+	Scope     string             `yaml:"scope" json:"scope"`
+	Shares    map[string]float64 `yaml:"shares" json:"shares"`
+	ExpiresAt string             `yaml:"expires_at,omitempty" json:"expires_at,omitempty"` // RFC 3339
+	Reason    string             `yaml:"reason" json:"reason"`
 }
 
 type keyYAML struct {
-	SHA256 string `yaml:"sha256"` // hex SHA-256 of the secret (ratectl keys import --sha256)
-	Tenant string `yaml:"tenant"`
-	Label  string `yaml:"label,omitempty"`
+	SHA256 string `yaml:"sha256" json:"sha256"` // hex SHA-256 of the secret (ratectl keys import --sha256)
+	Tenant string `yaml:"tenant" json:"tenant"`
+	Label  string `yaml:"label,omitempty" json:"label,omitempty"`
 }
 
 // maxLimitsFile bounds what apply reads: a control plane's configuration, not a data set.
@@ -452,12 +455,18 @@ func newExportCmd(a *app) *cobra.Command {
 	return &cobra.Command{
 		Use:   "export",
 		Short: "Print the regions, rules, overrides and key hashes as a limits file for apply -f",
-		Args:  noArgs,
+		Long: `Print the regions, rules, overrides and key hashes as a limits file (YAML) that
+apply -f takes back with no change; with -o json the same document as JSON, which apply -f
+takes too.`,
+		Args: noArgs,
 		RunE: runE(func(cmd *cobra.Command, _ []string) error {
 			return a.withStore(cmd, func(ctx context.Context, st *store.Store) error {
 				cfg, err := st.Export(ctx)
 				if err != nil {
 					return err
+				}
+				if a.output == outputJSON {
+					return a.render(cmd, toLimitsFile(cfg), nil)
 				}
 				out, err := yaml.MarshalWithOptions(toLimitsFile(cfg), yaml.IndentSequence(true))
 				if err != nil {

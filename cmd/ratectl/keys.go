@@ -131,8 +131,17 @@ func newKeysCmd(a *app) *cobra.Command {
 					}
 					return fmt.Errorf("revoke key %d: %w", id, err)
 				}
-				fmt.Fprintf(cmd.OutOrStdout(), "revoked key %d\n", id)
-				return nil
+				ks, err := st.Keys(ctx, "")
+				if err != nil {
+					return err
+				}
+				for _, k := range ks {
+					if k.ID == id {
+						out := toKeyJSON(k)
+						return a.render(cmd, out, func(w io.Writer) { fmt.Fprintf(w, "revoked key %d\n", id) })
+					}
+				}
+				return fmt.Errorf("revoke key %d: revoked, but not found afterwards", id)
 			})
 		}),
 	}

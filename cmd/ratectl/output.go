@@ -33,6 +33,15 @@ func (a *app) render(cmd *cobra.Command, v any, table func(w io.Writer)) error {
 	return nil
 }
 
+// refuseJSON is the usage error of a command that has no JSON form, with -o json: a
+// script asking for JSON must not get something else on stdout.
+func (a *app) refuseJSON(cmd *cobra.Command, why string) error {
+	if a.output == outputJSON {
+		return usagef("%s does not support -o json: %s", cmd.CommandPath(), why)
+	}
+	return nil
+}
+
 // row writes one tab-separated table row.
 func row(w io.Writer, cells ...string) {
 	fmt.Fprintln(w, strings.Join(cells, "\t"))

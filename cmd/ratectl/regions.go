@@ -75,7 +75,6 @@ func newRegionsCmd(a *app) *cobra.Command {
 					}
 					return fmt.Errorf("add region %s: %w", name, err)
 				}
-				fmt.Fprintf(cmd.OutOrStdout(), "added region %s\n", name)
 				// AddRegion gave the new region a row in every scope with rows (see
 				// store.AddRegion): say which, and what it got.
 				shares, err := st.Shares(ctx)
@@ -87,15 +86,20 @@ func newRegionsCmd(a *app) *cobra.Command {
 					return err
 				}
 				reb, over := newRegionScopes(shares, name)
-				if len(reb) > 0 {
-					fmt.Fprintf(cmd.OutOrStdout(), "%s starts at the floor (%.3g) of the rebalancer's shares of %s; the other regions keep their proportions of the rest until the rebalancer moves them by demand once its gateways report\n",
-						name, store.NewRegionShare(len(all)), strings.Join(reb, ", "))
-				}
+				p := changePlanJSON{Changes: []store.Change{{Action: store.ActionAdd, Object: "region", ID: name}}, Warnings: []string{}, Applied: true}
 				if len(over) > 0 {
-					a.warnf("scopes %s are under an operator override: %s gets 0 of them until you change the override (ratectl shares set) or it expires",
+					w := fmt.Sprintf("scopes %s are under an operator override: %s gets 0 of them until you change the override (ratectl shares set) or it expires",
 						strings.Join(over, ", "), name)
+					a.warnf("%s", w)
+					p.Warnings = append(p.Warnings, w)
 				}
-				return nil
+				return a.render(cmd, p, func(w io.Writer) {
+					fmt.Fprintf(w, "added region %s\n", name)
+					if len(reb) > 0 {
+						fmt.Fprintf(w, "%s starts at the floor (%.3g) of the rebalancer's shares of %s; the other regions keep their proportions of the rest until the rebalancer moves them by demand once its gateways report\n",
+							name, store.NewRegionShare(len(all)), strings.Join(reb, ", "))
+					}
+				})
 			})
 		}),
 	}
@@ -130,8 +134,8 @@ func newRegionsCmd(a *app) *cobra.Command {
 				case err != nil:
 					return fmt.Errorf("remove region %s: %w", name, err)
 				}
-				fmt.Fprintf(cmd.OutOrStdout(), "removed region %s\n", name)
-				return nil
+				p := changePlanJSON{Changes: []store.Change{{Action: store.ActionDelete, Object: "region", ID: name}}, Warnings: []string{}, Applied: true}
+				return a.render(cmd, p, func(w io.Writer) { fmt.Fprintf(w, "removed region %s\n", name) })
 			})
 		}),
 	}

@@ -104,7 +104,7 @@ Exit codes: 0 success, 1 operation failed, 2 usage or invalid input,
 		newExportCmd(a),
 		newAuditCmd(a),
 		newVersionCmd(a),
-		newCompletionCmd(root),
+		newCompletionCmd(a, root),
 	)
 	return root
 }

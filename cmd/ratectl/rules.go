@@ -207,14 +207,26 @@ tenant or route * gets a WARNING line on stderr, since it reaches every tenant o
 				if err != nil {
 					return err
 				}
+				// The values deleted, for the JSON (none for an id only the database takes).
+				before, err := st.Rules(ctx, dt, dr)
+				if err != nil && !errors.Is(err, regions.ErrInvalid) {
+					return err
+				}
 				if err := st.DeleteRule(ctx, dt, dr); err != nil {
 					if errors.Is(err, store.ErrNotFound) {
 						return fmt.Errorf("rule %s/%s does not exist", dt, dr)
 					}
 					return fmt.Errorf("delete rule %s/%s: %w", dt, dr, err)
 				}
-				fmt.Fprintf(cmd.OutOrStdout(), "deleted rule %s/%s\n", dt, dr)
-				return nil
+				c := store.Change{Action: store.ActionDelete, Object: "rule", ID: dt + "/" + dr}
+				if len(before) == 1 {
+					c.Old = store.RuleValueOf(before[0])
+				}
+				p := changePlanJSON{Changes: []store.Change{c}, Warnings: deleteWarnings(dt, dr), Applied: true}
+				if p.Warnings == nil {
+					p.Warnings = []string{}
+				}
+				return a.render(cmd, p, func(w io.Writer) { fmt.Fprintf(w, "deleted rule %s/%s\n", dt, dr) })
 			})
 		}),
 	}

@@ -374,6 +374,12 @@ func newSharesClearCmd(a *app) *cobra.Command {
 	return cmd
 }
 
+// rawScopeClearJSON is the output of `shares clear --raw-scope S -o json`.
+type rawScopeClearJSON struct {
+	Scope       string `json:"scope"`
+	DeletedRows int64  `json:"deleted_rows"`
+}
+
 // clearRawScope deletes every row of a scope written exactly as raw.
 func clearRawScope(cmd *cobra.Command, a *app, raw, reason string) error {
 	if strings.TrimSpace(reason) == "" {
@@ -394,8 +400,10 @@ func clearRawScope(cmd *cobra.Command, a *app, raw, reason string) error {
 		if n == 0 {
 			return fmt.Errorf("scope %q has no share rows: nothing to delete", raw)
 		}
-		fmt.Fprintf(cmd.OutOrStdout(), "deleted %d share row(s) of scope %q\n", n, raw)
-		return nil
+		out := rawScopeClearJSON{Scope: raw, DeletedRows: n}
+		return a.render(cmd, out, func(w io.Writer) {
+			fmt.Fprintf(w, "deleted %d share row(s) of scope %q\n", n, raw)
+		})
 	})
 }
 

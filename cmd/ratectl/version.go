@@ -25,7 +25,7 @@ func newVersionCmd(a *app) *cobra.Command {
 	}
 }
 
-func newCompletionCmd(root *cobra.Command) *cobra.Command {
+func newCompletionCmd(a *app, root *cobra.Command) *cobra.Command {
 	return &cobra.Command{
 		Use:   "completion bash|zsh|fish",
 		Short: "Print a shell completion script",
@@ -42,6 +42,9 @@ func newCompletionCmd(root *cobra.Command) *cobra.Command {
 			return nil
 		},
 		RunE: runE(func(cmd *cobra.Command, args []string) error {
+			if err := a.refuseJSON(cmd, "it prints a shell script"); err != nil {
+				return err
+			}
 			w := cmd.OutOrStdout()
 			switch args[0] {
 			case "bash":
