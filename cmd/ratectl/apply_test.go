@@ -305,3 +305,36 @@ func TestDiffExitCode(t *testing.T) {
 		t.Errorf("diff --frob without --exit-code: exit %d, want 2", r.code)
 	}
 }
+
+// TestExpiredOverrides: an override past its expiry is over for ratectl too: export does
+// not write it, diff does not plan its deletion, it does not block regions remove; and
+// a file with a past expires_at is refused, naming the override.
+func TestExpiredOverrides(t *testing.T) {
+	t.Parallel()
+	c, url := newDB(t)
+	const file = "testdata/apply/limits.yaml"
+	c.ok("apply", "-f", file, "--apply")
+	if _, err := pgxExec(url, `UPDATE region_share SET expires_at = now() - interval '1 minute' WHERE scope = 'shop-a' AND source = 'override'`); err != nil {
+		t.Fatal(err)
+	}
+	out := c.ok("export").stdout
+	if !strings.Contains(out, "overrides: []") {
+		t.Errorf("export writes the expired override:\n%s", out)
+	}
+	path := filepath.Join(t.TempDir(), "exported.yaml")
+	if err := os.WriteFile(path, []byte(out), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if r := c.run("diff", "-f", path, "--exit-code"); r.code != 0 {
+		t.Errorf("diff of the export: exit %d, plans\n%s", r.code, r.stdout)
+	}
+	c.ok("regions", "add", "ap-south")
+	if r := c.run("regions", "remove", "eu-west"); r.code != 0 {
+		t.Errorf("regions remove eu-west, named by an expired override only: exit %d: %s", r.code, r.stderr)
+	}
+	past := filepath.Join(t.TempDir(), "past.yaml")
+	if err := os.WriteFile(past, []byte("overrides:\n  - {scope: shop-b, shares: {us-east: 1, ap-south: 0}, reason: x, expires_at: \"2020-01-01T00:00:00Z\"}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	checkError(t, c.run("apply", "-f", past, "--apply"), exitUsage, "override shop-b: expires_at 2020-01-01T00:00:00Z is in the past", "")
+}

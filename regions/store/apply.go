@@ -152,36 +152,44 @@ type querier interface {
 }
 
 // Export reads the whole configuration, every section present: regions, rules, operator
-// overrides (expired ones included, until the rebalancer deletes them) and the unrevoked
-// keys. Apply of the result plans no change.
+// overrides in force (an expired one is over, though its rows stay until the rebalancer
+// deletes them) and the unrevoked keys. Apply of the result plans no change.
 func (s *Store) Export(ctx context.Context) (Config, error) {
-	c, err := readConfig(ctx, s.pool)
+	c, _, err := readConfig(ctx, s.pool)
 	if err != nil {
 		return Config{}, fmt.Errorf("export: %w", err)
 	}
 	return c, nil
 }
 
-func readConfig(ctx context.Context, q querier) (Config, error) {
-	rows, _ := q.Query(ctx, `SELECT name FROM region ORDER BY name`)
+// readConfig reads the whole configuration as of the database's clock, which it returns:
+// overrides expired by then are left out (gateways no longer apply them).
+func readConfig(ctx context.Context, q querier) (Config, time.Time, error) {
+	rows, _ := q.Query(ctx, `SELECT now()`)
+	now, err := pgx.CollectExactlyOneRow(rows, pgx.RowTo[time.Time])
+	if err != nil {
+		return Config{}, now, fmt.Errorf("read the database clock: %w", err)
+	}
+	rows, _ = q.Query(ctx, `SELECT name FROM region ORDER BY name`)
 	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	if err != nil {
-		return Config{}, fmt.Errorf("read regions: %w", err)
+		return Config{}, now, fmt.Errorf("read regions: %w", err)
 	}
 	rows, _ = q.Query(ctx, `SELECT tenant_id, route_id, capacity, refill_per_second, shadow, shards, updated_at
 		FROM rate_limit_rule ORDER BY tenant_id, route_id`)
 	rules, err := pgx.CollectRows(rows, pgx.RowToStructByPos[regions.Rule])
 	if err != nil {
-		return Config{}, fmt.Errorf("read rules: %w", err)
+		return Config{}, now, fmt.Errorf("read rules: %w", err)
 	}
 	for i := range rules {
 		rules[i].UpdatedAt = time.Time{}
 	}
 	rows, _ = q.Query(ctx, `SELECT scope, region, share, source, expires_at, updated_at, reason
-		FROM region_share WHERE source = 'override' ORDER BY scope, region`)
+		FROM region_share WHERE source = 'override' AND (expires_at IS NULL OR expires_at > $1)
+		ORDER BY scope, region`, now)
 	shares, err := pgx.CollectRows(rows, scanShare)
 	if err != nil {
-		return Config{}, fmt.Errorf("read overrides: %w", err)
+		return Config{}, now, fmt.Errorf("read overrides: %w", err)
 	}
 	overrides := []Override{}
 	for _, sh := range shares {
@@ -207,14 +215,14 @@ func readConfig(ctx context.Context, q querier) (Config, error) {
 		return k, err
 	})
 	if err != nil {
-		return Config{}, fmt.Errorf("read keys: %w", err)
+		return Config{}, now, fmt.Errorf("read keys: %w", err)
 	}
 	c := Config{Regions: &names, Rules: &rules, Overrides: &overrides, Keys: &keys}
 	if err := c.Normalize(); err != nil {
 		// Only an incomplete database gets here (no default rule); report, do not hide.
-		return c, fmt.Errorf("the stored configuration is not valid: %w", err)
+		return c, now, fmt.Errorf("the stored configuration is not valid: %w", err)
 	}
-	return c, nil
+	return c, now, nil
 }
 
 // Plan is what Apply(desired) would write to the database as it is now, in order.
@@ -222,11 +230,11 @@ func (s *Store) Plan(ctx context.Context, desired Config) ([]Change, error) {
 	if err := desired.Normalize(); err != nil {
 		return nil, err
 	}
-	cur, err := readConfig(ctx, s.pool)
+	cur, now, err := readConfig(ctx, s.pool)
 	if err != nil {
 		return nil, fmt.Errorf("plan: %w", err)
 	}
-	return plan(cur, desired)
+	return plan(cur, desired, now)
 }
 
 // Apply makes the database equal to desired, section by section, in one transaction that
@@ -246,11 +254,11 @@ func (s *Store) Apply(ctx context.Context, desired Config, actor, reason string)
 		if _, err := tx.Exec(ctx, `LOCK TABLE region, rate_limit_rule, api_key, region_share IN EXCLUSIVE MODE`); err != nil {
 			return fmt.Errorf("lock: %w", err)
 		}
-		cur, err := readConfig(ctx, tx)
+		cur, now, err := readConfig(ctx, tx)
 		if err != nil {
 			return err
 		}
-		if changes, err = plan(cur, desired); err != nil {
+		if changes, err = plan(cur, desired, now); err != nil {
 			return err
 		}
 		for _, c := range changes {
@@ -276,8 +284,18 @@ const (
 	orderRemoveRegion
 )
 
-// plan compares the sections desired manages with cur (a whole configuration).
-func plan(cur, desired Config) ([]Change, error) {
+// plan compares the sections desired manages with cur (a whole configuration, read at
+// now on the database's clock). An override of desired that expires by now is refused: it
+// would be written and never apply.
+func plan(cur, desired Config, now time.Time) ([]Change, error) {
+	if desired.Overrides != nil {
+		for _, o := range *desired.Overrides {
+			if !o.ExpiresAt.IsZero() && !o.ExpiresAt.After(now) {
+				return nil, fmt.Errorf("%w override %s: expires_at %s is in the past (the database's clock reads %s): drop the override or give a later time",
+					regions.ErrInvalid, o.Scope, o.ExpiresAt.UTC().Format(time.RFC3339), now.UTC().Format(time.RFC3339))
+			}
+		}
+	}
 	var out []Change
 	regionSet := *cur.Regions
 	if desired.Regions != nil {
@@ -334,14 +352,17 @@ func planRegions(cur, want []string) []Change {
 		if !slices.Contains(want, r) {
 			out = append(out, Change{Action: ActionDelete, Object: "region", ID: r, order: orderRemoveRegion,
 				apply: func(ctx context.Context, tx pgx.Tx) error {
-					var n int
-					if err := tx.QueryRow(ctx, `SELECT count(*) FROM region_share WHERE region = $1`, r).Scan(&n); err != nil {
+					n, err := sharesInForce(ctx, tx, r)
+					if err != nil {
 						return err
 					}
 					if n > 0 {
 						return fmt.Errorf("%w: %d rebalancer share rows name it: remove it with ratectl regions remove --force, which rescales them", ErrRegionInUse, n)
 					}
-					_, err := tx.Exec(ctx, `DELETE FROM region WHERE name = $1`, r)
+					if err := deleteExpiredOverrideRows(ctx, tx, r); err != nil {
+						return err
+					}
+					_, err = tx.Exec(ctx, `DELETE FROM region WHERE name = $1`, r)
 					return err
 				}})
 		}

@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -124,5 +125,73 @@ func TestConfigNormalize(t *testing.T) {
 				t.Errorf("Normalize = %v, want ErrInvalid", err)
 			}
 		})
+	}
+}
+
+// TestApplyExpiredOverrides: an expired override (its rows wait for the rebalancer to
+// delete them) is over for the configuration too: Export leaves it out, a plan does not
+// delete it, it does not block removing a region it names; and a desired override whose
+// expiry has passed is refused, naming it.
+func TestApplyExpiredOverrides(t *testing.T) {
+	t.Parallel()
+	s, _ := newStore(t)
+	ctx := WithAudit(context.Background(), "alice", "test")
+	in := time.Now().Add(time.Hour).UTC()
+	cfg := Config{
+		Regions: ptr([]string{"a", "b", "c"}),
+		Rules:   ptr([]regions.Rule{defaultRule()}),
+		Overrides: ptr([]Override{
+			{Scope: regions.Scope{Tenant: "shop-a"}, Shares: map[string]float64{"a": 0.5, "b": 0.25, "c": 0.25}, ExpiresAt: in, Reason: "sale"},
+			{Scope: regions.Scope{Tenant: "shop-b"}, Shares: map[string]float64{"a": 0.5, "b": 0.5, "c": 0}, Reason: "kept"},
+		}),
+	}
+	if _, err := s.Apply(ctx, cfg, "alice", "setup"); err != nil {
+		t.Fatal(err)
+	}
+	exec(t, s, `UPDATE region_share SET expires_at = now() - interval '1 minute' WHERE scope = 'shop-a' AND source = 'override'`)
+
+	exp, err := s.Export(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(*exp.Overrides) != 1 || (*exp.Overrides)[0].Scope.String() != "shop-b" {
+		t.Errorf("export lists overrides %+v, want shop-b's only (shop-a's expired)", *exp.Overrides)
+	}
+	// The file without shop-a's override: nothing to do.
+	without := Config{Overrides: ptr([]Override{(*cfg.Overrides)[1]})}
+	if p, err := s.Plan(ctx, without); err != nil || len(p) != 0 {
+		t.Errorf("plan without the expired override: %+v, %v; want no change", p, err)
+	}
+	// Removing region c, named by the expired override only (shop-b's is rewritten).
+	shrink := Config{
+		Regions:   ptr([]string{"a", "b"}),
+		Overrides: ptr([]Override{{Scope: regions.Scope{Tenant: "shop-b"}, Shares: map[string]float64{"a": 0.5, "b": 0.5}, Reason: "kept"}}),
+	}
+	if _, err := s.Apply(ctx, shrink, "alice", "shrink"); err != nil {
+		t.Fatalf("apply removing a region only an expired override names: %v", err)
+	}
+	if err := s.RemoveRegion(ctx, "b", RefuseInUse); !errors.Is(err, ErrRegionInUse) {
+		t.Errorf("remove b, in shop-b's override: %v, want ErrRegionInUse", err)
+	}
+	exec(t, s, `UPDATE region_share SET expires_at = now() - interval '1 minute' WHERE scope = 'shop-b' AND source = 'override'`)
+	if err := s.RemoveRegion(ctx, "b", RefuseInUse); err != nil {
+		t.Errorf("remove b, named by expired overrides only: %v", err)
+	}
+	if n := count(t, s, `SELECT count(*) FROM region_share WHERE region IN ('b', 'c')`); n != 0 {
+		t.Errorf("%d share rows still name the removed regions", n)
+	}
+
+	// A desired override already expired is refused, by name, and nothing is written.
+	past := Config{Overrides: ptr([]Override{{Scope: regions.Scope{Tenant: "shop-c"}, Shares: map[string]float64{"a": 1}, ExpiresAt: time.Now().Add(-time.Hour), Reason: "late"}})}
+	for name, f := range map[string]func() error{
+		"plan":  func() error { _, err := s.Plan(ctx, past); return err },
+		"apply": func() error { _, err := s.Apply(ctx, past, "alice", "late"); return err },
+	} {
+		if err := f(); !errors.Is(err, regions.ErrInvalid) || !strings.Contains(err.Error(), "override shop-c") || !strings.Contains(err.Error(), "in the past") {
+			t.Errorf("%s of an override expired already: %v, want ErrInvalid naming shop-c", name, err)
+		}
+	}
+	if n := count(t, s, `SELECT count(*) FROM region_share WHERE scope = 'shop-c'`); n != 0 {
+		t.Errorf("the refused override wrote %d rows", n)
 	}
 }

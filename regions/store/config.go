@@ -160,12 +160,16 @@ func removeRegionTx(ctx context.Context, tx pgx.Tx, name string, how RegionRemov
 	case err != nil:
 		return err
 	}
-	var shares int
-	if err := tx.QueryRow(ctx, `SELECT count(*) FROM region_share WHERE region = $1`, name).Scan(&shares); err != nil {
+	shares, err := sharesInForce(ctx, tx, name)
+	if err != nil {
 		return err
 	}
 	if shares > 0 && how != DropShares {
 		return fmt.Errorf("%w: %d share rows name it (clear them, or force)", ErrRegionInUse, shares)
+	}
+	// The rows of expired overrides are over: they go, without rescaling anything.
+	if err := deleteExpiredOverrideRows(ctx, tx, name); err != nil {
+		return err
 	}
 	// The (scope, source) sets that named the region, to renormalise after the delete.
 	var scopes, sources []string
@@ -194,7 +198,7 @@ func removeRegionTx(ctx context.Context, tx pgx.Tx, name string, how RegionRemov
 		WHERE r.scope = t.scope AND r.source = t.source`, scopes, sources); err != nil {
 		return err
 	}
-	_, err := tx.Exec(ctx, `DELETE FROM region WHERE name = $1`, name)
+	_, err = tx.Exec(ctx, `DELETE FROM region WHERE name = $1`, name)
 	return dbErr(err)
 }
 
@@ -546,4 +550,22 @@ func RawID(kind, id string) error {
 		}
 	}
 	return nil
+}
+
+// sharesInForce counts the share rows that name region and still apply: every rebalancer
+// row, and the override rows not expired (those wait for the rebalancer to delete them,
+// and block nothing).
+func sharesInForce(ctx context.Context, tx pgx.Tx, region string) (int, error) {
+	var n int
+	err := tx.QueryRow(ctx, `SELECT count(*) FROM region_share WHERE region = $1
+		AND NOT (source = 'override' AND expires_at IS NOT NULL AND expires_at <= now())`, region).Scan(&n)
+	return n, err
+}
+
+// deleteExpiredOverrideRows deletes the rows of expired overrides that name region, so it
+// can be removed (each leaves a share-history row, as every delete does).
+func deleteExpiredOverrideRows(ctx context.Context, tx pgx.Tx, region string) error {
+	_, err := tx.Exec(ctx, `DELETE FROM region_share WHERE region = $1
+		AND source = 'override' AND expires_at IS NOT NULL AND expires_at <= now()`, region)
+	return err
 }
