@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/hex"
 	"errors"
@@ -56,13 +55,13 @@ type keyYAML struct {
 // maxLimitsFile bounds what apply reads: a control plane's configuration, not a data set.
 const maxLimitsFile = 16 << 20
 
-// readLimits reads and decodes FILE ("-": stdin) strictly: unknown keys are errors.
+// readLimits reads and decodes FILE ("-": stdin) strictly (see decodeLimits).
 func (a *app) readLimits(cmd *cobra.Command, path string) (cfg store.Config, err error) {
-	var data []byte
-	if path == "-" {
-		data, err = io.ReadAll(io.LimitReader(cmd.InOrStdin(), maxLimitsFile+1))
-	} else {
-		data, err = os.ReadFile(path)
+	ctx, cancel := context.WithTimeout(cmd.Context(), limitsDeadline)
+	defer cancel()
+	data, err := readLimitsBytes(ctx, cmd.InOrStdin(), path)
+	if ctx.Err() != nil {
+		return store.Config{}, fmt.Errorf("read %s: %w", path, err)
 	}
 	if err != nil {
 		return store.Config{}, usagef("read %s: %v", path, errors.Unwrap(err))
@@ -70,19 +69,12 @@ func (a *app) readLimits(cmd *cobra.Command, path string) (cfg store.Config, err
 	if len(data) > maxLimitsFile {
 		return store.Config{}, usagef("%s: larger than %d bytes", path, maxLimitsFile)
 	}
-	// goccy/go-yaml may panic on malformed input (see gateway.ParseConfig).
-	defer func() {
-		if p := recover(); p != nil {
-			cfg, err = store.Config{}, usagef("%s: not valid YAML", path)
-		}
-	}()
-	var f limitsFile
-	dec := yaml.NewDecoder(bytes.NewReader(data), yaml.DisallowUnknownField())
-	if err := dec.Decode(&f); err != nil {
-		if errors.Is(err, io.EOF) {
-			return store.Config{}, usagef("%s: the file is empty", path)
-		}
-		return store.Config{}, usagef("%s: %s", path, strings.Join(strings.Fields(yaml.FormatError(err, false, false)), " "))
+	f, err := decodeLimits(ctx, data)
+	if ctx.Err() != nil {
+		return store.Config{}, fmt.Errorf("read %s: %w", path, err)
+	}
+	if err != nil {
+		return store.Config{}, usagef("%s: %v", path, err)
 	}
 	cfg, err = f.config()
 	if err != nil {
