@@ -53,6 +53,11 @@ func (a *app) dbError(err error) error {
 	if errors.As(err, &pgErr) && isSchemaMissing(pgErr) {
 		return fmt.Errorf("the database at %s lacks the quotaplane schema (%s): run `ratectl migrate up`", addr, pgErr.Message)
 	}
+	// A failed connection holds one error per attempt: with sslmode=prefer (the default)
+	// a TLS attempt the server refused, then the plain one, which tells why.
+	if cause := connectCause(err); cause != nil {
+		err = cause
+	}
 	if tlsErr := tlsFailure(err); tlsErr != nil {
 		// Not "unreachable": the server answered, and retrying will not help (exit 1).
 		return fmt.Errorf("database at %s: TLS failed: %v (check sslmode, sslrootcert and the server certificate)", addr, tlsErr)

@@ -396,6 +396,12 @@ func TestDatabaseErrors(t *testing.T) {
 	noDB := strings.Replace(real, "postgres@", "postgres:"+password+"@", 1)
 	noDB = noDB[:strings.LastIndex(noDB, "/")] + "/no_such_db?sslmode=disable"
 
+	// The same with the default sslmode (prefer): the server refuses TLS, then answers the
+	// plain attempt; that answer is the cause, not "server refused TLS connection".
+	noDBPrefer := strings.TrimSuffix(noDB, "?sslmode=disable")
+	noRole := strings.Replace(noDBPrefer, "postgres:"+password+"@", "no_such_role:"+password+"@", 1)
+	noRole = noRole[:strings.LastIndex(noRole, "/")] + "/postgres"
+
 	start := time.Now()
 	for _, tc := range []struct {
 		name     string
@@ -410,6 +416,8 @@ func TestDatabaseErrors(t *testing.T) {
 		{"unreachable write", map[string]string{envDatabaseURL: closed}, []string{"shares", "set", "a=1", "--reason", "x", "--apply"}, exitUnreachable, "database at 127.0.0.1:" + port + " unreachable"},
 		{"unreachable key dsn", nil, []string{"keys", "list", "--database-url", "host=127.0.0.1 port=" + port + " user=ops password=" + password}, exitUnreachable, "database at 127.0.0.1:" + port + " unreachable"},
 		{"no such database", nil, []string{"regions", "list", "--database-url", noDB}, exitFailure, `refused the connection: database "no_such_db" does not exist`},
+		{"no such database, sslmode prefer", nil, []string{"regions", "list", "--database-url", noDBPrefer}, exitFailure, `refused the connection: database "no_such_db" does not exist (SQLSTATE 3D000)`},
+		{"no such role, sslmode prefer", nil, []string{"regions", "list", "--database-url", noRole}, exitFailure, `refused the connection: role "no_such_role" does not exist (SQLSTATE 28000)`},
 		{"bad url", nil, []string{"regions", "list", "--database-url", "postgres://ops:" + password + "@127.0.0.1:notaport/x"}, exitUsage, "database url"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
