@@ -251,7 +251,7 @@ func (s *Store) Apply(ctx context.Context, desired Config, actor, reason string)
 	}
 	var changes []Change
 	err := s.write(ctx, audit{actor, reason}, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, `LOCK TABLE region, rate_limit_rule, api_key, region_share IN EXCLUSIVE MODE`); err != nil {
+		if _, err := tx.Exec(ctx, `LOCK TABLE `+strings.Join(desired.tables(), ", ")+` IN EXCLUSIVE MODE`); err != nil {
 			return fmt.Errorf("lock: %w", err)
 		}
 		cur, now, err := readConfig(ctx, tx)
@@ -261,17 +261,97 @@ func (s *Store) Apply(ctx context.Context, desired Config, actor, reason string)
 		if changes, err = plan(cur, desired, now); err != nil {
 			return err
 		}
-		for _, c := range changes {
-			if err := c.apply(ctx, tx); err != nil {
-				return fmt.Errorf("%s %s %s: %w", c.Action, c.Object, c.ID, dbErr(err))
-			}
-		}
-		return nil
+		return applyChanges(ctx, tx, changes)
 	})
 	if err != nil {
 		return nil, fmt.Errorf("apply: %w", err)
 	}
 	return changes, nil
+}
+
+// tables are the tables Apply(c) locks against writers while it plans and writes: those
+// of the sections c manages, and region for any of them that reads the region set (the
+// overrides' shares name every region). A rules-only file leaves keys and shares free.
+func (c Config) tables() []string {
+	var ts []string
+	if c.Regions != nil || c.Overrides != nil {
+		ts = append(ts, "region", "region_share")
+	}
+	if c.Rules != nil {
+		ts = append(ts, "rate_limit_rule")
+	}
+	if c.Keys != nil {
+		ts = append(ts, "api_key")
+	}
+	if len(ts) == 0 {
+		ts = []string{"region"} // nothing managed: the plan is empty; lock the least
+	}
+	return ts
+}
+
+// applyChanges writes changes in order. The rule changes, however many (a file of 100,000
+// rules), are written together at the place of the first: one DELETE and one
+// INSERT ... ON CONFLICT of arrays, not a statement per rule.
+func applyChanges(ctx context.Context, tx pgx.Tx, changes []Change) error {
+	rulesDone := false
+	for _, c := range changes {
+		if c.Object == "rule" {
+			if !rulesDone {
+				if err := applyRuleChanges(ctx, tx, changes); err != nil {
+					return fmt.Errorf("rules: %w", dbErr(err))
+				}
+				rulesDone = true
+			}
+			continue
+		}
+		if err := c.apply(ctx, tx); err != nil {
+			return fmt.Errorf("%s %s %s: %w", c.Action, c.Object, c.ID, dbErr(err))
+		}
+	}
+	return nil
+}
+
+// applyRuleChanges writes every rule change of changes in two statements: the deletes,
+// then the adds and changes as one upsert.
+func applyRuleChanges(ctx context.Context, tx pgx.Tx, changes []Change) error {
+	var (
+		delTenant, delRoute []string
+		tenant, route       []string
+		capacity            []int64
+		refill              []float64
+		shadow              []bool
+		shards              []int32
+	)
+	for _, c := range changes {
+		if c.Object != "rule" {
+			continue
+		}
+		r := c.rule
+		if c.Action == ActionDelete {
+			delTenant, delRoute = append(delTenant, r.Tenant), append(delRoute, r.Route)
+			continue
+		}
+		tenant, route = append(tenant, r.Tenant), append(route, r.Route)
+		capacity, refill = append(capacity, r.Capacity), append(refill, r.RefillPerSecond)
+		shadow, shards = append(shadow, r.Shadow), append(shards, int32(r.Shards))
+	}
+	if len(delTenant) > 0 {
+		if _, err := tx.Exec(ctx, `DELETE FROM rate_limit_rule r USING unnest($1::text[], $2::text[]) AS d(tenant_id, route_id)
+			WHERE r.tenant_id = d.tenant_id AND r.route_id = d.route_id`, delTenant, delRoute); err != nil {
+			return fmt.Errorf("delete %d: %w", len(delTenant), err)
+		}
+	}
+	if len(tenant) > 0 {
+		if _, err := tx.Exec(ctx, `INSERT INTO rate_limit_rule (tenant_id, route_id, capacity, refill_per_second, shadow, shards, updated_at)
+			SELECT t, r, c, f, s, n, now() FROM unnest($1::text[], $2::text[], $3::bigint[], $4::float8[], $5::bool[], $6::int[]) AS u(t, r, c, f, s, n)
+			ON CONFLICT (tenant_id, route_id) DO UPDATE SET capacity = EXCLUDED.capacity,
+				refill_per_second = EXCLUDED.refill_per_second, shadow = EXCLUDED.shadow,
+				shards = EXCLUDED.shards, updated_at = now()`,
+			tenant, route, capacity, refill, shadow, shards); err != nil {
+			return fmt.Errorf("write %d: %w", len(tenant), err)
+		}
+	}
+	return nil
 }
 
 // Order of the writes: regions are added first (rules and overrides may name them),
@@ -383,16 +463,7 @@ func planRules(cur, want []regions.Rule) []Change {
 		if ok && old == r {
 			continue
 		}
-		c := Change{Action: ActionAdd, Object: "rule", ID: key(r), New: RuleValueOf(r), order: orderRule,
-			apply: func(ctx context.Context, tx pgx.Tx) error {
-				_, err := tx.Exec(ctx, `INSERT INTO rate_limit_rule (tenant_id, route_id, capacity, refill_per_second, shadow, shards, updated_at)
-					VALUES ($1, $2, $3, $4, $5, $6, now())
-					ON CONFLICT (tenant_id, route_id) DO UPDATE SET capacity = EXCLUDED.capacity,
-						refill_per_second = EXCLUDED.refill_per_second, shadow = EXCLUDED.shadow,
-						shards = EXCLUDED.shards, updated_at = now()`,
-					r.Tenant, r.Route, r.Capacity, r.RefillPerSecond, r.Shadow, r.Shards)
-				return err
-			}}
+		c := Change{Action: ActionAdd, Object: "rule", ID: key(r), New: RuleValueOf(r), order: orderRule, rule: r}
 		if ok {
 			c.Action, c.Old = ActionChange, RuleValueOf(old)
 		}
@@ -400,11 +471,7 @@ func planRules(cur, want []regions.Rule) []Change {
 	}
 	for _, k := range slices.Sorted(maps.Keys(have)) {
 		r := have[k]
-		out = append(out, Change{Action: ActionDelete, Object: "rule", ID: k, Old: RuleValueOf(r), order: orderRule,
-			apply: func(ctx context.Context, tx pgx.Tx) error {
-				_, err := tx.Exec(ctx, `DELETE FROM rate_limit_rule WHERE tenant_id = $1 AND route_id = $2`, r.Tenant, r.Route)
-				return err
-			}})
+		out = append(out, Change{Action: ActionDelete, Object: "rule", ID: k, Old: RuleValueOf(r), order: orderRule, rule: r})
 	}
 	return out
 }

@@ -36,6 +36,7 @@ type Change struct {
 
 	apply func(ctx context.Context, tx pgx.Tx) error
 	order int
+	rule  regions.Rule // of a rule change: Apply writes every rule change in one statement per action
 }
 
 // ChangeValue is the state of one object on one side of a Change; String is the short
