@@ -338,3 +338,22 @@ func TestExpiredOverrides(t *testing.T) {
 	}
 	checkError(t, c.run("apply", "-f", past, "--apply"), exitUsage, "override shop-b: expires_at 2020-01-01T00:00:00Z is in the past", "")
 }
+
+// TestDurationsTakeDays: every duration flag reads days as --since does (--ttl 1d failed).
+func TestDurationsTakeDays(t *testing.T) {
+	t.Parallel()
+	c, url := newDB(t)
+	c.ok("regions", "add", "us-east")
+	c.ok("shares", "set", "us-east=1", "--reason", "test", "--ttl", "1d", "--apply", "--timeout", "1d")
+	if got := sqlInt(t, url, `SELECT count(*) FROM region_share WHERE source = 'override'
+		AND expires_at BETWEEN now() + interval '23 hours' AND now() + interval '25 hours'`); got != 1 {
+		t.Errorf("--ttl 1d: %d override rows expiring in a day, want 1", got)
+	}
+	for _, args := range [][]string{
+		{"status", "--window", "soon"},
+		{"status", "--window", "1x"},
+		{"version", "--timeout", "soon"},
+	} {
+		checkError(t, c.run(args...), exitUsage, "want a duration like 7d, 2w, 36h or 90m", "")
+	}
+}

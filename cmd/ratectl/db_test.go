@@ -357,7 +357,7 @@ func TestShares(t *testing.T) {
 		{"bad tenant id", []string{"shares", "set", "--tenant", "shop a", "us-east=0.5", "eu-west=0.5", "--reason", "x"}, exitUsage, `invalid tenant id "shop a"`},
 		{"route without tenant", []string{"shares", "get", "--route", "r"}, exitUsage, "--route needs --tenant"},
 		{"no reason", []string{"shares", "set", "us-east=0.5", "eu-west=0.5", "--apply"}, exitUsage, "--reason is required"},
-		{"negative ttl", []string{"shares", "set", "us-east=0.5", "eu-west=0.5", "--reason", "x", "--ttl", "-1h"}, exitUsage, "--ttl -1h0m0s: must be >= 0"},
+		{"negative ttl", []string{"shares", "set", "us-east=0.5", "eu-west=0.5", "--reason", "x", "--ttl", "-1h"}, exitUsage, `invalid argument "-1h" for "--ttl" flag: "-1h": must not be negative`},
 		{"no shares", []string{"shares", "set", "--reason", "x"}, exitUsage, "needs REGION=SHARE for every region"},
 		{"clear without override", []string{"shares", "clear", "--reason", "x"}, exitFailure, "scope * has no override: nothing to clear"},
 		{"clear without reason", []string{"shares", "clear"}, exitUsage, "--reason is required"},

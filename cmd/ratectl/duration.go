@@ -7,8 +7,9 @@ import (
 	"time"
 )
 
-// durationValue is a --since style flag: Go durations (90m, 36h) plus whole days and
-// weeks (7d, 2w), which is how people say "since". Negative values are refused.
+// durationValue is every duration flag of ratectl (--since, --ttl, --timeout, --window,
+// --interval): Go durations (90m, 36h) plus whole days and weeks (7d, 2w, 1d12h), one
+// syntax everywhere. Negative values are refused.
 type durationValue time.Duration
 
 func (d *durationValue) String() string { return formatDays(time.Duration(*d)) }
@@ -47,8 +48,11 @@ func parseDays(s string) (time.Duration, error) {
 	}
 	if s != "" {
 		rest, err := time.ParseDuration(s)
-		if err != nil || rest < 0 {
+		switch {
+		case err != nil:
 			return 0, fmt.Errorf("%q: want a duration like 7d, 2w, 36h or 90m", orig)
+		case rest < 0:
+			return 0, fmt.Errorf("%q: must not be negative", orig)
 		}
 		total += rest
 	}

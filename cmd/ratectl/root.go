@@ -87,7 +87,8 @@ Exit codes: 0 success, 1 operation failed, 2 usage or invalid input,
 	pf.StringVar(&a.prometheusURL, "prometheus-url", "", "Prometheus base URL for status (env "+envPrometheusURL+")")
 	pf.StringVar(&a.actorName, "actor", "", "who makes the change, for the audit log (env "+envActor+"; default the OS user)")
 	pf.StringVarP(&a.output, "output", "o", outputTable, "output format: table or json")
-	pf.DurationVar(&a.timeout, "timeout", 15*time.Second, "give up on the database, Prometheus or Redis after this long")
+	a.timeout = 15 * time.Second
+	pf.Var((*durationValue)(&a.timeout), "timeout", "give up on the database, Prometheus or Redis after this long")
 	_ = root.RegisterFlagCompletionFunc("output", cobra.FixedCompletions([]string{outputTable, outputJSON}, cobra.ShellCompDirectiveNoFileComp))
 
 	root.AddCommand(

@@ -265,7 +265,7 @@ transaction, recorded in the share history with your OS user and --reason.`,
 	sf.add(cmd, "override the shares")
 	f := cmd.Flags()
 	f.StringVar(&reason, "reason", "", "why (required; recorded in the share history)")
-	f.DurationVar(&ttl, "ttl", 0, "the override expires after this long (0: never)")
+	f.Var((*durationValue)(&ttl), "ttl", "the override expires after this long: 2h, 90m, 1d, 1w (0: never)")
 	f.BoolVar(&apply, "apply", false, "write the override (without it, only print the plan)")
 	return cmd
 }

@@ -51,8 +51,9 @@ database.`,
 	f := cmd.Flags()
 	f.StringVar(&o.trace, "trace", "", `the trace file ("-": standard input) (required)`)
 	f.StringArrayVar(&o.policies, "policy", nil, "a policy to simulate; repeat for several (default: compare all)")
-	f.DurationVar(&o.interval, "interval", def.Interval, "the rebalancer's full-run interval")
-	f.DurationVar(&o.checkInterval, "check-interval", def.CheckInterval, "the rebalancer's fast-path check interval (waterfill)")
+	o.interval, o.checkInterval = def.Interval, def.CheckInterval
+	f.Var((*durationValue)(&o.interval), "interval", "the rebalancer's full-run interval")
+	f.Var((*durationValue)(&o.checkInterval), "check-interval", "the rebalancer's fast-path check interval (waterfill)")
 	f.Int64Var(&o.capacity, "capacity", def.Capacity, "every tenant's global capacity (burst)")
 	f.Float64Var(&o.refill, "refill", def.Refill, "every tenant's global refill per second")
 	_ = cmd.MarkFlagRequired("trace")

@@ -80,8 +80,9 @@ With a database URL, regions that have no series at all are listed as no-data.`,
 	}
 	f := cmd.Flags()
 	f.StringVar(&o.tenant, "tenant", "", "show one tenant's traffic")
-	f.DurationVar(&o.window, "window", time.Minute, "rate window")
-	f.DurationVar(&o.staleAfter, "stale-after", 2*time.Minute, "a rule reload older than this marks the region stale-rules")
+	o.window, o.staleAfter = time.Minute, 2*time.Minute
+	f.Var((*durationValue)(&o.window), "window", "rate window")
+	f.Var((*durationValue)(&o.staleAfter), "stale-after", "a rule reload older than this marks the region stale-rules")
 	f.StringVar(&o.at, "at", "", "evaluate at this time (RFC 3339) instead of now")
 	return cmd
 }
