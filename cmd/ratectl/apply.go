@@ -1,8 +1,10 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -198,6 +200,47 @@ type changePlanJSON struct {
 	Changes  []store.Change `json:"changes"`
 	Warnings []string       `json:"warnings"`
 	Applied  bool           `json:"applied"`
+	// State fingerprints the database sections the plan was made against (a plan of
+	// apply or diff): apply --plan writes only while they are unchanged.
+	State string `json:"state,omitempty"`
+}
+
+// savedPlan is what apply --plan reads of a plan saved with -o json.
+type savedPlan struct {
+	Changes []json.RawMessage `json:"changes"`
+	Applied bool              `json:"applied"`
+	State   string            `json:"state"`
+}
+
+// readSavedPlan reads a plan printed by diff -o json or apply -o json.
+func readSavedPlan(path string) (savedPlan, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return savedPlan{}, usagef("--plan: read %s: %v", path, errors.Unwrap(err))
+	}
+	var p savedPlan
+	if err := json.Unmarshal(b, &p); err != nil {
+		return savedPlan{}, usagef("--plan %s: not a plan printed by ratectl diff -o json: %v", path, err)
+	}
+	if p.Applied || p.State == "" {
+		return savedPlan{}, usagef("--plan %s: not a plan printed by ratectl diff -o json (applied, or no state)", path)
+	}
+	return p, nil
+}
+
+// samePlan is whether changes are the saved plan's, change for change.
+func samePlan(saved []json.RawMessage, changes []store.Change) bool {
+	if len(saved) != len(changes) {
+		return false
+	}
+	for i, c := range changes {
+		got, err := json.Marshal(c)
+		var want bytes.Buffer
+		if err != nil || json.Compact(&want, saved[i]) != nil || !bytes.Equal(got, want.Bytes()) {
+			return false
+		}
+	}
+	return true
 }
 
 // renderPlan prints the changes, the warnings and whether anything was written.
@@ -277,9 +320,10 @@ func newApplyCmd(a *app) *cobra.Command {
 		onlyMissing bool
 		reason      string
 		gwConfig    []string
+		planFile    string
 	)
 	cmd := &cobra.Command{
-		Use:   "apply -f FILE [--apply]",
+		Use:   "apply -f FILE [--plan PLAN.json] [--apply]",
 		Short: "Make the database match a limits file (regions, rules, overrides, key hashes): a plan by default",
 		Long: `Make the database match a limits file, such as one kept in git. Without --apply it only
 prints the plan; with --apply it writes every change in one transaction (the plan is
@@ -289,6 +333,11 @@ recomputed inside it), one audit entry per change, actor from --actor and reason
 A section left out of the file (regions, rules, overrides, keys) is not touched; a section
 present, even empty, is the whole truth: what it does not list is deleted (keys are
 revoked). ratectl export prints a file this command takes back. See docs/ratectl.md.
+
+With --plan PLAN.json (the output of diff -f FILE -o json, reviewed) it writes only that
+plan: it refuses, writing nothing, when the file's plan is no longer the saved one or the
+database sections the file manages changed since it was made (checked again under the
+lock).
 
 With --only-missing it only adds the file's regions and rules that the database lacks,
 and changes and deletes nothing: a seed that may run again and again, as compose.yaml's
@@ -302,22 +351,49 @@ setup does on every start, without undoing what was changed with ratectl since.`
 			if onlyMissing && (cfg.Overrides != nil || cfg.Keys != nil) {
 				return usagef("--only-missing adds regions and rules only: leave the overrides and keys sections out of %s", file)
 			}
+			var pinned savedPlan
+			if planFile != "" {
+				if onlyMissing {
+					return usagef("--plan and --only-missing do not go together")
+				}
+				if pinned, err = readSavedPlan(planFile); err != nil {
+					return err
+				}
+			}
 			return a.withStore(cmd, func(ctx context.Context, st *store.Store) error {
 				if onlyMissing {
 					return a.applyOnlyMissing(ctx, cmd, st, cfg, routes, write, reasonOr(reason, cmd))
 				}
-				if !write {
-					changes, err := st.Plan(ctx, cfg)
+				// A plan to print, or to hold against the saved one; a plain --apply
+				// plans under the lock only (a 100k-rule file is read once).
+				var state string
+				if !write || planFile != "" {
+					changes, now, err := st.PlanState(ctx, cfg)
 					if err != nil {
 						return err
 					}
-					return a.renderPlan(cmd, changePlanJSON{Changes: changes, Warnings: ruleWarnings(changes, routes)})
+					if planFile != "" {
+						switch {
+						case !samePlan(pinned.Changes, changes):
+							return fmt.Errorf("%s is not the plan of %s now (%d changes saved, %d now: the file or the database changed): review a new plan (ratectl diff -o json)",
+								planFile, file, len(pinned.Changes), len(changes))
+						case now != pinned.State:
+							return fmt.Errorf("%s: %w: review a new plan (ratectl diff -o json)", planFile, store.ErrStateChanged)
+						}
+					}
+					if !write {
+						return a.renderPlan(cmd, changePlanJSON{Changes: changes, Warnings: ruleWarnings(changes, routes), State: now})
+					}
+					state = now
 				}
 				actor, err := a.actor()
 				if err != nil {
 					return err
 				}
-				changes, err := st.Apply(ctx, cfg, actor, reasonOr(reason, cmd))
+				changes, err := st.ApplyState(ctx, cfg, state, actor, reasonOr(reason, cmd))
+				if errors.Is(err, store.ErrStateChanged) {
+					return fmt.Errorf("%s: %w: nothing written; review a new plan (ratectl diff -o json)", planFile, err)
+				}
 				if err != nil {
 					return err
 				}
@@ -329,6 +405,7 @@ setup does on every start, without undoing what was changed with ratectl since.`
 	f.StringVarP(&file, "file", "f", "", "the limits file (YAML; - for stdin)")
 	f.BoolVar(&write, "apply", false, "write the changes (without it: print the plan only)")
 	f.BoolVar(&onlyMissing, "only-missing", false, "only add the regions and rules the database lacks; change and delete nothing")
+	f.StringVar(&planFile, "plan", "", "a plan saved with diff -f FILE -o json: write it only if it is still the plan, the database unchanged since")
 	f.StringVar(&reason, "reason", "", "why, for the audit log (default: the command)")
 	f.StringSliceVar(&gwConfig, "gateway-config", nil, "gateway config files whose route ids rules must use (warn otherwise); repeat or comma-separate")
 	return cmd
@@ -423,11 +500,11 @@ changes (the plan is printed), 1 an error of any kind (bad file, unreachable dat
 				return err
 			}
 			return a.withStore(cmd, func(ctx context.Context, st *store.Store) error {
-				changes, err := st.Plan(ctx, cfg)
+				changes, state, err := st.PlanState(ctx, cfg)
 				if err != nil {
 					return err
 				}
-				if err := a.renderPlan(cmd, changePlanJSON{Changes: changes, Warnings: ruleWarnings(changes, routes)}); err != nil {
+				if err := a.renderPlan(cmd, changePlanJSON{Changes: changes, Warnings: ruleWarnings(changes, routes), State: state}); err != nil {
 					return err
 				}
 				if a.detailedExit && len(changes) > 0 {

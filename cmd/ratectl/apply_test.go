@@ -357,3 +357,42 @@ func TestDurationsTakeDays(t *testing.T) {
 		checkError(t, c.run(args...), exitUsage, "want a duration like 7d, 2w, 36h or 90m", "")
 	}
 }
+
+// TestApplyPinnedPlan: apply --plan writes the plan saved by diff -o json only while it is
+// still the plan: a rule changed meanwhile, or an edited file, is refused with nothing
+// written; a fresh plan is written.
+func TestApplyPinnedPlan(t *testing.T) {
+	t.Parallel()
+	c, url := newDB(t)
+	const file = "testdata/apply/limits.yaml"
+	dir := t.TempDir()
+	save := func(name string) string {
+		t.Helper()
+		r := c.run("diff", "-f", file, "-o", "json")
+		path := filepath.Join(dir, name)
+		if err := os.WriteFile(path, []byte(r.stdout), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(r.stdout, `"state": "sha256:`) {
+			t.Fatalf("diff -o json has no state:\n%s", r.stdout)
+		}
+		return path
+	}
+	stale := save("stale.json")
+	c.ok("rules", "set", "--tenant", "shop-b", "--route", "*", "--capacity", "3", "--refill", "1", "--apply") // after the review
+	checkError(t, c.run("apply", "-f", file, "--plan", stale, "--apply"), exitFailure, "the file or the database changed", "")
+	if n := sqlInt(t, url, `SELECT count(*) FROM region`); n != 0 {
+		t.Fatalf("a refused pinned apply wrote %d regions", n)
+	}
+	// A rule the plan deletes changed since: its old values are no longer the plan's.
+	fresh := save("fresh.json")
+	c.ok("rules", "set", "--tenant", "shop-b", "--route", "*", "--capacity", "4", "--apply")
+	checkError(t, c.run("apply", "-f", file, "--plan", fresh, "--apply"), exitFailure, "is not the plan of", "")
+	fresh = save("fresh2.json")
+	checkError(t, c.run("apply", "-f", "../../deploy/compose/limits.yaml", "--plan", fresh), exitFailure, "is not the plan of", "")
+	checkError(t, c.run("apply", "-f", file, "--plan", file), exitUsage, "not a plan printed by ratectl diff -o json", "")
+	r := c.ok("apply", "-f", file, "--plan", fresh, "--apply")
+	if !strings.Contains(r.stdout, "Applied 8 change(s)") {
+		t.Errorf("pinned apply of a fresh plan:\n%s", r.stdout)
+	}
+}

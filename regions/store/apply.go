@@ -3,7 +3,9 @@ package store
 import (
 	"cmp"
 	"context"
+	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
@@ -227,14 +229,51 @@ func readConfig(ctx context.Context, q querier) (Config, time.Time, error) {
 
 // Plan is what Apply(desired) would write to the database as it is now, in order.
 func (s *Store) Plan(ctx context.Context, desired Config) ([]Change, error) {
+	changes, _, err := s.PlanState(ctx, desired)
+	return changes, err
+}
+
+// PlanState is Plan and the state of the database it was made against: a fingerprint of
+// the sections desired manages (regions too when it manages overrides), for ApplyState.
+func (s *Store) PlanState(ctx context.Context, desired Config) ([]Change, string, error) {
 	if err := desired.Normalize(); err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	cur, now, err := readConfig(ctx, s.pool)
 	if err != nil {
-		return nil, fmt.Errorf("plan: %w", err)
+		return nil, "", fmt.Errorf("plan: %w", err)
 	}
-	return plan(cur, desired, now)
+	changes, err := plan(cur, desired, now)
+	if err != nil {
+		return nil, "", err
+	}
+	return changes, stateOf(cur, desired), nil
+}
+
+// ErrStateChanged is ApplyState's refusal: the database is no longer as the plan found it.
+var ErrStateChanged = errors.New("the database changed since the plan was made")
+
+// stateOf fingerprints the sections of cur that desired manages.
+func stateOf(cur, desired Config) string {
+	var v Config
+	if desired.Regions != nil || desired.Overrides != nil {
+		v.Regions = cur.Regions
+	}
+	if desired.Rules != nil {
+		v.Rules = cur.Rules
+	}
+	if desired.Overrides != nil {
+		v.Overrides = cur.Overrides
+	}
+	if desired.Keys != nil {
+		v.Keys = cur.Keys
+	}
+	b, err := json.Marshal(v) // sorted lists (Normalize) and map keys: deterministic
+	if err != nil {
+		panic(fmt.Sprintf("store: marshal a configuration: %v", err)) // plain values only
+	}
+	sum := sha256.Sum256(b)
+	return "sha256:" + hex.EncodeToString(sum[:])
 }
 
 // Apply makes the database equal to desired, section by section, in one transaction that
@@ -243,6 +282,14 @@ func (s *Store) Plan(ctx context.Context, desired Config) ([]Change, error) {
 // change is recorded with actor and reason (audit_log for regions, rules and keys,
 // region_share_history for overrides). An empty plan writes nothing.
 func (s *Store) Apply(ctx context.Context, desired Config, actor, reason string) ([]Change, error) {
+	return s.ApplyState(ctx, desired, "", actor, reason)
+}
+
+// ApplyState is Apply of a plan made against state (PlanState): under the lock, before
+// writing anything, it refuses with ErrStateChanged when the sections desired manages
+// are no longer in that state, so what is written is the plan that was reviewed. An empty
+// state skips the check (Apply).
+func (s *Store) ApplyState(ctx context.Context, desired Config, state, actor, reason string) ([]Change, error) {
 	if err := desired.Normalize(); err != nil {
 		return nil, err
 	}
@@ -257,6 +304,9 @@ func (s *Store) Apply(ctx context.Context, desired Config, actor, reason string)
 		cur, now, err := readConfig(ctx, tx)
 		if err != nil {
 			return err
+		}
+		if got := stateOf(cur, desired); state != "" && got != state {
+			return fmt.Errorf("%w (planned against %s, now %s)", ErrStateChanged, shortState(state), shortState(got))
 		}
 		if changes, err = plan(cur, desired, now); err != nil {
 			return err
@@ -352,6 +402,13 @@ func applyRuleChanges(ctx context.Context, tx pgx.Tx, changes []Change) error {
 		}
 	}
 	return nil
+}
+
+func shortState(s string) string {
+	if len(s) > len("sha256:")+12 {
+		return s[:len("sha256:")+12]
+	}
+	return s
 }
 
 // Order of the writes: regions are added first (rules and overrides may name them),

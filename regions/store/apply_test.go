@@ -195,3 +195,41 @@ func TestApplyExpiredOverrides(t *testing.T) {
 		t.Errorf("the refused override wrote %d rows", n)
 	}
 }
+
+// TestApplyState: a plan is pinned to the state it was made against: ApplyState writes it
+// while the managed sections are unchanged, and refuses, writing nothing, once another
+// writer changed them; a change to a section the plan does not manage does not count.
+func TestApplyState(t *testing.T) {
+	t.Parallel()
+	s, _ := newStore(t)
+	ctx := WithAudit(context.Background(), "alice", "test")
+	want := Config{Rules: ptr([]regions.Rule{defaultRule(), {Tenant: "a", Route: "r", Capacity: 5, RefillPerSecond: 1}})}
+	changes, state, err := s.PlanState(ctx, want)
+	if err != nil || len(changes) != 1 || state == "" {
+		t.Fatalf("PlanState: %+v, %q, %v", changes, state, err)
+	}
+	// Another section changes: the plan still holds.
+	if err := s.AddRegion(ctx, "us-east"); err != nil {
+		t.Fatal(err)
+	}
+	if _, again, _ := s.PlanState(ctx, want); again != state {
+		t.Errorf("a region added changed the state of a rules-only plan")
+	}
+	// The rules change: refused, nothing written.
+	if err := s.SetRule(ctx, regions.Rule{Tenant: "b", Route: "r", Capacity: 1, RefillPerSecond: 1, Shards: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.ApplyState(ctx, want, state, "alice", "pinned"); !errors.Is(err, ErrStateChanged) {
+		t.Fatalf("ApplyState after a rule changed: %v, want ErrStateChanged", err)
+	}
+	if n := count(t, s, `SELECT count(*) FROM rate_limit_rule WHERE tenant_id = 'a'`); n != 0 {
+		t.Errorf("a refused ApplyState wrote %d rules", n)
+	}
+	_, state, err = s.PlanState(ctx, want)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := s.ApplyState(ctx, want, state, "alice", "pinned"); err != nil || len(got) != 2 {
+		t.Errorf("ApplyState of a fresh plan: %d changes, %v; want 2 (a added, b deleted)", len(got), err)
+	}
+}
