@@ -21,7 +21,8 @@ import (
 )
 
 // limitsFile is the YAML of `ratectl apply -f` and `ratectl export`. A section left out is
-// not managed; a section present, even empty, is the whole truth for its objects.
+// not managed; a section present adds and changes its objects, and deletes those it does
+// not list only with --prune.
 //
 // `ratectl export -o json` prints the same document as JSON (the same field names), which
 // apply -f also takes, JSON being YAML.
@@ -321,9 +322,10 @@ func newApplyCmd(a *app) *cobra.Command {
 		reason      string
 		gwConfig    []string
 		planFile    string
+		prune       []string
 	)
 	cmd := &cobra.Command{
-		Use:   "apply -f FILE [--plan PLAN.json] [--apply]",
+		Use:   "apply -f FILE [--prune KINDS] [--plan PLAN.json] [--apply]",
 		Short: "Make the database match a limits file (regions, rules, overrides, key hashes): a plan by default",
 		Long: `Make the database match a limits file, such as one kept in git. Without --apply it only
 prints the plan; with --apply it writes every change in one transaction (the plan is
@@ -331,8 +333,10 @@ recomputed inside it), one audit entry per change, actor from --actor and reason
 --reason.
 
 A section left out of the file (regions, rules, overrides, keys) is not touched; a section
-present, even empty, is the whole truth: what it does not list is deleted (keys are
-revoked). ratectl export prints a file this command takes back. See docs/ratectl.md.
+present adds what it lists and changes what differs, and deletes nothing unless --prune
+names it: --prune rules,keys deletes the rules the file does not list and revokes its
+unlisted keys (--prune all: every section present). An empty section never prunes.
+ratectl export prints a file this command takes back. See docs/ratectl.md.
 
 With --plan PLAN.json (the output of diff -f FILE -o json, reviewed) it writes only that
 plan: it refuses, writing nothing, when the file's plan is no longer the saved one or the
@@ -344,9 +348,12 @@ and changes and deletes nothing: a seed that may run again and again, as compose
 setup does on every start, without undoing what was changed with ratectl since.`,
 		Args: noArgs,
 		RunE: runE(func(cmd *cobra.Command, _ []string) error {
-			cfg, routes, err := a.readLimitsFile(cmd, file, gwConfig)
+			cfg, routes, err := a.readLimitsFile(cmd, file, prune, gwConfig)
 			if err != nil {
 				return err
+			}
+			if onlyMissing && len(prune) > 0 {
+				return usagef("--only-missing deletes nothing: drop --prune")
 			}
 			if onlyMissing && (cfg.Overrides != nil || cfg.Keys != nil) {
 				return usagef("--only-missing adds regions and rules only: leave the overrides and keys sections out of %s", file)
@@ -405,6 +412,7 @@ setup does on every start, without undoing what was changed with ratectl since.`
 	f.StringVarP(&file, "file", "f", "", "the limits file (YAML; - for stdin)")
 	f.BoolVar(&write, "apply", false, "write the changes (without it: print the plan only)")
 	f.BoolVar(&onlyMissing, "only-missing", false, "only add the regions and rules the database lacks; change and delete nothing")
+	f.StringSliceVar(&prune, "prune", nil, pruneUsage)
 	f.StringVar(&planFile, "plan", "", "a plan saved with diff -f FILE -o json: write it only if it is still the plan, the database unchanged since")
 	f.StringVar(&reason, "reason", "", "why, for the audit log (default: the command)")
 	f.StringSliceVar(&gwConfig, "gateway-config", nil, "gateway config files whose route ids rules must use (warn otherwise); repeat or comma-separate")
@@ -484,9 +492,10 @@ func newDiffCmd(a *app) *cobra.Command {
 	var (
 		file     string
 		gwConfig []string
+		prune    []string
 	)
 	cmd := &cobra.Command{
-		Use:   "diff -f FILE [--exit-code]",
+		Use:   "diff -f FILE [--prune KINDS] [--exit-code]",
 		Short: "Show what apply -f FILE would change (writes nothing)",
 		Long: `Show what apply -f FILE would change, and write nothing.
 
@@ -495,7 +504,7 @@ With --exit-code the exit status tells a CI job what it found, as terraform plan
 changes (the plan is printed), 1 an error of any kind (bad file, unreachable database).`,
 		Args: noArgs,
 		RunE: runE(func(cmd *cobra.Command, _ []string) error {
-			cfg, routes, err := a.readLimitsFile(cmd, file, gwConfig)
+			cfg, routes, err := a.readLimitsFile(cmd, file, prune, gwConfig)
 			if err != nil {
 				return err
 			}
@@ -516,6 +525,7 @@ changes (the plan is printed), 1 an error of any kind (bad file, unreachable dat
 	}
 	cmd.Flags().StringVarP(&file, "file", "f", "", "the limits file (YAML; - for stdin)")
 	cmd.Flags().StringSliceVar(&gwConfig, "gateway-config", nil, "gateway config files whose route ids rules must use (warn otherwise)")
+	cmd.Flags().StringSliceVar(&prune, "prune", nil, pruneUsage)
 	cmd.Flags().BoolVar(&a.detailedExit, "exit-code", false, "exit 0 when nothing would change, 2 when something would, 1 on any error")
 	return cmd
 }
@@ -566,14 +576,59 @@ func valueText(v store.ChangeValue) string {
 	return v.String()
 }
 
-// readLimitsFile reads the limits file of apply and diff (--file, required) and the route
-// ids of the gateway configs their warnings check rules against.
-func (a *app) readLimitsFile(cmd *cobra.Command, file string, gwConfig []string) (store.Config, map[string]bool, error) {
+// pruneUsage is the help of --prune.
+const pruneUsage = "delete (keys: revoke) what these sections of the file do not list: regions, rules, overrides, keys, or all (the sections present); repeat or comma-separate"
+
+// setPrune sets cfg.Prune from --prune's values: each section named must be in the file,
+// and not empty.
+func setPrune(cfg *store.Config, file string, kinds []string) error {
+	for _, k := range kinds {
+		switch k {
+		case "all":
+			cfg.Prune = store.Prune{Regions: cfg.Regions != nil, Rules: cfg.Rules != nil, Overrides: cfg.Overrides != nil, Keys: cfg.Keys != nil}
+			for _, p := range []struct {
+				on    bool
+				name  string
+				empty bool
+			}{
+				{cfg.Prune.Regions, "regions", cfg.Regions != nil && len(*cfg.Regions) == 0},
+				{cfg.Prune.Overrides, "overrides", cfg.Overrides != nil && len(*cfg.Overrides) == 0},
+				{cfg.Prune.Keys, "keys", cfg.Keys != nil && len(*cfg.Keys) == 0},
+			} {
+				if p.on && p.empty {
+					return usagef("--prune all: the %s section of %s is empty, and an empty section never deletes everything: drop it, or prune the others by name", p.name, file)
+				}
+			}
+		case "regions":
+			cfg.Prune.Regions = true
+		case "rules":
+			cfg.Prune.Rules = true
+		case "overrides":
+			cfg.Prune.Overrides = true
+		case "keys":
+			cfg.Prune.Keys = true
+		default:
+			return usagef("--prune %q: want regions, rules, overrides, keys or all", k)
+		}
+	}
+	if err := cfg.Normalize(); err != nil {
+		return usagef("--prune: %s: %v", file, strings.ReplaceAll(err.Error(), "\n", "; "))
+	}
+	return nil
+}
+
+// readLimitsFile reads the limits file of apply and diff (--file, required), with what
+// --prune names to prune, and the route ids of the gateway configs their warnings check
+// rules against.
+func (a *app) readLimitsFile(cmd *cobra.Command, file string, prune, gwConfig []string) (store.Config, map[string]bool, error) {
 	if file == "" {
 		return store.Config{}, nil, usagef("--file (-f) is required (- for stdin)")
 	}
 	cfg, err := a.readLimits(cmd, file)
 	if err != nil {
+		return store.Config{}, nil, err
+	}
+	if err := setPrune(&cfg, file, prune); err != nil {
 		return store.Config{}, nil, err
 	}
 	routes, err := gatewayRoutes(gwConfig)

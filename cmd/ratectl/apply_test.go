@@ -86,7 +86,7 @@ func TestExportRoundTrip(t *testing.T) {
 	if r := c.ok("apply", "-f", path); !strings.Contains(r.stdout, "No changes") {
 		t.Errorf("apply of the export plans changes:\n%s", r.stdout)
 	}
-	// Removing the rule from the exported file deletes it (the rules section is complete).
+	// Removing the rule from the exported file deletes it with --prune rules, only.
 	edited := strings.Replace(out, "  - tenant: shop-b\n    route: create-order\n    capacity: 7\n    refill_per_second: 0.5\n", "", 1)
 	if edited == out {
 		t.Fatalf("export does not list shop-b's rule as expected:\n%s", out)
@@ -94,7 +94,10 @@ func TestExportRoundTrip(t *testing.T) {
 	if err := os.WriteFile(path, []byte(edited), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if r := c.ok("apply", "-f", path); !strings.Contains(r.stdout, "- rule shop-b/create-order") || !strings.Contains(r.stdout, "1 to delete") {
+	if r := c.ok("apply", "-f", path); !strings.Contains(r.stdout, "No changes") {
+		t.Errorf("plan of the edited export without --prune:\n%s", r.stdout)
+	}
+	if r := c.ok("apply", "-f", path, "--prune", "rules"); !strings.Contains(r.stdout, "- rule shop-b/create-order") || !strings.Contains(r.stdout, "1 to delete") {
 		t.Errorf("plan of the edited export:\n%s", r.stdout)
 	}
 }
@@ -380,19 +383,67 @@ func TestApplyPinnedPlan(t *testing.T) {
 	}
 	stale := save("stale.json")
 	c.ok("rules", "set", "--tenant", "shop-b", "--route", "*", "--capacity", "3", "--refill", "1", "--apply") // after the review
-	checkError(t, c.run("apply", "-f", file, "--plan", stale, "--apply"), exitFailure, "the file or the database changed", "")
+	// The same changes (the file does not prune), but the rules changed since the review.
+	checkError(t, c.run("apply", "-f", file, "--plan", stale, "--apply"), exitFailure, "the database changed since the plan was made", "")
 	if n := sqlInt(t, url, `SELECT count(*) FROM region`); n != 0 {
 		t.Fatalf("a refused pinned apply wrote %d regions", n)
 	}
-	// A rule the plan deletes changed since: its old values are no longer the plan's.
-	fresh := save("fresh.json")
+	// With --prune rules the plan deletes shop-b/*; changed since, it is no longer the plan.
+	pruned := filepath.Join(dir, "pruned.json")
+	if err := os.WriteFile(pruned, []byte(c.ok("diff", "-f", file, "--prune", "rules", "-o", "json").stdout), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	c.ok("rules", "set", "--tenant", "shop-b", "--route", "*", "--capacity", "4", "--apply")
-	checkError(t, c.run("apply", "-f", file, "--plan", fresh, "--apply"), exitFailure, "is not the plan of", "")
-	fresh = save("fresh2.json")
+	checkError(t, c.run("apply", "-f", file, "--prune", "rules", "--plan", pruned, "--apply"), exitFailure, "is not the plan of", "")
+	fresh := save("fresh.json")
 	checkError(t, c.run("apply", "-f", "../../deploy/compose/limits.yaml", "--plan", fresh), exitFailure, "is not the plan of", "")
 	checkError(t, c.run("apply", "-f", file, "--plan", file), exitUsage, "not a plan printed by ratectl diff -o json", "")
 	r := c.ok("apply", "-f", file, "--plan", fresh, "--apply")
-	if !strings.Contains(r.stdout, "Applied 8 change(s)") {
+	if !strings.Contains(r.stdout, "Applied 7 change(s)") {
 		t.Errorf("pinned apply of a fresh plan:\n%s", r.stdout)
+	}
+}
+
+// TestApplyPrune: a section deletes nothing unless --prune names it: a key created and a
+// rule set after the file was written survive a plain apply; --prune keys revokes the
+// key; an empty section, an absent one or an unknown kind are refused.
+func TestApplyPrune(t *testing.T) {
+	t.Parallel()
+	c, url := newDB(t)
+	const file = "testdata/apply/limits.yaml"
+	c.ok("apply", "-f", file, "--apply")
+	c.ok("keys", "create", "--tenant", "shop-b")
+	c.ok("rules", "set", "--tenant", "shop-b", "--route", "*", "--capacity", "3", "--refill", "1", "--apply")
+	if r := c.run("diff", "-f", file, "--exit-code"); r.code == exitChanges && strings.Contains(r.stdout, "- ") {
+		t.Errorf("diff without --prune plans deletions:\n%s", r.stdout)
+	}
+	c.ok("apply", "-f", file, "--apply")
+	if n := sqlInt(t, url, `SELECT count(*) FROM api_key WHERE tenant_id = 'shop-b' AND revoked_at IS NULL`); n != 1 {
+		t.Errorf("a plain apply revoked the key created since: %d valid keys of shop-b", n)
+	}
+	if n := sqlInt(t, url, `SELECT count(*) FROM rate_limit_rule WHERE tenant_id = 'shop-b'`); n != 1 {
+		t.Errorf("a plain apply deleted the rule set since")
+	}
+	r := c.ok("diff", "-f", file, "--prune", "keys,rules")
+	for _, want := range []string{"- rule shop-b/*", "- key sha256:", "2 to delete"} {
+		if !strings.Contains(r.stdout, want) {
+			t.Errorf("diff --prune keys,rules: no %q in\n%s", want, r.stdout)
+		}
+	}
+	c.ok("apply", "-f", file, "--prune", "keys", "--apply")
+	if n := sqlInt(t, url, `SELECT count(*) FROM api_key WHERE tenant_id = 'shop-b' AND revoked_at IS NULL`); n != 0 {
+		t.Errorf("--prune keys left %d keys of shop-b valid", n)
+	}
+	dir := t.TempDir()
+	empty := filepath.Join(dir, "empty.yaml")
+	if err := os.WriteFile(empty, []byte("keys: []\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	checkError(t, c.run("apply", "-f", empty, "--prune", "keys", "--apply"), exitUsage, "the keys section is empty, and an empty section never deletes everything", "")
+	checkError(t, c.run("apply", "-f", empty, "--prune", "all"), exitUsage, "the keys section of", "")
+	checkError(t, c.run("apply", "-f", empty, "--prune", "rules"), exitUsage, "there is no rules section to prune by", "")
+	checkError(t, c.run("diff", "-f", file, "--prune", "tenants"), exitUsage, `--prune "tenants": want regions, rules, overrides, keys or all`, "")
+	if n := sqlInt(t, url, `SELECT count(*) FROM api_key WHERE revoked_at IS NULL`); n != 1 {
+		t.Errorf("%d valid keys after the refusals, want the file's one", n)
 	}
 }

@@ -23,15 +23,23 @@ import (
 // `ratectl export` reads: regions, rules, operator share overrides and API key hashes.
 //
 // Each section is managed only when present: a nil section is left as it is in the
-// database, and a present one (even empty) makes the database equal to it, deleting what it
-// does not list. Rebalancer shares are never touched, and keys are only ever revoked,
-// never deleted. Lists are kept sorted by Normalize, so two equal configurations print the
-// same.
+// database, and a present one adds what it lists and changes what differs. Deleting what
+// a section does not list is explicit: only the sections named in Prune, which must be
+// present and not empty (an empty section never deletes everything). Rebalancer shares
+// are never touched, and keys are only ever revoked, never deleted. Lists are kept sorted
+// by Normalize, so two equal configurations print the same.
 type Config struct {
 	Regions   *[]string
 	Rules     *[]regions.Rule
 	Overrides *[]Override
 	Keys      *[]KeySpec
+	Prune     Prune
+}
+
+// Prune names the sections of a Config whose objects it does not list are deleted (keys
+// revoked).
+type Prune struct {
+	Regions, Rules, Overrides, Keys bool
 }
 
 // Override is the operator override of one scope: a share per region (every region, summing
@@ -54,6 +62,23 @@ type KeySpec struct {
 // Normalize validates c and sorts its lists; errors wrap regions.ErrInvalid.
 func (c *Config) Normalize() error {
 	var errs []error
+	for _, p := range []struct {
+		on      bool
+		section string
+		n       int // -1: absent
+	}{
+		{c.Prune.Regions, "regions", sectionLen(c.Regions)},
+		{c.Prune.Rules, "rules", sectionLen(c.Rules)},
+		{c.Prune.Overrides, "overrides", sectionLen(c.Overrides)},
+		{c.Prune.Keys, "keys", sectionLen(c.Keys)},
+	} {
+		switch {
+		case p.on && p.n < 0:
+			errs = append(errs, fmt.Errorf("%w prune %s: there is no %s section to prune by", regions.ErrInvalid, p.section, p.section))
+		case p.on && p.n == 0:
+			errs = append(errs, fmt.Errorf("%w prune %s: the %s section is empty, and an empty section never deletes everything", regions.ErrInvalid, p.section, p.section))
+		}
+	}
 	if c.Regions != nil {
 		seen := map[string]bool{}
 		for _, r := range *c.Regions {
@@ -137,6 +162,14 @@ func (c *Config) Normalize() error {
 		})
 	}
 	return errors.Join(errs...)
+}
+
+// sectionLen is the length of a section, -1 when absent.
+func sectionLen[T any](s *[]T) int {
+	if s == nil {
+		return -1
+	}
+	return len(*s)
 }
 
 func normalScope(s regions.Scope) regions.Scope {
@@ -436,11 +469,11 @@ func plan(cur, desired Config, now time.Time) ([]Change, error) {
 	var out []Change
 	regionSet := *cur.Regions
 	if desired.Regions != nil {
-		out = append(out, planRegions(*cur.Regions, *desired.Regions)...)
-		regionSet = *desired.Regions
+		out = append(out, planRegions(*cur.Regions, *desired.Regions, desired.Prune.Regions)...)
+		regionSet = kept(*cur.Regions, *desired.Regions, desired.Prune.Regions, func(r string) string { return r })
 	}
 	if desired.Rules != nil {
-		out = append(out, planRules(*cur.Rules, *desired.Rules)...)
+		out = append(out, planRules(*cur.Rules, *desired.Rules, desired.Prune.Rules)...)
 	}
 	overrides := *cur.Overrides
 	if desired.Overrides != nil {
@@ -449,8 +482,8 @@ func plan(cur, desired Config, now time.Time) ([]Change, error) {
 				return nil, fmt.Errorf("overrides %s: %w", o.Scope, err)
 			}
 		}
-		out = append(out, planOverrides(*cur.Overrides, *desired.Overrides)...)
-		overrides = *desired.Overrides
+		out = append(out, planOverrides(*cur.Overrides, *desired.Overrides, desired.Prune.Overrides)...)
+		overrides = kept(*cur.Overrides, *desired.Overrides, desired.Prune.Overrides, func(o Override) string { return o.Scope.String() })
 	}
 	if desired.Regions != nil {
 		// An override the file leaves alone must not name a region the file removes.
@@ -463,7 +496,7 @@ func plan(cur, desired Config, now time.Time) ([]Change, error) {
 		}
 	}
 	if desired.Keys != nil {
-		ks, err := planKeys(*cur.Keys, *desired.Keys)
+		ks, err := planKeys(*cur.Keys, *desired.Keys, desired.Prune.Keys)
 		if err != nil {
 			return nil, err
 		}
@@ -473,7 +506,26 @@ func plan(cur, desired Config, now time.Time) ([]Change, error) {
 	return out, nil
 }
 
-func planRegions(cur, want []string) []Change {
+// kept is what a section holds after the plan: want, and unless pruned the objects of cur
+// it does not list (by key).
+func kept[T any](cur, want []T, prune bool, key func(T) string) []T {
+	out := slices.Clone(want)
+	if prune {
+		return out
+	}
+	listed := map[string]bool{}
+	for _, v := range want {
+		listed[key(v)] = true
+	}
+	for _, v := range cur {
+		if !listed[key(v)] {
+			out = append(out, v)
+		}
+	}
+	return out
+}
+
+func planRegions(cur, want []string, prune bool) []Change {
 	var out []Change
 	for _, r := range want {
 		if !slices.Contains(cur, r) {
@@ -486,7 +538,7 @@ func planRegions(cur, want []string) []Change {
 		}
 	}
 	for _, r := range cur {
-		if !slices.Contains(want, r) {
+		if prune && !slices.Contains(want, r) {
 			out = append(out, Change{Action: ActionDelete, Object: "region", ID: r, order: orderRemoveRegion,
 				apply: func(ctx context.Context, tx pgx.Tx) error {
 					n, err := sharesInForce(ctx, tx, r)
@@ -507,7 +559,7 @@ func planRegions(cur, want []string) []Change {
 	return out
 }
 
-func planRules(cur, want []regions.Rule) []Change {
+func planRules(cur, want []regions.Rule, prune bool) []Change {
 	key := func(r regions.Rule) string { return r.Tenant + "/" + r.Route }
 	have := map[string]regions.Rule{}
 	for _, r := range cur {
@@ -525,6 +577,9 @@ func planRules(cur, want []regions.Rule) []Change {
 			c.Action, c.Old = ActionChange, RuleValueOf(old)
 		}
 		out = append(out, c)
+	}
+	if !prune {
+		return out
 	}
 	for _, k := range slices.Sorted(maps.Keys(have)) {
 		r := have[k]
@@ -546,7 +601,7 @@ func sameOverride(a, b Override) bool {
 	return true
 }
 
-func planOverrides(cur, want []Override) []Change {
+func planOverrides(cur, want []Override, prune bool) []Change {
 	have := map[string]Override{}
 	for _, o := range cur {
 		have[o.Scope.String()] = o
@@ -583,6 +638,9 @@ func planOverrides(cur, want []Override) []Change {
 		}
 		out = append(out, c)
 	}
+	if !prune {
+		return out
+	}
 	for _, id := range slices.Sorted(maps.Keys(have)) {
 		out = append(out, Change{Action: ActionDelete, Object: "override", ID: id, Old: overrideValueOf(have[id]), order: orderOverride,
 			apply: func(ctx context.Context, tx pgx.Tx) error {
@@ -593,7 +651,7 @@ func planOverrides(cur, want []Override) []Change {
 	return out
 }
 
-func planKeys(cur, want []KeySpec) ([]Change, error) {
+func planKeys(cur, want []KeySpec, prune bool) ([]Change, error) {
 	have := map[regions.KeyHash]KeySpec{}
 	for _, k := range cur {
 		have[k.Hash] = k
@@ -630,6 +688,9 @@ func planKeys(cur, want []KeySpec) ([]Change, error) {
 					return err
 				}})
 		}
+	}
+	if !prune {
+		return out, nil
 	}
 	for _, h := range slices.SortedFunc(maps.Keys(have), func(a, b regions.KeyHash) int { return cmp.Compare(hex.EncodeToString(a[:]), hex.EncodeToString(b[:])) }) {
 		k := have[h]

@@ -77,7 +77,8 @@ func TestApply(t *testing.T) {
 	bad := Config{
 		Regions:   ptr([]string{"eu-west"}),
 		Rules:     ptr([]regions.Rule{{Tenant: "*", Route: "*", Capacity: 1, RefillPerSecond: 1}}),
-		Overrides: ptr([]Override{}),
+		Overrides: ptr([]Override{{Scope: regions.Scope{Tenant: "shop-a"}, Shares: map[string]float64{"eu-west": 1}, ExpiresAt: expires, Reason: "sale"}}),
+		Prune:     Prune{Regions: true},
 	}
 	auditBefore = count(t, s, `SELECT count(*) FROM audit_log`)
 	if _, err := s.Apply(ctx, bad, "alice", "bad"); !errors.Is(err, ErrRegionInUse) {
@@ -90,9 +91,21 @@ func TestApply(t *testing.T) {
 		t.Errorf("a failed apply changed the default rule: capacity %d", got)
 	}
 
+	// Without Prune nothing is deleted; an empty section never prunes.
+	keyB := regions.HashKey("qp_secret-b")
+	rotate := Config{Keys: ptr([]KeySpec{{Hash: keyB, Tenant: "shop-a"}})}
+	if p, err := s.Plan(ctx, rotate); err != nil || len(p) != 1 || p[0].Action != ActionAdd {
+		t.Errorf("plan of another key without Prune: %+v, %v; want one add, no revocation", p, err)
+	}
+	if _, err := s.Plan(ctx, Config{Keys: ptr([]KeySpec{}), Prune: Prune{Keys: true}}); !errors.Is(err, regions.ErrInvalid) {
+		t.Errorf("pruning by an empty keys section: %v, want ErrInvalid", err)
+	}
+	if _, err := s.Plan(ctx, Config{Prune: Prune{Rules: true}}); !errors.Is(err, regions.ErrInvalid) {
+		t.Errorf("pruning by an absent rules section: %v, want ErrInvalid", err)
+	}
 	// Sections not in the file are left alone; keys are revoked, never deleted.
-	revoke := Config{Keys: ptr([]KeySpec{})}
-	if _, err := s.Apply(ctx, revoke, "alice", "rotate"); err != nil {
+	rotate.Prune.Keys = true
+	if _, err := s.Apply(ctx, rotate, "alice", "rotate"); err != nil {
 		t.Fatal(err)
 	}
 	if got := count(t, s, `SELECT count(*) FROM api_key WHERE revoked_at IS NOT NULL`); got != 1 {
@@ -158,7 +171,7 @@ func TestApplyExpiredOverrides(t *testing.T) {
 		t.Errorf("export lists overrides %+v, want shop-b's only (shop-a's expired)", *exp.Overrides)
 	}
 	// The file without shop-a's override: nothing to do.
-	without := Config{Overrides: ptr([]Override{(*cfg.Overrides)[1]})}
+	without := Config{Overrides: ptr([]Override{(*cfg.Overrides)[1]}), Prune: Prune{Overrides: true}}
 	if p, err := s.Plan(ctx, without); err != nil || len(p) != 0 {
 		t.Errorf("plan without the expired override: %+v, %v; want no change", p, err)
 	}
@@ -166,6 +179,7 @@ func TestApplyExpiredOverrides(t *testing.T) {
 	shrink := Config{
 		Regions:   ptr([]string{"a", "b"}),
 		Overrides: ptr([]Override{{Scope: regions.Scope{Tenant: "shop-b"}, Shares: map[string]float64{"a": 0.5, "b": 0.5}, Reason: "kept"}}),
+		Prune:     Prune{Regions: true},
 	}
 	if _, err := s.Apply(ctx, shrink, "alice", "shrink"); err != nil {
 		t.Fatalf("apply removing a region only an expired override names: %v", err)
@@ -203,7 +217,7 @@ func TestApplyState(t *testing.T) {
 	t.Parallel()
 	s, _ := newStore(t)
 	ctx := WithAudit(context.Background(), "alice", "test")
-	want := Config{Rules: ptr([]regions.Rule{defaultRule(), {Tenant: "a", Route: "r", Capacity: 5, RefillPerSecond: 1}})}
+	want := Config{Rules: ptr([]regions.Rule{defaultRule(), {Tenant: "a", Route: "r", Capacity: 5, RefillPerSecond: 1}}), Prune: Prune{Rules: true}}
 	changes, state, err := s.PlanState(ctx, want)
 	if err != nil || len(changes) != 1 || state == "" {
 		t.Fatalf("PlanState: %+v, %q, %v", changes, state, err)

@@ -80,7 +80,7 @@ func TestApplyManyRules(t *testing.T) {
 	next := rules(7, 0, n/2)
 	*next = append(*next, (*rules(5, n/2, 2*n/3))[1:]...)
 	*next = append(*next, (*rules(9, n, n+n/3))[1:]...)
-	changes, err = s.Apply(ctx, Config{Rules: next}, "alice", "bulk 2")
+	changes, err = s.Apply(ctx, Config{Rules: next, Prune: Prune{Rules: true}}, "alice", "bulk 2")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -101,7 +101,7 @@ func TestApplyManyRules(t *testing.T) {
 			t.Errorf("%s = %d, want %d", q, got, want)
 		}
 	}
-	if p, err := s.Plan(ctx, Config{Rules: next}); err != nil || len(p) != 0 {
+	if p, err := s.Plan(ctx, Config{Rules: next, Prune: Prune{Rules: true}}); err != nil || len(p) != 0 {
 		t.Errorf("plan after apply: %d changes, %v; want none", len(p), err)
 	}
 }
