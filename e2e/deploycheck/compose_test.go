@@ -139,8 +139,8 @@ func TestCompose(t *testing.T) {
 	if !slices.Equal(c.Services["migrate"].Command, []string{"migrate", "up"}) {
 		t.Errorf("migrate runs %v", c.Services["migrate"].Command)
 	}
-	// setup runs on every `up`: it must add what is missing and never delete what ratectl
-	// added since (a plain apply of a section deletes what the section does not list).
+	// setup runs on every `up`: it must add what is missing and never change or delete
+	// what ratectl changed since (a plain apply changes what differs from the file).
 	if cmd := c.Services["setup"].Command; !slices.Contains(cmd, "--only-missing") || !slices.Contains(cmd, "--apply") {
 		t.Errorf("setup runs %v: want apply --only-missing --apply", cmd)
 	}
