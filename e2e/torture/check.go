@@ -286,7 +286,11 @@ type series struct {
 	integral []float64   // ∫ refill from bps[0] to bps[k]
 	restarts []Span
 	outages  []Span
-	first    time.Time // when the first admission of this series' tenant and region was answered
+	// starts are the times from which the region's buckets may be new: the start of the
+	// series, and each removal of the region (a state of capacity 0), after which it
+	// comes back like a region added for the first time. first[k] is when the first
+	// admission at or after starts[k] was answered (zero: none).
+	starts, first []time.Time
 	// restartCap is, per restart, the largest capacity possibly enforced during it.
 	restartCap []float64
 
@@ -458,19 +462,44 @@ func (s *series) restartTerm(t0, t1 time.Time) float64 {
 // documented rule of lua/prelude.lua), so a new bucket admits at its first call: before
 // the first admission there was no bucket, and it was created full at a capacity in
 // force by then. (A request the gateway refuses without asking Redis, a cost above the
-// capacity, creates none.)
+// capacity, creates none.) A region removed and added back is new again: its buckets in
+// Redis, left from before, refilled while it was out and are clipped to the capacity in
+// force when it is back, so from the removal to the first admission after it the bucket
+// may hold, like a new one, the largest capacity possibly enforced by then.
 func (s *series) capTerm(t time.Time) float64 {
 	c := s.maxAt(t, func(st State) float64 { return st.Capacity })
-	if s.first.IsZero() || !t.Before(s.first) {
-		return c
-	}
-	c = max(c, s.maxAt(s.first, func(st State) float64 { return st.Capacity }))
-	for _, b := range s.bps {
-		if b.After(t) && b.Before(s.first) {
-			c = max(c, s.maxAt(b, func(st State) float64 { return st.Capacity }))
+	for k, from := range s.starts {
+		first := s.first[k]
+		if first.IsZero() || t.Before(from) || !t.Before(first) {
+			continue
+		}
+		c = max(c, s.maxAt(first, func(st State) float64 { return st.Capacity }))
+		for _, b := range s.bps {
+			if b.After(t) && b.Before(first) {
+				c = max(c, s.maxAt(b, func(st State) float64 { return st.Capacity }))
+			}
 		}
 	}
 	return c
+}
+
+// admitted records the answer times of the series' admissions: the first at or after
+// each of its starts.
+func (s *series) admitted(adm []Admission) {
+	s.starts = []time.Time{{}}
+	for i, st := range s.states {
+		if i > 0 && st.Capacity == 0 {
+			s.starts = append(s.starts, st.From)
+		}
+	}
+	s.first = make([]time.Time, len(s.starts))
+	for _, a := range adm {
+		for k, from := range s.starts {
+			if !a.Recv.Before(from) && (s.first[k].IsZero() || a.Recv.Before(s.first[k])) {
+				s.first[k] = a.Recv
+			}
+		}
+	}
 }
 
 // overlapTerm is the fallback overlap over [t0, t1]: a gateway whose breaker is open
@@ -569,12 +598,8 @@ func Check(in Input) Result {
 		var allSeries []*series
 		for _, name := range sortedKeys(regionsOf) {
 			s := newSeries(in.States[tenant][name], in.Lag, in.RedisRestarts[name], in.Outages, regionOf(name))
-			for _, a := range in.Admitted[tenant][name] {
-				if s.first.IsZero() || a.Recv.Before(s.first) {
-					s.first = a.Recv
-				}
-			}
 			adm := in.Admitted[tenant][name]
+			s.admitted(adm)
 			all = append(all, adm...)
 			allSeries = append(allSeries, s)
 			if w, ok := worstWindow(tenant, name, adm, []*series{s}); ok {

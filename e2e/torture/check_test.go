@@ -172,6 +172,35 @@ func TestCheckBucketCreatedAtFirstAdmission(t *testing.T) {
 	}
 }
 
+// TestCheckRegionBackIsNew: a region removed at 10 s (capacity 0) and added back at 16 s
+// with 5 tokens is new again: 5 sent just before and answered after it is back are within
+// the bound (seed 15 of make torture read them as 8.8x of a bound of 0.57); a sixth at
+// once, or the 5 again 0.1 s later, is a breach, and so are 5 admitted while it is out.
+func TestCheckRegionBackIsNew(t *testing.T) {
+	states := []State{{From: at(0), Capacity: 50, Refill: 10}, {From: at(10), Capacity: 0, Refill: 0}, {From: at(16), Capacity: 5, Refill: 0.01}}
+	// Sent while the region was still out, answered once it was back (the seed's shape:
+	// a window from a send before the add).
+	back := make([]Admission, 5)
+	for i := range back {
+		back[i] = Admission{Sent: at(15.8), Recv: at(16.2 + 0.01*float64(i))}
+	}
+	in := one(states, append(admissions(50, 1, 1.5), back...))
+	in.Lag = 100 * time.Millisecond
+	if b := Check(in).Breaches(); len(b) != 0 {
+		t.Fatalf("5 admitted as the region is back: breaches %v, want none", b)
+	}
+	for name, adm := range map[string][]Admission{
+		"6 at once":         append(admissions(50, 1, 1.5), admissions(6, 16.2, 16.3)...),
+		"5 twice":           append(admissions(50, 1, 1.5), append(admissions(5, 16.2, 16.3), admissions(5, 16.4, 16.5)...)...),
+		"5 while it is out": append(admissions(50, 1, 1.5), admissions(5, 12, 12.1)...),
+	} {
+		in.Admitted["x"]["r"] = adm
+		if b := Check(in).Breaches(); len(b) == 0 {
+			t.Errorf("%s: no breach, want one", name)
+		}
+	}
+}
+
 // life is a gateway process alive over [from, to] seconds; stopped at to when stopped.
 func life(from, to float64, stopped bool) Life {
 	return Life{Span: Span{From: at(from), To: at(to)}, Stopped: stopped}
