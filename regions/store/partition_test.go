@@ -17,8 +17,20 @@ import (
 // long as the cut lasted while us-east went back to 0.5: 1400 admitted against 1000. The
 // cut-off reloader now applies the expiry on its own clock: at every instant the two
 // gateways' shares sum to at most 1, and eu-west ends at 0.5 with the store still away.
+// The cut either refuses at once or hangs (a stalled proxy in front of PostgreSQL: a load
+// waits for its LoadTimeout); the expiry was then applied only after the load gave up,
+// 16 s late behind a SIGSTOPped socat, and the enforced shares summed to 1.41.
 func TestPartitionedGatewayEndsOverrideOnTime(t *testing.T) {
 	t.Parallel()
+	for _, hang := range []bool{false, true} {
+		t.Run(map[bool]string{false: "refused", true: "hangs"}[hang], func(t *testing.T) {
+			t.Parallel()
+			testOverrideEndsOnTime(t, hang)
+		})
+	}
+}
+
+func testOverrideEndsOnTime(t *testing.T, hang bool) {
 	s, _ := newStore(t)
 	ctx := WithAudit(context.Background(), "alice", "incident")
 	for _, r := range []string{"us-east", "eu-west"} {
@@ -33,8 +45,12 @@ func TestPartitionedGatewayEndsOverrideOnTime(t *testing.T) {
 	set := time.Now()
 	var cut atomic.Bool
 	gateway := func(partitioned bool) *Reloader {
-		return NewReloader(ReloaderOptions{Interval: time.Hour, Load: func(ctx context.Context) (*regions.Snapshot, error) {
+		return NewReloader(ReloaderOptions{Interval: time.Hour, LoadTimeout: 10 * time.Second, Load: func(ctx context.Context) (*regions.Snapshot, error) {
 			if partitioned && cut.Load() {
+				if hang {
+					<-ctx.Done() // the load's own timeout, or the test's end
+					return nil, ctx.Err()
+				}
 				return nil, errors.New("dial tcp: connection refused (partition)")
 			}
 			return s.LoadSnapshot(ctx, 0)

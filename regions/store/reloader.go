@@ -77,6 +77,13 @@ type Reloader struct {
 	skippedKey string
 	m          reloaderMetrics
 	active     atomic.Bool // Run is running
+	// swapMu orders the swaps of cur (a load's and a local expiry's) and guards base:
+	// the last load's store time (AsOf) and when, on this process's monotonic clock, it
+	// started, so base.at + time.Since(base.start) estimates the store's clock (ahead of
+	// it by at most that load's latency, plus this clock's drift).
+	swapMu sync.Mutex
+	base   struct{ at, start time.Time }
+	rearm  chan struct{} // buffered 1: cur changed, so the expirer times the next expiry again
 }
 
 // NewReloader fills defaults; it starts nothing and connects to nothing.
@@ -94,7 +101,7 @@ func NewReloader(o ReloaderOptions) *Reloader {
 	if log == nil {
 		log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
-	return &Reloader{opts: o, log: log, kick: make(chan struct{}, 1), m: newReloaderMetrics(o.Registerer)}
+	return &Reloader{opts: o, log: log, kick: make(chan struct{}, 1), rearm: make(chan struct{}, 1), m: newReloaderMetrics(o.Registerer)}
 }
 
 type reloaderMetrics struct {
@@ -118,7 +125,7 @@ func newReloaderMetrics(reg prometheus.Registerer) reloaderMetrics {
 		}, []string{"table"}),
 		localExpiries: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "ratelimit_snapshot_local_expiries_total",
-			Help: "Share expiries applied on this process's clock because the store could not be reached at the expiry.",
+			Help: "Share expiries applied to the snapshot held, on this process's estimate of the store's clock, before a load confirmed them (at every expiry; a holder cut off from the store keeps them).",
 		}),
 	}
 	for _, t := range SkippedTables {
@@ -216,15 +223,12 @@ func (r *Reloader) Reload(ctx context.Context) error {
 		return err
 	}
 	r.noteSkipped(s)
-	r.cur.Store(s)
+	s = r.swapLoaded(s, start)
 	if r.failed {
 		r.log.Info("config reload recovered", "rules", s.RuleCount())
 	}
 	r.failed = false
 	r.log.Debug("config reloaded", "rules", s.RuleCount(), "duration", time.Since(start))
-	if r.opts.OnReload != nil {
-		r.opts.OnReload(s)
-	}
 	return nil
 }
 
@@ -256,44 +260,23 @@ func (r *Reloader) Run(ctx context.Context) error {
 		}
 	}
 
+	wg.Go(func() { r.expire(ctx) })
 	ticker := time.NewTicker(r.opts.Interval)
 	defer ticker.Stop()
 	var (
 		debounce   <-chan time.Time // pending coalesced notification
 		retry      <-chan time.Time // pending retry after a failure
-		expiry     <-chan time.Time // the current snapshot's next override expiry
 		retryDelay = retryMin
 	)
-	// base is the last loaded snapshot's store time (AsOf) and when, on this process's
-	// monotonic clock, its load started: base.at + time.Since(base.start) estimates the
-	// store's clock, ahead of it by at most the load's latency (and this clock's drift).
-	var base struct {
-		at    time.Time
-		start time.Time
-	}
-	// armExpiry times the current snapshot's next expiry state change on that estimate.
-	armExpiry := func() {
-		expiry = nil
-		if s := r.Current(); s != nil && !s.NextExpiry().IsZero() && !base.at.IsZero() {
-			wait := s.NextExpiry().Sub(base.at) - time.Since(base.start)
-			expiry = time.After(max(wait, 0) + expiryMargin)
-		}
-	}
-	reload := func() bool {
-		start := time.Now()
+	reload := func() {
 		if err := r.Reload(ctx); err != nil {
 			if ctx.Err() == nil {
 				retry = time.After(retryDelay)
 				retryDelay = min(2*retryDelay, r.opts.Interval)
 			}
-			return false
+			return
 		}
 		retry, retryDelay = nil, retryMin
-		if s := r.Current(); s != nil {
-			base.at, base.start = s.AsOf(), start
-		}
-		armExpiry()
-		return true
 	}
 	reload()
 	for {
@@ -310,38 +293,91 @@ func (r *Reloader) Run(ctx context.Context) error {
 		case <-retry:
 			retry = nil
 			reload()
-		case <-expiry:
-			expiry = nil
-			if !reload() && ctx.Err() == nil {
-				// Cut off from the store: apply the expiry on this process's own
-				// estimate of the store's clock, as every holder does (regions.ExpiryGrace
-				// bounds how far apart they are), so this region ends an override when the
-				// others do instead of keeping it for as long as the cut lasts.
-				r.expireLocally(base.at.Add(time.Since(base.start)))
-				armExpiry()
-			}
 		case <-ticker.C:
 			reload()
 		}
 	}
 }
 
-// expireLocally swaps in the current snapshot with its shares judged at store time at
-// (Snapshot.At), for a holder that cannot reload; OnReload sees it as a new snapshot.
-func (r *Reloader) expireLocally(at time.Time) {
-	r.loadMu.Lock()
-	defer r.loadMu.Unlock()
-	cur := r.Current()
-	if cur == nil {
+// swapLoaded makes s, a load that started at start, the current snapshot, and returns
+// what it swapped in: s, or s judged at the current snapshot's time when a local expiry
+// (expireLocally) has already judged past s's (a load that started before an expiry and
+// ended after it), so an expiry once applied is never undone. OnReload runs within the
+// swap, so the holder sees the snapshots in the order they were swapped in.
+func (r *Reloader) swapLoaded(s *regions.Snapshot, start time.Time) *regions.Snapshot {
+	r.swapMu.Lock()
+	defer r.swapMu.Unlock()
+	r.base.at, r.base.start = s.AsOf(), start
+	if cur := r.cur.Load(); cur != nil && cur.AsOf().After(s.AsOf()) {
+		s = s.At(cur.AsOf())
+	}
+	r.cur.Store(s)
+	r.rearmExpiry()
+	if r.opts.OnReload != nil {
+		r.opts.OnReload(s)
+	}
+	return s
+}
+
+func (r *Reloader) rearmExpiry() {
+	select {
+	case r.rearm <- struct{}{}:
+	default:
+	}
+}
+
+// expire applies every expiry state change of the current snapshot (NextExpiry) at its
+// time, on this process's estimate of the store's clock, whether or not the store
+// answers and whether or not a load is under way (one may hang for LoadTimeout behind a
+// stalled connection): every holder does the same (regions.ExpiryGrace bounds how far
+// apart they are), so a gateway cut off from the store, or stuck in a load, ends an
+// override when the others do. It then asks for a reload, which confirms it. It returns
+// when ctx ends.
+func (r *Reloader) expire(ctx context.Context) {
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	for {
+		timer.Stop()
+		armed := false
+		r.swapMu.Lock()
+		s, base := r.cur.Load(), r.base
+		r.swapMu.Unlock()
+		if s != nil && !s.NextExpiry().IsZero() && !base.at.IsZero() {
+			timer.Reset(max(s.NextExpiry().Sub(base.at)-time.Since(base.start), 0) + expiryMargin)
+			armed = true
+		}
+		var fire <-chan time.Time
+		if armed {
+			fire = timer.C
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-r.rearm:
+		case <-fire:
+			r.expireLocally()
+			r.notify()
+		}
+	}
+}
+
+// expireLocally swaps in the current snapshot with its shares judged at this process's
+// estimate of the store's clock (Snapshot.At); OnReload sees it as a new snapshot.
+func (r *Reloader) expireLocally() {
+	r.swapMu.Lock()
+	defer r.swapMu.Unlock()
+	cur := r.cur.Load()
+	if cur == nil || r.base.at.IsZero() {
 		return
 	}
+	at := r.base.at.Add(time.Since(r.base.start))
 	next := cur.At(at)
 	if next == cur {
 		return
 	}
 	r.cur.Store(next)
 	r.m.localExpiries.Inc()
-	r.log.Warn("share expiry applied without the store (cut off); by this process's clock",
+	r.log.Info("share expiry applied by this process's clock; a reload confirms it",
 		"as_of", at, "next_expiry", next.NextExpiry())
 	if r.opts.OnReload != nil {
 		r.opts.OnReload(next)
