@@ -118,7 +118,7 @@ func newMetrics(reg prometheus.Registerer, region string, extraBounds []float64)
 		}, []string{"region", "tenant", "route", "decision"}),
 		shareRatio: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name:        "ratelimit_region_share_ratio",
-			Help:        "This region's effective share of the limits in a scope: \"*\" and the tracked tenant/route pairs.",
+			Help:        "This region's effective share of the limits in a scope, as enforced (an increase the other regions have not acknowledged yet is not): \"*\" and the tracked tenant/route pairs.",
 			ConstLabels: r,
 		}, []string{"scope"}),
 		upstreamErrors: prometheus.NewCounterVec(prometheus.CounterOpts{

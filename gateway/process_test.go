@@ -244,6 +244,64 @@ func TestProcessTwoRegionsAdmitTheirShares(t *testing.T) {
 	}
 }
 
+// TestProcessHeldIncreaseIsNotReported: us-east's share rises 0.5 -> 0.8 while an eu-west
+// gateway has not acknowledged the write (it heartbeats an old snapshot, as one cut off
+// from PostgreSQL does), so us-east enforces 0.5 (X-RateLimit-Limit 50): the share gauge
+// must say 0.5 too. It said 0.8 for as long as the increase was held (the black-box
+// attack read 0.95 on the gauge beside an advertised 0.1); once eu-west acknowledges,
+// both say 0.8.
+func TestProcessHeldIncreaseIsNotReported(t *testing.T) {
+	ctx := context.Background()
+	up := newUpstream(t, 0)
+	db := newDatabase(t, testenv.PostgresDB(t), "us-east", "eu-west")
+	db.setRule(t, regions.Rule{Tenant: "shop-a", Route: "create-order", Capacity: 100, RefillPerSecond: 1})
+	key, _ := db.createKey(t, "shop-a")
+	db.forgetRaises(t)
+	beat := func() {
+		t.Helper()
+		snap, err := db.store.LoadSnapshot(ctx, time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := db.store.HeartbeatAt(ctx, "eu-west-cut", "eu-west", snap.Xmin()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	beat() // eu-west's gateway holds the equal split
+	rp := testenv.Redis(t)
+	p := startProc(t, databaseYAML("us-east", up.URL),
+		"RATELIMIT_DATABASE_URL="+db.url, "RATELIMIT_REDIS_URL="+testenv.RedisURL(rp))
+	p.waitReady(t, 10*time.Second)
+	if err := db.store.SetOverride(ctx, regions.GlobalScope, map[string]float64{"us-east": 0.8, "eu-west": 0.2}, "test", "move", 0); err != nil {
+		t.Fatal(err)
+	}
+	state := func() (limit string, gauge, held float64) {
+		resp, _ := call(t, "POST", p.url+"/orders", key)
+		s := scrapeURL(t, p.admin)
+		return resp.Header.Get("X-RateLimit-Limit"), s.sum("ratelimit_region_share_ratio", "scope", "*"), s.sum("ratelimit_share_increases_held")
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	limit, gauge, held := state()
+	for held == 0 && time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond)
+		limit, gauge, held = state()
+	}
+	if held == 0 {
+		t.Fatalf("us-east never held the increase: limit %s, gauge %v", limit, gauge)
+	}
+	if limit != "50" || gauge != 0.5 {
+		t.Errorf("increase held: X-RateLimit-Limit %s and share gauge %v, want 50 and 0.5 (the share in force)", limit, gauge)
+	}
+	beat() // eu-west has loaded the move
+	for (held != 0 || limit != "80") && time.Now().Before(deadline.Add(10*time.Second)) {
+		time.Sleep(50 * time.Millisecond)
+		limit, gauge, held = state()
+	}
+	if limit != "80" || gauge != 0.8 {
+		t.Errorf("acknowledged: X-RateLimit-Limit %s and share gauge %v, want 80 and 0.8", limit, gauge)
+	}
+}
+
 // TestProcessLiveChanges: rules, shares and revocations made in SQL take effect within
 // a second, with no restart.
 func TestProcessLiveChanges(t *testing.T) {

@@ -59,8 +59,19 @@ func (g *Gateway) pairShare(tenant, route string) (float64, bool) {
 	if s == nil {
 		return 0, false
 	}
-	v, _ := s.Share(g.cfg.Region, tenant, route)
-	return v, true
+	return g.enforcedShare(s, tenant, route), true
+}
+
+// enforcedShare is the share of (tenant, route) this region enforces under s: its share,
+// times the gate ratio while an increase waits for the other regions' acknowledgments
+// (regions.Snapshot.Pending, as decide applies it), so the gauge never reports a share
+// that is not in force.
+func (g *Gateway) enforcedShare(s *regions.Snapshot, tenant, route string) float64 {
+	share, _ := s.Share(g.cfg.Region, tenant, route)
+	if pending, held := s.Pending(g.cfg.Region, tenant, route); held {
+		share *= pending
+	}
+	return share
 }
 
 // setSnapshot swaps in a new snapshot and updates the gauges that describe it.
@@ -71,8 +82,7 @@ func (g *Gateway) setSnapshot(s *regions.Snapshot) {
 	g.m.lastReload.SetToCurrentTime()
 	g.m.instances.Set(float64(s.LiveInstances(g.cfg.Region)))
 	g.m.heldRaises.Set(float64(s.HeldRaises(g.cfg.Region)))
-	share, _ := s.Share(g.cfg.Region, regions.Wildcard, regions.Wildcard)
-	g.m.shareRatio.WithLabelValues(regions.Wildcard).Set(share)
+	g.m.shareRatio.WithLabelValues(regions.Wildcard).Set(g.enforcedShare(s, regions.Wildcard, regions.Wildcard))
 	g.tenants.refreshShares()
 	g.ready.loaded()
 }
