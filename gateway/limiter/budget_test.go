@@ -93,7 +93,8 @@ func TestFallbackStartsEmpty(t *testing.T) {
 // TestFallbackRefusesWhileTheBreakerIsClosed: a call that fails while the breaker is
 // closed (a slow call, a stall shorter than the failure span) is refused, not decided
 // from a bucket: the other gateways still reach Redis, and a second allowance would add
-// to theirs.
+// to theirs. Its limit is the region's (10), not the 1/N of a bucket that did not decide
+// (5 of 2 gateways: a 429 of a slow call advertised half the limit).
 func TestFallbackRefusesWhileTheBreakerIsClosed(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -112,11 +113,11 @@ func TestFallbackRefusesWhileTheBreakerIsClosed(t *testing.T) {
 	}()
 	rdb := redis.NewClient(&redis.Options{Addr: ln.Addr().String(), ContextTimeoutEnabled: true, MaxRetries: -1})
 	t.Cleanup(func() { _ = rdb.Close() })
-	l := newTestRedis(t, rdb, Options{Region: "test", Registerer: reg, Breaker: BreakerOptions{Failures: 1 << 30}})
+	l := newTestRedis(t, rdb, Options{Region: "test", Registerer: reg, Breaker: BreakerOptions{Failures: 1 << 30}, ExpectedInstances: 2})
 	r := Request{Tenant: "t", Route: "r", Limit: regions.Limit{Capacity: 10, RefillPerSecond: 1000}}
 	for i := range 20 {
-		if d := mustDecide(t, l, r); d.Allowed || d.Source != SourceFallback || d.RetryAfter <= 0 {
-			t.Fatalf("decision %d with the breaker closed: %+v, want refused by the fallback with a RetryAfter", i, d)
+		if d := mustDecide(t, l, r); d.Allowed || d.Source != SourceFallback || d.RetryAfter <= 0 || d.Limit != 10 {
+			t.Fatalf("decision %d with the breaker closed: %+v, want refused by the fallback with a RetryAfter and the region's limit 10", i, d)
 		}
 	}
 	if v := metricValue(t, reg, "ratelimit_fallback_refused_total", map[string]string{"reason": "breaker_closed"}); v != 20 {

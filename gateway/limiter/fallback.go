@@ -161,14 +161,17 @@ func (f *fallback) decide(r Request, cost int64) Decision {
 	n := f.n()
 	lim := fallbackLimit(r.Limit, n)
 	refuse := Decision{Limit: lim.Capacity, RefillPerSecond: lim.RefillPerSecond, RetryAfter: f.openFor, Source: SourceFallback}
+	// Refused with no fallback bucket deciding: the limit is the region's, not a 1/N
+	// the client was never held to (a 429 of a slow call halved the advertised limit).
+	unbucketed := Decision{Limit: r.Limit.Capacity, RefillPerSecond: r.Limit.RefillPerSecond, RetryAfter: f.openFor, Source: SourceFallback}
 	ep := f.episode.Load()
 	switch {
 	case ep == nil:
 		f.m.refused[refuseClosed].Inc()
-		return refuse
+		return unbucketed
 	case f.counted != nil && !f.counted():
 		f.m.refused[refuseUncounted].Inc()
-		return refuse
+		return unbucketed
 	}
 	if n > 1 && r.Limit.Capacity < int64(n) {
 		f.m.minCapacity.Inc() // fewer tokens than instances: together they may hold n
