@@ -54,6 +54,9 @@ func TestBinaryExitCodes(t *testing.T) {
 		{"usage: unknown command", nil, []string{"frobnicate"}, 2, "", `ratectl: unknown command "frobnicate"`},
 		{"usage: bad shares", []string{envDatabaseURL + "=" + dbURL}, []string{"shares", "set", "a=2", "--reason", "x"}, 2, "", "ratectl: share \"a=2\": share 2 is more than 1"},
 		{"usage: no database", nil, []string{"regions", "list"}, 2, "", "ratectl: no database"},
+		// A flag's bad value in words, not Go's parser ("strconv.ParseInt: parsing ...").
+		{"usage: fractional capacity", nil, []string{"rules", "set", "--tenant", "a", "--route", "b", "--capacity", "1.5", "--refill", "1"}, 2, "", `ratectl: --capacity "1.5": want a whole number`},
+		{"usage: capacity out of range", nil, []string{"rules", "set", "--tenant", "a", "--route", "b", "--capacity", "99999999999999999999", "--refill", "1"}, 2, "", `ratectl: --capacity "99999999999999999999": out of range`},
 		{"database unreachable", []string{envDatabaseURL + "=" + deadDB}, []string{"regions", "list"}, 3, "", "ratectl: database at 127.0.0.1:" + closedPort + " unreachable"},
 		{"prometheus unreachable", nil, []string{"status", "--prometheus-url", "http://127.0.0.1:" + closedPort}, 3, "", "ratectl: prometheus at 127.0.0.1:" + closedPort + " unreachable"},
 	} {

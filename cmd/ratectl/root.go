@@ -81,7 +81,7 @@ Exit codes: 0 success, 1 operation failed, 2 usage or invalid input,
 	// --version prints the one line every binary prints; `ratectl version` the details.
 	root.Version = a.build().String()
 	root.SetVersionTemplate("ratectl {{.Version}}\n")
-	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{flagError(err)} })
 	pf := root.PersistentFlags()
 	pf.StringVar(&a.databaseURL, "database-url", "", "PostgreSQL URL of the control plane (env "+envDatabaseURL+")")
 	pf.StringVar(&a.prometheusURL, "prometheus-url", "", "Prometheus base URL for status (env "+envPrometheusURL+")")
