@@ -8,7 +8,12 @@
 // regions and shares, a trigger that writes region_share_history for every share change,
 // and one that writes audit_log for every change of rules, keys and regions. Writers name
 // themselves through the transaction-local settings quotaplane.actor, quotaplane.reason
-// and quotaplane.inputs (see SettingActor); without them the database role is recorded.
+// and quotaplane.inputs (see SettingActor); since 00009 the actor is the connected role
+// (session_user) and the name they give is kept as on_behalf_of. 00009 also creates the
+// group roles of the components (RoleGateway, RoleRebalancer, RoleOperator) with their
+// grants, and makes audit_log and region_share_history append-only for every role.
+// DownChecked rolls back one step unless it would lose data, remove a protection or pull
+// the schema from under live gateways (down.go).
 //
 // It imports nothing from this module; only regions and cmd/ratectl import it.
 package migrations

@@ -29,6 +29,19 @@ const (
 	SettingActor  = "quotaplane.actor"
 	SettingReason = "quotaplane.reason"
 	SettingInputs = "quotaplane.inputs" // JSON text, stored as jsonb in region_share_history
+	// SettingOnBehalfOf names who a tool writes for (ratectl --actor). Since migration
+	// 00009 the actor of audit and history rows is the connected role (session_user) and
+	// this, or else SettingActor, is kept beside it as on_behalf_of; only the schema's
+	// owner or a superuser may still name the actor itself.
+	SettingOnBehalfOf = "quotaplane.on_behalf_of"
+)
+
+// The group roles migration 00009 creates (NOLOGIN; each component's login role is a
+// member of one). docs/SECURITY.md says what each may do.
+const (
+	RoleGateway    = "quotaplane_gateway"
+	RoleRebalancer = "quotaplane_rebalancer"
+	RoleOperator   = "quotaplane_operator"
 )
 
 // ReservedIDs are the tenant and route ids the CHECKs refuse besides the syntax
@@ -73,8 +86,10 @@ func UpTo(ctx context.Context, db *sql.DB, version int64) error {
 	return nil
 }
 
-// Down rolls back the most recently applied migration (one step). With nothing applied it
-// returns an error wrapping goose.ErrNoNextVersion.
+// Down rolls back the most recently applied migration (one step), whatever it drops: tests
+// and tools that have checked already use it; operators go through DownChecked, which
+// refuses while gateways are live or data or protections would be lost. With nothing
+// applied it returns an error wrapping goose.ErrNoNextVersion.
 func Down(ctx context.Context, db *sql.DB) error {
 	p, err := provider(db)
 	if err != nil {

@@ -85,7 +85,7 @@ Exit codes: 0 success, 1 operation failed, 2 usage or invalid input,
 	pf := root.PersistentFlags()
 	pf.StringVar(&a.databaseURL, "database-url", "", "PostgreSQL URL of the control plane (env "+envDatabaseURL+")")
 	pf.StringVar(&a.prometheusURL, "prometheus-url", "", "Prometheus base URL for status (env "+envPrometheusURL+")")
-	pf.StringVar(&a.actorName, "actor", "", "who makes the change, for the audit log (env "+envActor+"; default the OS user)")
+	pf.StringVar(&a.actorName, "actor", "", "who the change is made for: the audit log records it as on_behalf_of, its actor being the database role connected (docs/SECURITY.md; env "+envActor+"; default the OS user)")
 	pf.StringVarP(&a.output, "output", "o", outputTable, "output format: table or json")
 	a.timeout = 15 * time.Second
 	pf.Var((*durationValue)(&a.timeout), "timeout", "give up on the database, Prometheus or Redis after this long")

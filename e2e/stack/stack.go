@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/quotaplane/quotaplane/internal/testenv"
+	"github.com/quotaplane/quotaplane/migrations"
 	"github.com/quotaplane/quotaplane/regions"
 	"github.com/quotaplane/quotaplane/regions/store"
 )
@@ -121,11 +122,16 @@ type Gateway struct {
 
 // Stack is a running stack. Close stops everything and removes the temporary data.
 type Stack struct {
-	Regions     []string
-	Postgres    *testenv.Postgres
-	DatabaseURL string
-	Store       *store.Store
-	Redis       map[string]*testenv.Process
+	Regions  []string
+	Postgres *testenv.Postgres
+	// DatabaseURL is the owner's (it migrated the schema; Store and the tests' own
+	// queries use it). The gateways and the rebalancer connect as login roles of their
+	// components' group roles (migrations 00009), as a deployment does.
+	DatabaseURL           string
+	GatewayDatabaseURL    string
+	RebalancerDatabaseURL string
+	Store                 *store.Store
+	Redis                 map[string]*testenv.Process
 	// RedisURL is the Redis URL each region's gateways were given (Options.RedisFront's
 	// address when set).
 	RedisURL map[string]string
@@ -253,6 +259,12 @@ func (s *Stack) startData(ctx context.Context) error {
 		return err
 	}
 	if err := s.Store.Migrate(ctx); err != nil {
+		return err
+	}
+	if s.GatewayDatabaseURL, err = testenv.CreateLoginRole(ctx, s.DatabaseURL, "stack_gateway", migrations.RoleGateway); err != nil {
+		return err
+	}
+	if s.RebalancerDatabaseURL, err = testenv.CreateLoginRole(ctx, s.DatabaseURL, "stack_rebalancer", migrations.RoleRebalancer); err != nil {
 		return err
 	}
 	actx := store.WithAudit(ctx, "stack", "local stack setup")
@@ -383,7 +395,7 @@ func (s *Stack) startGateway(ctx context.Context, region string) (*Gateway, erro
 		}
 		redisURL = "redis://" + addr + "/0"
 	}
-	cfg := fmt.Sprintf(gatewayConfig, region, id, port, admin, s.DatabaseURL, redisURL, s.opts.RedisTimeout, rls, s.opts.GatewaysPerRegion, TrustedProxy,
+	cfg := fmt.Sprintf(gatewayConfig, region, id, port, admin, s.GatewayDatabaseURL, redisURL, s.opts.RedisTimeout, rls, s.opts.GatewaysPerRegion, TrustedProxy,
 		Route, s.Upstream, BulkRoute, s.Upstream, BulkCost, ValueRoute, s.Upstream, ValueHeader, IPRoute, s.Upstream)
 	path := filepath.Join(dir, "gateway.yaml")
 	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
@@ -528,7 +540,7 @@ func (s *Stack) startRebalancer(ctx context.Context, bin string) error {
 			"--short-window", iv.String(), "--reload-wait", "1s", "--instance-ttl", "3s",
 			"--admin-listen", "127.0.0.1:" + strconv.Itoa(admin), "--log-level", "info",
 		},
-		Env:  []string{"RATELIMIT_DATABASE_URL=" + s.DatabaseURL},
+		Env:  []string{"RATELIMIT_DATABASE_URL=" + s.RebalancerDatabaseURL},
 		Dir:  filepath.Join(s.dir, "rebalancer"),
 		Port: admin, Ready: testenv.HTTPReady(s.RebalancerAdmin + "/healthz"),
 	})

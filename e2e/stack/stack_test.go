@@ -65,6 +65,17 @@ func TestStackSharesFollowDemand(t *testing.T) {
 		}
 	}
 	checkDashboards(t, s)
+
+	// Each component connected as its own role (issue 25): the rebalancer's share writes
+	// name its login role as the actor, and the gateways hold sessions as theirs.
+	var written, gatewaySessions int
+	if err := s.Store.Pool().QueryRow(ctx, `SELECT count(*) FROM region_share_history
+		WHERE actor = 'stack_rebalancer' AND on_behalf_of = 'rebalancer'`).Scan(&written); err != nil || written == 0 {
+		t.Errorf("%d share history rows by the role stack_rebalancer on behalf of rebalancer (%v), want some", written, err)
+	}
+	if err := s.Store.Pool().QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE usename = 'stack_gateway'`).Scan(&gatewaySessions); err != nil || gatewaySessions == 0 {
+		t.Errorf("%d sessions of the role stack_gateway (%v), want the gateways'", gatewaySessions, err)
+	}
 }
 
 // waitShare polls the store until region's share of shop-a/orders is within tol of want,
