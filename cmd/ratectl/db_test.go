@@ -250,7 +250,7 @@ func TestRules(t *testing.T) {
 	}{
 		{"zero capacity", []string{"rules", "set", "--apply", "--tenant", "t", "--route", "r", "--capacity", "0", "--refill", "1"}, exitUsage, "--capacity 0: must be > 0"},
 		{"negative capacity", []string{"rules", "set", "--apply", "--tenant", "t", "--route", "r", "--capacity", "-5", "--refill", "1"}, exitUsage, "--capacity -5: must be > 0"},
-		{"fractional capacity", []string{"rules", "set", "--apply", "--tenant", "t", "--route", "r", "--capacity", "1.5", "--refill", "1"}, exitUsage, `invalid argument "1.5" for "--capacity"`},
+		{"fractional capacity", []string{"rules", "set", "--apply", "--tenant", "t", "--route", "r", "--capacity", "1.5", "--refill", "1"}, exitUsage, `--capacity "1.5": want a whole number`},
 		{"zero refill", []string{"rules", "set", "--apply", "--tenant", "t", "--route", "r", "--capacity", "5", "--refill", "0"}, exitUsage, "--refill 0: must be a number > 0"},
 		{"negative refill", []string{"rules", "set", "--apply", "--tenant", "t", "--route", "r", "--capacity", "5", "--refill=-1"}, exitUsage, "--refill -1: must be a number > 0"},
 		{"nan refill", []string{"rules", "set", "--apply", "--tenant", "t", "--route", "r", "--capacity", "5", "--refill", "NaN"}, exitUsage, "--refill NaN: must be a number > 0"},
