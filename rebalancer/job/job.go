@@ -783,8 +783,7 @@ func (j *Job) decide(snap *regions.Snapshot, d demand.Demand, regs []string, sc 
 			smp, fresh = demand.Sample{}, true
 		}
 		fresh = fresh && scraped(snap, d, r)
-		ri := rebalancer.RegionInput{Region: r, Share: share,
-			Status: rebalancer.RegionStatus(j.live(r), fresh)}
+		ri := rebalancer.RegionInput{Region: r, Share: share, Status: j.status(d, r, fresh)}
 		if ri.Status == rebalancer.StatusOK {
 			ri.Long, ri.Short = allocationRates(smp.Long), allocationRates(smp.Short)
 			anyOK, total = true, total+ri.Short.Offered()
@@ -995,6 +994,24 @@ func (j *Job) at(ctx context.Context, point string) {
 func scraped(snap *regions.Snapshot, d demand.Demand, region string) bool {
 	return d.Targets == nil || d.Targets[region] >= snap.LiveInstances(region)
 }
+
+// status classifies region for one scope: dark only with no live heartbeat AND no
+// evidence that its gateways serve (no fresh scrape target). A region whose gateways are
+// scraped but cannot heartbeat is cut off from PostgreSQL, not gone: it serves on the
+// snapshot it holds and can load no write, so its share is unknown (kept), never shrunk
+// to the floor (issue 22: eu-west 0.486 -> 0.05 four seconds into a cut it served
+// through). fresh is whether the scope has a fresh sample of all its gateways there.
+func (j *Job) status(d demand.Demand, region string, fresh bool) rebalancer.Status {
+	st := rebalancer.RegionStatus(j.live(region), fresh)
+	if st == rebalancer.StatusDark && serving(d, region) {
+		return rebalancer.StatusUnknown
+	}
+	return st
+}
+
+// serving says whether d shows region's gateways serving: at least one fresh scrape
+// target behind its totals. A reader that does not count targets (nil) shows nothing.
+func serving(d demand.Demand, region string) bool { return d.Targets[region] > 0 }
 
 // live says whether region has a gateway seen within the instance TTL, one that stopped
 // cleanly included (a restart is not a dark region), in this tick.
