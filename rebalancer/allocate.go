@@ -62,6 +62,11 @@ type RegionInput struct {
 	// Share is the share in force now (the rebalancer's value, or the equal split when
 	// none was written), in [0, 1].
 	Share float64
+	// DarkFloor says the region's share was set to the floor because it was dark (the
+	// job reads it from the reason of the region's row, so it survives a restart of the
+	// rebalancer; State remembers it too). A region back from dark at the floor of a
+	// Quiet scope is healed by Decide.
+	DarkFloor bool
 }
 
 // Config tunes the allocation. Build it with DefaultConfig and change fields.

@@ -175,8 +175,18 @@ func Quiet(cfg Config, refill float64, in []RegionInput) bool {
 // FastPathTrigger fires; then apply the hysteresis and plan the write. A Quiet scope is
 // allocated with its ok regions keeping their shares (as unknown ones do), so only a dark
 // region can move it; without one its Reason is ReasonNoDemand.
+//
+// The one move a Quiet scope makes is the heal of a dark episode: when a region that was
+// dark (State, or RegionInput.DarkFloor) is ok again and still at the floor, its ok
+// regions go back to the equal split of what the unknown and dark regions leave (reason
+// ReasonReturned), on a check as on a full run, when some share moves by at least
+// Config.MinChange. Without it the floor would last until demand came back: the dark
+// episode moved the scope, and noise-proof quiet kept it there.
 func Decide(cfg Config, limit regions.Limit, now time.Time, in []RegionInput, st State, tick Tick) (Decision, error) {
 	quiet := Quiet(cfg, limit.RefillPerSecond, in)
+	if region, ok := returnedToFloor(cfg, in, st); quiet && ok {
+		return healReturned(cfg, limit, now, in, st, region)
+	}
 	if quiet {
 		held := slices.Clone(in)
 		for i := range held {
@@ -213,6 +223,56 @@ func Decide(cfg Config, limit regions.Limit, now time.Time, in []RegionInput, st
 		old[r.Region] = r.Share
 	}
 	d.Write = true
+	d.First, d.Second = Plan(old, a.Shares)
+	return d, nil
+}
+
+// returnedToFloor names the first ok region of in that was dark (st, or its DarkFloor)
+// and still holds the floor.
+func returnedToFloor(cfg Config, in []RegionInput, st State) (string, bool) {
+	const eps = 1e-9
+	for _, r := range in {
+		if r.Status == StatusOK && r.Share <= cfg.Floor+eps && (r.DarkFloor || st.Regions[r.Region].Status == StatusDark) {
+			return r.Region, true
+		}
+	}
+	return "", false
+}
+
+// healReturned decides a Quiet scope in which region came back from dark at the floor:
+// the ok regions get the equal split of what the unknown (kept) and dark (floor) regions
+// leave. Their demand, below the minimum, plays no part, so noise cannot steer the heal.
+// The State is the one a plain allocation of in returns (region's status ok again), so
+// the heal happens once per dark episode.
+func healReturned(cfg Config, limit regions.Limit, now time.Time, in []RegionInput, st State, region string) (Decision, error) {
+	plain, err := Allocate(cfg, limit, now, in, st)
+	if err != nil {
+		return Decision{}, err
+	}
+	idle := slices.Clone(in)
+	for i := range idle {
+		idle[i].Long, idle[i].Short = Rates{}, Rates{}
+	}
+	// No demand and no peaks: Allocate's last stage, the equal rest, is all there is.
+	a, err := Allocate(cfg, limit, now, idle, State{})
+	if err != nil {
+		return Decision{}, err
+	}
+	for i := range a.Regions {
+		a.Regions[i].Demand, a.Regions[i].Peak = plain.Regions[i].Demand, plain.Regions[i].Peak
+	}
+	a.State = plain.State
+	d := Decision{Allocation: a, Reason: ReasonNoDemand}
+	old := make(map[string]float64, len(in))
+	largest := 0.0
+	for _, r := range in {
+		old[r.Region] = r.Share
+		largest = math.Max(largest, math.Abs(a.Shares[r.Region]-r.Share))
+	}
+	if largest < cfg.MinChange {
+		return d, nil
+	}
+	d.Write, d.Reason, d.Region = true, ReasonReturned, region
 	d.First, d.Second = Plan(old, a.Shares)
 	return d, nil
 }

@@ -211,3 +211,58 @@ func TestDecide(t *testing.T) {
 		t.Fatal("Decide with no regions: want an error")
 	}
 }
+
+// TestQuietScopeHealsAfterDark (issue 22): a dark episode moves a quiet scope (the dark
+// region to the floor); once the region is ok again the scope goes back to the equal
+// split, from the State or from DarkFloor (a new leader), and only then. Before, quiet
+// kept the floor until demand came back: eu-west held 0.05 of "*" for good.
+func TestQuietScopeHealsAfterDark(t *testing.T) {
+	cfg := DefaultConfig(2)
+	trickle := func(region string, share float64) RegionInput { return ok(region, 2, share) } // 2 rps < 0.1 x 1000
+	back := []RegionInput{trickle("us-east", 0.95), trickle("eu-west", 0.05)}
+	wasDark := State{Regions: map[string]RegionState{"eu-west": {Status: StatusDark}, "us-east": {Status: StatusOK}}}
+	withMark := []RegionInput{back[0], back[1]}
+	withMark[1].DarkFloor = true
+	for name, tc := range map[string]struct {
+		in []RegionInput
+		st State
+	}{"state": {back, wasDark}, "dark floor row": {withMark, State{}}} {
+		t.Run(name, func(t *testing.T) {
+			for _, tick := range []Tick{CheckTick, FullRun} {
+				d, err := Decide(cfg, limit, t0, tc.in, tc.st, tick)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !d.Write || d.Reason != ReasonReturned || d.Region != "eu-west" ||
+					math.Abs(d.Allocation.Shares["eu-west"]-0.5) > 1e-9 || math.Abs(d.Allocation.Shares["us-east"]-0.5) > 1e-9 {
+					t.Fatalf("tick %v: write %v reason %q region %q shares %v, want %q for eu-west to 0.5/0.5",
+						tick, d.Write, d.Reason, d.Region, d.Allocation.Shares, ReasonReturned)
+				}
+				if st := d.Allocation.State.Regions["eu-west"].Status; st != StatusOK {
+					t.Fatalf("state after the heal: eu-west %s, want ok (healed once)", st)
+				}
+			}
+		})
+	}
+	// Without a dark episode a quiet scope at the floor keeps its shares (noise never
+	// moves it), and so does one whose region is still dark or unknown.
+	for name, in := range map[string][]RegionInput{
+		"never dark":    back,
+		"still unknown": {trickle("us-east", 0.95), unknown("eu-west", 0.05)},
+		"still dark":    {trickle("us-east", 0.95), dark("eu-west", 0.05)},
+	} {
+		st := State{Regions: map[string]RegionState{"eu-west": {Status: StatusOK}}}
+		if name != "never dark" {
+			st = wasDark
+		}
+		for _, tick := range []Tick{CheckTick, FullRun} {
+			d, err := Decide(cfg, limit, t0, in, st, tick)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d.Write {
+				t.Errorf("%s, tick %v: wrote %v (%s), want shares kept", name, tick, d.Allocation.Shares, d.Reason)
+			}
+		}
+	}
+}

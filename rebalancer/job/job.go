@@ -783,8 +783,8 @@ func (j *Job) decide(snap *regions.Snapshot, d demand.Demand, regs []string, sc 
 			smp, fresh = demand.Sample{}, true
 		}
 		fresh = fresh && scraped(snap, d, r)
-		ri := rebalancer.RegionInput{Region: r, Share: share,
-			Status: rebalancer.RegionStatus(j.live(r), fresh)}
+		ri := rebalancer.RegionInput{Region: r, Share: share, Status: j.status(d, r, fresh),
+			DarkFloor: darkFloor(snap, r, sc)}
 		if ri.Status == rebalancer.StatusOK {
 			ri.Long, ri.Short = allocationRates(smp.Long), allocationRates(smp.Short)
 			anyOK, total = true, total+ri.Short.Offered()
@@ -862,11 +862,19 @@ func (j *Job) decide(snap *regions.Snapshot, d demand.Demand, regs []string, sc 
 	if dec.Region != "" {
 		reason += ": " + dec.Region
 	}
+	// A dark region's row at the floor says so whatever the tick (darkFloor reads it when
+	// the region is back).
+	rowReason := func(region string) string {
+		if ra := byRegion[region]; ra.Status == rebalancer.StatusDark && ra.Basis == rebalancer.BasisFloor {
+			return darkReason(region)
+		}
+		return reason
+	}
 	changes := func(m map[string]float64) []store.ShareChange {
 		var out []store.ShareChange
 		for _, ri := range in {
 			if v, ok := m[ri.Region]; ok {
-				out = append(out, store.ShareChange{Scope: sc, Region: ri.Region, Old: ri.Share, New: v, Reason: reason, Inputs: sr.Inputs})
+				out = append(out, store.ShareChange{Scope: sc, Region: ri.Region, Old: ri.Share, New: v, Reason: rowReason(ri.Region), Inputs: sr.Inputs})
 			}
 		}
 		return out
@@ -883,7 +891,7 @@ func (j *Job) decide(snap *regions.Snapshot, d demand.Demand, regs []string, sc 
 		if _, dec := dec.First[ri.Region]; dec {
 			continue
 		}
-		first = append(first, store.ShareChange{Scope: sc, Region: ri.Region, Old: ri.Share, New: ri.Share, Reason: reason, Inputs: sr.Inputs})
+		first = append(first, store.ShareChange{Scope: sc, Region: ri.Region, Old: ri.Share, New: ri.Share, Reason: rowReason(ri.Region), Inputs: sr.Inputs})
 	}
 	return sr, first, second, nil
 }
@@ -994,6 +1002,36 @@ func (j *Job) at(ctx context.Context, point string) {
 // unknown, not zero. A reader that does not count targets (nil) is trusted.
 func scraped(snap *regions.Snapshot, d demand.Demand, region string) bool {
 	return d.Targets == nil || d.Targets[region] >= snap.LiveInstances(region)
+}
+
+// status classifies region for one scope: dark only with no live heartbeat AND no
+// evidence that its gateways serve (no fresh scrape target). A region whose gateways are
+// scraped but cannot heartbeat is cut off from PostgreSQL, not gone: it serves on the
+// snapshot it holds and can load no write, so its share is unknown (kept), never shrunk
+// to the floor (issue 22: eu-west 0.486 -> 0.05 four seconds into a cut it served
+// through). fresh is whether the scope has a fresh sample of all its gateways there.
+func (j *Job) status(d demand.Demand, region string, fresh bool) rebalancer.Status {
+	st := rebalancer.RegionStatus(j.live(region), fresh)
+	if st == rebalancer.StatusDark && serving(d, region) {
+		return rebalancer.StatusUnknown
+	}
+	return st
+}
+
+// serving says whether d shows region's gateways serving: at least one fresh scrape
+// target behind its totals. A reader that does not count targets (nil) shows nothing.
+func serving(d demand.Demand, region string) bool { return d.Targets[region] > 0 }
+
+// darkReason is the reason of the row of a region set to the floor because it was dark.
+func darkReason(region string) string { return rebalancer.ReasonDark + ": " + region }
+
+// darkFloor says region's own rebalancer row of sc was set to the floor because region
+// was dark (its reason, darkReason): the memory, which survives a restart or a new
+// leader, behind the heal of a quiet scope when the region is back
+// (rebalancer.RegionInput.DarkFloor).
+func darkFloor(snap *regions.Snapshot, region string, sc regions.Scope) bool {
+	sh, ok := snap.ScopeShareOf(region, sc, regions.SourceRebalancer)
+	return ok && sh.Reason == darkReason(region)
 }
 
 // live says whether region has a gateway seen within the instance TTL, one that stopped
