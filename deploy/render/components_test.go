@@ -291,7 +291,7 @@ type job struct {
 }
 
 // checkMigrateJob: the home region (only) runs `ratectl migrate up` as a Job, with the
-// database URL from the Secret, hardened like the Deployments.
+// schema owner's database URL from its Secret, hardened like the Deployments.
 func checkMigrateJob(t *testing.T, r *rendered) {
 	jobs := r.ofKind("Job")
 	if r.region != homeRegion {
@@ -312,8 +312,8 @@ func checkMigrateJob(t *testing.T, r *rendered) {
 	if len(c.Args) < 2 || c.Args[0] != "migrate" || c.Args[1] != "up" {
 		t.Errorf("migration Job args %q, want migrate up", c.Args)
 	}
-	if s, k := envSecret(t, c, "RATELIMIT_DATABASE_URL"); s != databaseSecret || k != "url" {
-		t.Errorf("RATELIMIT_DATABASE_URL from secret %s key %s, want %s key url", s, k, databaseSecret)
+	if s, k := envSecret(t, c, "RATELIMIT_DATABASE_URL"); s != databaseRoles["migrate"].secret || k != "url" {
+		t.Errorf("RATELIMIT_DATABASE_URL from secret %s key %s, want the owner's %s key url", s, k, databaseRoles["migrate"].secret)
 	}
 	if j.Spec.Template.Spec.RestartPolicy != "Never" && j.Spec.Template.Spec.RestartPolicy != "OnFailure" {
 		t.Errorf("restartPolicy %q", j.Spec.Template.Spec.RestartPolicy)

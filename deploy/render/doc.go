@@ -1,6 +1,8 @@
 // Package render builds the kustomize overlays of deploy/regions exactly as
 // `kustomize build` does (sigs.k8s.io/kustomize/api, in process), and its test checks what
-// they render: region names, secret references instead of inlined URLs, probes, the
+// they render: region names, secret references instead of inlined URLs, each workload's database
+// Secret that of its role (only the migration reads the owner's) and deploy/secrets'
+// generators making exactly the Secrets each region reads, probes, the
 // PodDisruptionBudget, the ServiceMonitors, the rebalancer in the home region only, that
 // each region's prometheus.yml finds the Services the overlay renders, and the components
 // of deploy/components: the NetworkPolicies (admin ports from the monitoring namespace

@@ -21,8 +21,8 @@ const (
 	homeRegion = "us-east"
 	namespace  = "quotaplane"
 	regionKey  = "quotaplane.io/region"
-	// Secrets the manifests reference and never contain (deploy/base/README.md).
-	databaseSecret = "quotaplane-database"
+	// The Secret of each region's Redis, which the manifests reference and never contain
+	// (deploy/base/README.md); the database's are databaseRoles (roles_test.go).
 	redisSecretFmt = "quotaplane-redis-%s"
 )
 
@@ -69,6 +69,11 @@ type container struct {
 			} `json:"secretKeyRef"`
 		} `json:"valueFrom"`
 	} `json:"env"`
+	EnvFrom []struct {
+		SecretRef *struct {
+			Name string `json:"name"`
+		} `json:"secretRef"`
+	} `json:"envFrom"`
 	LivenessProbe  *probe `json:"livenessProbe"`
 	ReadinessProbe *probe `json:"readinessProbe"`
 	Lifecycle      *struct {
@@ -290,6 +295,7 @@ func TestOverlays(t *testing.T) {
 		t.Run(region, func(t *testing.T) {
 			t.Run("labels and names", func(t *testing.T) { checkMetadata(t, r) })
 			t.Run("no secret inlined", func(t *testing.T) { checkNoSecrets(t, r) })
+			t.Run("database roles", func(t *testing.T) { checkDatabaseRoles(t, r) })
 			t.Run("gateway", func(t *testing.T) { checkGateway(t, r) })
 			t.Run("services", func(t *testing.T) { checkServices(t, r) })
 			t.Run("pdb", func(t *testing.T) { checkPDB(t, r) })
@@ -514,8 +520,8 @@ func checkGateway(t *testing.T, r *rendered) {
 	if s, k := envSecret(t, c, "RATELIMIT_REDIS_URL"); s != fmt.Sprintf(redisSecretFmt, r.region) || k != "url" {
 		t.Errorf("RATELIMIT_REDIS_URL from secret %s key %s, want %s key url", s, k, fmt.Sprintf(redisSecretFmt, r.region))
 	}
-	if s, k := envSecret(t, c, "RATELIMIT_DATABASE_URL"); s != databaseSecret || k != "url" {
-		t.Errorf("RATELIMIT_DATABASE_URL from secret %s key %s, want %s key url", s, k, databaseSecret)
+	if s, k := envSecret(t, c, "RATELIMIT_DATABASE_URL"); s != databaseRoles["gateway"].secret || k != "url" {
+		t.Errorf("RATELIMIT_DATABASE_URL from secret %s key %s, want the gateways' own %s key url", s, k, databaseRoles["gateway"].secret)
 	}
 
 	// Probes and ports agree with the listeners in gateway.yaml.
@@ -669,8 +675,8 @@ func checkRebalancer(t *testing.T, r *rendered, regions []string) {
 		t.Fatal(err)
 	}
 	c := containerNamed(t, d, "rebalancer")
-	if s, k := envSecret(t, c, "RATELIMIT_DATABASE_URL"); s != databaseSecret || k != "url" {
-		t.Errorf("RATELIMIT_DATABASE_URL from secret %s key %s, want %s key url", s, k, databaseSecret)
+	if s, k := envSecret(t, c, "RATELIMIT_DATABASE_URL"); s != databaseRoles["rebalancer"].secret || k != "url" {
+		t.Errorf("RATELIMIT_DATABASE_URL from secret %s key %s, want the rebalancer's own %s key url", s, k, databaseRoles["rebalancer"].secret)
 	}
 	admin := -1
 	for _, a := range c.Args {
