@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -307,5 +308,43 @@ func TestSecretGenerators(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestSecretsDocumented: the walk-through (docs/operations.md) and deploy/base/README.md
+// name every Secret an overlay reads, and the walk-through no longer creates the one
+// shared Secret quotaplane-database that every workload used to read.
+func TestSecretsDocumented(t *testing.T) {
+	readme, err := os.ReadFile(filepath.Join("..", "base", "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ops, err := os.ReadFile(filepath.Join("..", "..", "docs", "operations.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for region, r := range overlays(t) {
+		for _, o := range r.objects {
+			cs, _, err := workloadContainers(o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, c := range cs {
+				for _, e := range c.Env {
+					if e.ValueFrom == nil || e.ValueFrom.SecretKeyRef == nil {
+						continue
+					}
+					name := strings.ReplaceAll(e.ValueFrom.SecretKeyRef.Name, region, "REGION")
+					for doc, text := range map[string][]byte{"deploy/base/README.md": readme, "docs/operations.md": ops} {
+						if !strings.Contains(string(text), "`"+name+"`") {
+							t.Errorf("%s does not name the Secret %s (%s reads it)", doc, name, o.Metadata.Name)
+						}
+					}
+				}
+			}
+		}
+	}
+	if re := regexp.MustCompile("quotaplane-database([^-a-z]|$)"); re.Match(ops) {
+		t.Errorf("docs/operations.md names the retired shared Secret: %q", re.Find(ops))
 	}
 }
