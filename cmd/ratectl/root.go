@@ -22,7 +22,14 @@ const (
 	// envDatabaseURLOld is ratectl's former name, still read (with a deprecation line on
 	// stderr) when envDatabaseURL is unset.
 	envDatabaseURLOld = "RATECTL_DATABASE_URL"
-	envPrometheusURL  = "RATECTL_PROMETHEUS_URL"
+	// envRedisURL is the gateway's name for its region's Redis, read by bucket inspect.
+	envRedisURL = "RATELIMIT_REDIS_URL"
+	// envRedisURLOld is ratectl's former name, still read (with a deprecation line on
+	// stderr) when envRedisURL is unset.
+	envRedisURLOld = "RATECTL_REDIS_URL"
+	// envPrometheusURL is ratectl's own: the gateway reads no Prometheus, and the
+	// rebalancer takes its servers only as flags.
+	envPrometheusURL = "RATECTL_PROMETHEUS_URL"
 	// envActor names the operator in the audit log when --actor is not given (CI jobs set
 	// it to the pipeline and the person who triggered it).
 	envActor = "RATECTL_ACTOR"
@@ -71,7 +78,14 @@ and replays traffic traces through the rebalancer's allocation code.
 
 Exit codes: 0 success, 1 operation failed, 2 usage or invalid input,
 3 a dependency (PostgreSQL, Prometheus, Redis) is unreachable; diff --exit-code:
-0 no change, 2 changes, 1 any error.`,
+0 no change, 2 changes, 1 any error.
+
+Environment (a flag wins over its variable; RATELIMIT_* are the names the gateway
+and the rebalancer read too):
+  ` + envDatabaseURL + `   --database-url (old name ` + envDatabaseURLOld + `, deprecated)
+  ` + envRedisURL + `      bucket inspect --redis-url (old name ` + envRedisURLOld + `, deprecated)
+  ` + envPrometheusURL + `   --prometheus-url, for status (comma-separated REGION=URL for several)
+  ` + envActor + `            --actor`,
 		SilenceErrors:     true,
 		SilenceUsage:      true,
 		Args:              noArgs,
@@ -157,7 +171,7 @@ func (a *app) secrets() []string {
 		}
 	}
 	if a.getenv != nil {
-		for _, e := range []string{envDatabaseURL, envDatabaseURLOld, envPrometheusURL} {
+		for _, e := range []string{envDatabaseURL, envDatabaseURLOld, envRedisURL, envRedisURLOld, envPrometheusURL} {
 			s = append(s, secretsOf(a.getenv(e))...)
 		}
 	}
