@@ -122,6 +122,7 @@ and the rebalancer read too):
 		newVersionCmd(a),
 		newCompletionCmd(a, root),
 	)
+	a.registerCompletions(root)
 	return root
 }
 
