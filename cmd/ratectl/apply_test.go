@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -54,18 +55,44 @@ func TestApplyPlanThenWrite(t *testing.T) {
 	if err := json.Unmarshal([]byte(r.stdout), &entries); err != nil {
 		t.Fatal(err)
 	}
-	byCI := 0
+	// The 6 audit_log rows and the override's 2 share history rows: apply's override
+	// writes are in the audit too.
+	byCI, overrides := 0, map[string]float64{}
 	for _, e := range entries {
 		if e.Actor == "ci-pipeline" {
 			byCI++
 		}
+		if e.Object == "override" && e.Action == "insert" && e.Reason == "PR 42" {
+			var row overrideRow
+			if err := json.Unmarshal(e.New, &row); err != nil {
+				t.Fatalf("override entry new %s: %v", e.New, err)
+			}
+			if row.Tenant != "shop-a" || row.Route != "*" || row.ExpiresAt == nil || !row.ExpiresAt.Equal(time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)) {
+				t.Errorf("override entry new = %s, want tenant shop-a, route *, expires 2030-01-02T03:04:05Z", e.New)
+			}
+			overrides[row.Region] = row.Share
+		}
+		// Every other command says tenant and route.
+		for _, side := range []json.RawMessage{e.Old, e.New} {
+			if strings.Contains(string(side), `"tenant_id"`) || strings.Contains(string(side), `"route_id"`) {
+				t.Errorf("audit entry %d (%s) says tenant_id/route_id: %s", e.ID, e.Object, side)
+			}
+		}
+		if e.Object == "rule" && !strings.Contains(string(e.New)+string(e.Old), `"tenant":`) {
+			t.Errorf("rule entry %d has no tenant: old %s new %s", e.ID, e.Old, e.New)
+		}
 	}
-	if byCI != 6 {
-		t.Errorf("audit -o json lists %d entries by ci-pipeline, want 6", byCI)
+	if byCI != 8 {
+		t.Errorf("audit -o json lists %d entries by ci-pipeline, want 8 (6 rows, 2 override shares)", byCI)
+	}
+	if want := map[string]float64{"us-east": 0.75, "eu-west": 0.25}; !maps.Equal(overrides, want) {
+		t.Errorf("override entries %v, want %v", overrides, want)
 	}
 	r = c.ok("audit", "--by", "ci-pipeline")
-	if !strings.Contains(r.stdout, "shop-a/search") || !strings.Contains(r.stdout, "PR 42") {
-		t.Errorf("audit table lacks the rule or the reason:\n%s", r.stdout)
+	for _, want := range []string{"shop-a/search", "PR 42", "override", "shop-a/* us-east", "share 0.7500"} {
+		if !strings.Contains(r.stdout, want) {
+			t.Errorf("audit table lacks %q:\n%s", want, r.stdout)
+		}
 	}
 }
 

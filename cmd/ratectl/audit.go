@@ -4,12 +4,14 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"sort"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
 
+	"github.com/quotaplane/quotaplane/regions"
 	"github.com/quotaplane/quotaplane/regions/store"
 )
 
@@ -18,14 +20,87 @@ var auditObjects = map[string]string{"rate_limit_rule": "rule", "api_key": "key"
 
 // auditJSON is one entry of `ratectl audit -o json`.
 type auditJSON struct {
-	ID     int64           `json:"id"`
-	At     time.Time       `json:"at"`
-	Actor  string          `json:"actor"`
-	Reason string          `json:"reason"`
-	Object string          `json:"object"` // rule, key, region
-	Action string          `json:"action"` // insert, update, delete
-	Old    json.RawMessage `json:"old"`
-	New    json.RawMessage `json:"new"`
+	// ID is the audit_log id, or for an override the region_share_history id.
+	ID     int64     `json:"id"`
+	At     time.Time `json:"at"`
+	Actor  string    `json:"actor"`
+	Reason string    `json:"reason"`
+	Object string    `json:"object"` // rule, key, region, override
+	Action string    `json:"action"` // insert, update, delete
+	// Old and New are the row before and after, with the field names every other command
+	// uses (tenant, route, region), null for an insert's Old and a delete's New.
+	Old json.RawMessage `json:"old"`
+	New json.RawMessage `json:"new"`
+}
+
+// auditFieldNames renames the database's columns in old and new to the CLI's names.
+var auditFieldNames = map[string]map[string]string{
+	"rule":   {"tenant_id": "tenant", "route_id": "route"},
+	"key":    {"tenant_id": "tenant"},
+	"region": {"name": "region"},
+}
+
+// cliRow is m with its fields renamed for object (auditFieldNames); m itself when it is
+// not a JSON object.
+func cliRow(object string, m json.RawMessage) json.RawMessage {
+	names := auditFieldNames[object]
+	var row map[string]json.RawMessage
+	if len(names) == 0 || len(m) == 0 || json.Unmarshal(m, &row) != nil || row == nil {
+		return nullJSON(m)
+	}
+	for from, to := range names {
+		if v, ok := row[from]; ok {
+			delete(row, from)
+			row[to] = v
+		}
+	}
+	b, err := json.Marshal(row)
+	if err != nil {
+		return nullJSON(m)
+	}
+	return b
+}
+
+// overrideRow is an override's side of an audit entry.
+type overrideRow struct {
+	Tenant    string     `json:"tenant"`
+	Route     string     `json:"route"`
+	Region    string     `json:"region"`
+	Share     float64    `json:"share"`
+	ExpiresAt *time.Time `json:"expires_at"`
+}
+
+// overrideEntries are the operator's override changes (region_share_history rows of source
+// override, written by shares set/clear and apply -f) as audit entries: the audit log's
+// triggers cover rules, keys and regions only.
+func overrideEntries(hs []store.HistoryEntry) []auditJSON {
+	var out []auditJSON
+	for _, h := range hs {
+		if h.Source != regions.SourceOverride {
+			continue
+		}
+		side := func(v *float64) json.RawMessage {
+			if v == nil {
+				return json.RawMessage("null")
+			}
+			r := overrideRow{Tenant: h.Scope.Tenant, Route: h.Scope.Route, Region: h.Region, Share: *v}
+			if !h.ExpiresAt.IsZero() {
+				t := h.ExpiresAt.UTC()
+				r.ExpiresAt = &t
+			}
+			b, _ := json.Marshal(r) // plain fields: cannot fail
+			return b
+		}
+		action := "update"
+		switch {
+		case h.Old == nil:
+			action = "insert"
+		case h.New == nil:
+			action = "delete"
+		}
+		out = append(out, auditJSON{ID: h.ID, At: h.At.UTC(), Actor: h.Actor, Reason: h.Reason, Object: "override", Action: action, Old: side(h.Old), New: side(h.New)})
+	}
+	return out
 }
 
 func newAuditCmd(a *app) *cobra.Command {
@@ -36,7 +111,7 @@ func newAuditCmd(a *app) *cobra.Command {
 	)
 	cmd := &cobra.Command{
 		Use:   "audit [--since 7d] [--by ACTOR] [-o json]",
-		Short: "Who changed which rule, key or region, when and why (share changes: ratectl shares history)",
+		Short: "Who changed which rule, key, region or override, when and why (every share change: ratectl shares history)",
 		Args:  noArgs,
 		RunE: runE(func(cmd *cobra.Command, _ []string) error {
 			if limit <= 0 {
@@ -51,13 +126,28 @@ func newAuditCmd(a *app) *cobra.Command {
 				if err != nil {
 					return err
 				}
+				// History has no actor filter: it is applied here, over at most limit
+				// entries of each kind, which is all the merged list keeps.
+				hs, err := st.History(ctx, store.HistoryFilter{Since: f.Since, Limit: historyLimit(limit, actor)})
+				if err != nil {
+					return err
+				}
 				out := []auditJSON{}
 				for _, e := range es {
 					obj := auditObjects[e.Object]
 					if obj == "" {
 						obj = e.Object
 					}
-					out = append(out, auditJSON{ID: e.ID, At: e.At.UTC(), Actor: e.Actor, Reason: e.Reason, Object: obj, Action: e.Action, Old: nullJSON(e.Old), New: nullJSON(e.New)})
+					out = append(out, auditJSON{ID: e.ID, At: e.At.UTC(), Actor: e.Actor, Reason: e.Reason, Object: obj, Action: e.Action, Old: cliRow(obj, e.Old), New: cliRow(obj, e.New)})
+				}
+				for _, e := range overrideEntries(hs) {
+					if actor == "" || e.Actor == actor {
+						out = append(out, e)
+					}
+				}
+				sort.SliceStable(out, func(i, j int) bool { return out[i].At.After(out[j].At) })
+				if len(out) > limit {
+					out = out[:limit]
 				}
 				return a.render(cmd, out, func(w io.Writer) {
 					row(w, "AT", "ACTOR", "ACTION", "OBJECT", "ID", "REASON", "CHANGE")
@@ -76,6 +166,15 @@ func newAuditCmd(a *app) *cobra.Command {
 	return cmd
 }
 
+// historyLimit is how many share history rows audit reads: limit, or with an actor
+// filter applied afterwards (the rebalancer writes most rows) a wider window.
+func historyLimit(limit int, actor string) int {
+	if actor != "" {
+		return max(limit*10, 1000)
+	}
+	return limit
+}
+
 func nullJSON(m json.RawMessage) json.RawMessage {
 	if len(m) == 0 {
 		return json.RawMessage("null")
@@ -87,9 +186,9 @@ func oneLineText(s string) string { return strings.Join(strings.Fields(s), " ") 
 
 // auditRow is the columns of an audited row that the table shows.
 type auditRow struct {
-	Name     string   `json:"name"`
-	Tenant   string   `json:"tenant_id"`
-	Route    string   `json:"route_id"`
+	Name     string   `json:"region"`
+	Tenant   string   `json:"tenant"`
+	Route    string   `json:"route"`
 	Capacity *int64   `json:"capacity"`
 	Refill   *float64 `json:"refill_per_second"`
 	Shadow   *bool    `json:"shadow"`
@@ -97,6 +196,7 @@ type auditRow struct {
 	ID       *int64   `json:"id"`
 	Label    string   `json:"label"`
 	Revoked  *string  `json:"revoked_at"`
+	Share    float64  `json:"share"`
 }
 
 func parseAuditRow(m json.RawMessage) (auditRow, bool) {
@@ -117,6 +217,8 @@ func auditID(e auditJSON) string {
 		return r.Tenant + "/" + r.Route
 	case "region":
 		return r.Name
+	case "override":
+		return r.Tenant + "/" + r.Route + " " + r.Name
 	case "key":
 		if r.ID != nil {
 			return "key " + itoa64(*r.ID) + " (" + r.Tenant + ")"
@@ -145,6 +247,16 @@ func auditDelta(e auditJSON) string {
 			}
 			return s
 		}
+		switch {
+		case hasOld && hasNew:
+			return desc(o) + " -> " + desc(n)
+		case hasNew:
+			return desc(n)
+		case hasOld:
+			return "was " + desc(o)
+		}
+	case "override":
+		desc := func(r auditRow) string { return "share " + shareCell(r.Share) }
 		switch {
 		case hasOld && hasNew:
 			return desc(o) + " -> " + desc(n)

@@ -18,8 +18,6 @@ import (
 	"github.com/quotaplane/quotaplane/regions/store"
 )
 
-const envRedisURL = "RATECTL_REDIS_URL"
-
 // bucketReport is the JSON of `bucket inspect`.
 type bucketReport struct {
 	Tenant string `json:"tenant"`
@@ -102,6 +100,10 @@ effective share, read from the database (sharded rules: every shard is shown); o
 func (a *app) bucketInspect(cmd *cobra.Command, o bucketOptions) error {
 	if o.redisURL == "" {
 		o.redisURL = a.getenv(envRedisURL)
+		if old := a.getenv(envRedisURLOld); o.redisURL == "" && old != "" {
+			o.redisURL = old
+			a.warnf("%s is deprecated: set %s (the name the gateway reads)", envRedisURLOld, envRedisURL)
+		}
 	}
 	a.redisURL = o.redisURL
 	if o.redisURL == "" {

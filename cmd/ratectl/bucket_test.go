@@ -103,7 +103,7 @@ func TestBucketInspect(t *testing.T) {
 	}{
 		{"redis down", []string{"bucket", "inspect", "--tenant", "shop-a", "--route", "r", "--redis-url", strings.Replace(redisURL, "redis://", "redis://:Sekr1t-pass@", 1)},
 			exitUnreachable, "redis at " + rp.Addr() + " unreachable"},
-		{"no redis", []string{"bucket", "inspect", "--tenant", "a", "--route", "r", "--redis-url", ""}, exitUsage, "no Redis: set --redis-url or RATECTL_REDIS_URL"},
+		{"no redis", []string{"bucket", "inspect", "--tenant", "a", "--route", "r", "--redis-url", ""}, exitUsage, "no Redis: set --redis-url or RATELIMIT_REDIS_URL"},
 		{"bad tenant", []string{"bucket", "inspect", "--tenant", "a:b", "--route", "r"}, exitUsage, `invalid tenant id "a:b"`},
 		{"missing route", []string{"bucket", "inspect", "--tenant", "a"}, exitUsage, `required flag(s) "route" not set`},
 		{"both sizes", []string{"bucket", "inspect", "--tenant", "a", "--route", "r", "--region", "us-east", "--capacity", "1", "--refill", "1"}, exitUsage, "either --region or --capacity and --refill"},

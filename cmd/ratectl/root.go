@@ -22,7 +22,14 @@ const (
 	// envDatabaseURLOld is ratectl's former name, still read (with a deprecation line on
 	// stderr) when envDatabaseURL is unset.
 	envDatabaseURLOld = "RATECTL_DATABASE_URL"
-	envPrometheusURL  = "RATECTL_PROMETHEUS_URL"
+	// envRedisURL is the gateway's name for its region's Redis, read by bucket inspect.
+	envRedisURL = "RATELIMIT_REDIS_URL"
+	// envRedisURLOld is ratectl's former name, still read (with a deprecation line on
+	// stderr) when envRedisURL is unset.
+	envRedisURLOld = "RATECTL_REDIS_URL"
+	// envPrometheusURL is ratectl's own: the gateway reads no Prometheus, and the
+	// rebalancer takes its servers only as flags.
+	envPrometheusURL = "RATECTL_PROMETHEUS_URL"
 	// envActor names the operator in the audit log when --actor is not given (CI jobs set
 	// it to the pipeline and the person who triggered it).
 	envActor = "RATECTL_ACTOR"
@@ -38,11 +45,12 @@ type app struct {
 	build  func() version.Info
 
 	// global flags
-	databaseURL   string
-	prometheusURL string
-	actorName     string
-	output        string
-	timeout       time.Duration
+	databaseURL string
+	// prometheusURLs are the --prometheus-url values: one URL, or REGION=URL per region.
+	prometheusURLs []string
+	actorName      string
+	output         string
+	timeout        time.Duration
 
 	// detailedExit is diff --exit-code: exit 2 means "changes", so every error exits 1.
 	detailedExit bool
@@ -70,7 +78,14 @@ and replays traffic traces through the rebalancer's allocation code.
 
 Exit codes: 0 success, 1 operation failed, 2 usage or invalid input,
 3 a dependency (PostgreSQL, Prometheus, Redis) is unreachable; diff --exit-code:
-0 no change, 2 changes, 1 any error.`,
+0 no change, 2 changes, 1 any error.
+
+Environment (a flag wins over its variable; RATELIMIT_* are the names the gateway
+and the rebalancer read too):
+  ` + envDatabaseURL + `   --database-url (old name ` + envDatabaseURLOld + `, deprecated)
+  ` + envRedisURL + `      bucket inspect --redis-url (old name ` + envRedisURLOld + `, deprecated)
+  ` + envPrometheusURL + `   --prometheus-url, for status (comma-separated REGION=URL for several)
+  ` + envActor + `            --actor`,
 		SilenceErrors:     true,
 		SilenceUsage:      true,
 		Args:              noArgs,
@@ -84,7 +99,7 @@ Exit codes: 0 success, 1 operation failed, 2 usage or invalid input,
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{flagError(err)} })
 	pf := root.PersistentFlags()
 	pf.StringVar(&a.databaseURL, "database-url", "", "PostgreSQL URL of the control plane (env "+envDatabaseURL+")")
-	pf.StringVar(&a.prometheusURL, "prometheus-url", "", "Prometheus base URL for status (env "+envPrometheusURL+")")
+	pf.StringArrayVar(&a.prometheusURLs, "prometheus-url", nil, "Prometheus base URL for status; or repeat as REGION=URL for one Prometheus per region, as the rebalancer takes it (env "+envPrometheusURL+", comma-separated for several)")
 	pf.StringVar(&a.actorName, "actor", "", "who the change is made for: the audit log records it as on_behalf_of, its actor being the database role connected (docs/SECURITY.md; env "+envActor+"; default the OS user)")
 	pf.StringVarP(&a.output, "output", "o", outputTable, "output format: table or json")
 	a.timeout = 15 * time.Second
@@ -107,6 +122,7 @@ Exit codes: 0 success, 1 operation failed, 2 usage or invalid input,
 		newVersionCmd(a),
 		newCompletionCmd(a, root),
 	)
+	a.registerCompletions(root)
 	return root
 }
 
@@ -130,7 +146,10 @@ func (a *app) resolveGlobals(cmd *cobra.Command, _ []string) error {
 		a.actor = func() (string, error) { return name, nil }
 	}
 	if !cmd.Flags().Changed("prometheus-url") {
-		a.prometheusURL = a.getenv(envPrometheusURL)
+		a.prometheusURLs = nil
+		if v := a.getenv(envPrometheusURL); v != "" {
+			a.prometheusURLs = strings.Split(v, ",")
+		}
 	}
 	switch a.output {
 	case outputTable, outputJSON:
@@ -146,11 +165,14 @@ func (a *app) resolveGlobals(cmd *cobra.Command, _ []string) error {
 // secrets lists what must never be printed.
 func (a *app) secrets() []string {
 	var s []string
-	for _, u := range []string{a.databaseURL, a.prometheusURL, a.redisURL} {
+	for _, u := range append([]string{a.databaseURL, a.redisURL}, a.prometheusURLs...) {
 		s = append(s, secretsOf(u)...)
+		if _, after, ok := strings.Cut(u, "="); ok { // REGION=URL
+			s = append(s, secretsOf(after)...)
+		}
 	}
 	if a.getenv != nil {
-		for _, e := range []string{envDatabaseURL, envDatabaseURLOld, envPrometheusURL} {
+		for _, e := range []string{envDatabaseURL, envDatabaseURLOld, envRedisURL, envRedisURLOld, envPrometheusURL} {
 			s = append(s, secretsOf(a.getenv(e))...)
 		}
 	}

@@ -153,3 +153,37 @@ func TestMigrateDown(t *testing.T) {
 	}
 	c.ok("regions", "add", "r1")
 }
+
+// TestRedisURLEnv: bucket inspect reads the gateway's RATELIMIT_REDIS_URL; the old
+// RATECTL_REDIS_URL still works, with one deprecation line, and loses to the new one.
+func TestRedisURLEnv(t *testing.T) {
+	t.Parallel()
+	url := testenv.RedisURL(testenv.Redis(t))
+	args := []string{"bucket", "inspect", "--tenant", "shop-a", "--route", "r", "--capacity", "10", "--refill", "1"}
+	r := newCLI(t, map[string]string{envRedisURL: url}).ok(args...)
+	if r.stderr != "" {
+		t.Errorf("new variable: stderr %q, want none", r.stderr)
+	}
+	r = newCLI(t, map[string]string{envRedisURLOld: url}).ok(args...)
+	if want := "ratectl: warning: RATECTL_REDIS_URL is deprecated: set RATELIMIT_REDIS_URL"; !strings.HasPrefix(r.stderr, want) || strings.Count(r.stderr, "\n") != 1 {
+		t.Errorf("old variable: stderr %q, want one line starting %q", r.stderr, want)
+	}
+	r = newCLI(t, map[string]string{envRedisURL: url, envRedisURLOld: "redis://127.0.0.1:1/0"}).ok(args...)
+	if r.stderr != "" {
+		t.Errorf("both variables: stderr %q, want none (the new one wins, silently)", r.stderr)
+	}
+}
+
+// TestHelpNamesEnv: --help names every variable ratectl reads, and the flag it stands for.
+func TestHelpNamesEnv(t *testing.T) {
+	t.Parallel()
+	root := newCLI(t, nil).ok("--help").stdout
+	for _, e := range []string{envDatabaseURL, envDatabaseURLOld, envRedisURL, envRedisURLOld, envPrometheusURL, envActor} {
+		if !strings.Contains(root, e) {
+			t.Errorf("ratectl --help does not name %s:\n%s", e, root)
+		}
+	}
+	if h := newCLI(t, nil).ok("bucket", "inspect", "--help").stdout; !strings.Contains(h, "(env "+envRedisURL+")") {
+		t.Errorf("bucket inspect --help does not name %s:\n%s", envRedisURL, h)
+	}
+}

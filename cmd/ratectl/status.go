@@ -18,6 +18,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/quotaplane/quotaplane/rebalancer/demand"
+	"github.com/quotaplane/quotaplane/regions"
 	"github.com/quotaplane/quotaplane/regions/store"
 )
 
@@ -88,8 +89,12 @@ With a database URL, regions that have no series at all are listed as no-data.`,
 }
 
 func (a *app) status(cmd *cobra.Command, o statusOptions) error {
-	if a.prometheusURL == "" {
+	if len(a.prometheusURLs) == 0 {
 		return usagef("no Prometheus: set --prometheus-url or %s", envPrometheusURL)
+	}
+	sources, err := demand.ParseSources(a.prometheusURLs)
+	if err != nil {
+		return usagef("--prometheus-url: %s", strings.TrimPrefix(err.Error(), regions.ErrInvalid.Error()+" "))
 	}
 	if o.tenant != "" {
 		if err := checkID("tenant", o.tenant); err != nil {
@@ -110,18 +115,11 @@ func (a *app) status(cmd *cobra.Command, o statusOptions) error {
 		}
 		at = t
 	}
-	client, err := api.NewClient(api.Config{Address: a.prometheusURL})
-	if err != nil {
-		return usagef("--prometheus-url: %v", err)
-	}
 	ctx, cancel := a.withTimeout(cmd.Context())
 	defer cancel()
-	res, err := queryStatus(ctx, promv1.NewAPI(client), o, at)
+	res, err := a.queryAllStatus(ctx, sources, o, at)
 	if err != nil {
-		if isConnectError(err) {
-			return unreachableError{"prometheus", urlHostPort(a.prometheusURL, "9090"), rootCause(err)}
-		}
-		return fmt.Errorf("query prometheus: %w", err)
+		return err
 	}
 	var known []string
 	if a.databaseURL != "" {
@@ -134,11 +132,82 @@ func (a *app) status(cmd *cobra.Command, o statusOptions) error {
 			a.warnf("regions without metrics are not shown: %s", oneLine(err, a.secrets()))
 		}
 	}
+	// With one Prometheus per region, a region without a URL of its own has no figures.
+	var noURL []string
+	if perRegion := sources[0].Region != ""; perRegion {
+		has := map[string]bool{}
+		for _, s := range sources {
+			has[s.Region] = true
+			known = append(known, s.Region)
+		}
+		for _, r := range known {
+			if !has[r] {
+				noURL = append(noURL, r)
+			}
+		}
+		if len(noURL) > 0 {
+			sort.Strings(noURL)
+			a.warnf("no --prometheus-url %s=URL given: %s shown as no-data", noURL[0], strings.Join(noURL, ", "))
+		}
+	}
 	rep := buildStatus(res, known, o, at)
 	if o.tenant != "" && !hasRequests(rep.Total) {
 		a.warnf("tenant %s has no series of its own in the window (gateways export only the busiest tenants; the rest count as _other)", o.tenant)
 	}
 	return a.render(cmd, rep, func(w io.Writer) { statusTable(w, rep) })
+}
+
+// queryAllStatus queries every source, a regional one for its region's series only, and
+// merges the figures. A regional Prometheus that fails leaves its region no-data with a
+// warning; the command fails only when every source does.
+func (a *app) queryAllStatus(ctx context.Context, sources []demand.Source, o statusOptions, at time.Time) (map[string]map[string]float64, error) {
+	type answer struct {
+		res map[string]map[string]float64
+		err error
+	}
+	answers := make([]answer, len(sources))
+	var wg sync.WaitGroup
+	for i, s := range sources {
+		client, err := api.NewClient(api.Config{Address: s.URL})
+		if err != nil { // ruled out by demand.ParseSources; the error would show the URL
+			return nil, usagef("--prometheus-url %s: not a client address", s)
+		}
+		wg.Go(func() {
+			res, err := queryStatus(ctx, promv1.NewAPI(client), o, s.Region, at)
+			if err != nil {
+				if isConnectError(err) {
+					err = unreachableError{"prometheus", urlHostPort(s.URL, "9090"), rootCause(err)}
+				} else {
+					err = fmt.Errorf("query prometheus: %w", err)
+				}
+			}
+			answers[i] = answer{res, err}
+		})
+	}
+	wg.Wait()
+	out := map[string]map[string]float64{}
+	var failed []error
+	for i, ans := range answers {
+		if ans.err != nil {
+			failed = append(failed, ans.err)
+			if len(sources) > 1 {
+				a.warnf("region %s shown as no-data: %s", sources[i].Region, oneLine(ans.err, a.secrets()))
+			}
+			continue
+		}
+		for fig, byRegion := range ans.res {
+			if out[fig] == nil {
+				out[fig] = map[string]float64{}
+			}
+			for r, v := range byRegion {
+				out[fig][r] = v
+			}
+		}
+	}
+	if len(failed) == len(sources) {
+		return nil, failed[0]
+	}
+	return out, nil
 }
 
 // figOffered names the request-rate query; its result is split by decision into the
@@ -147,29 +216,38 @@ const figOffered = "offered"
 
 // statusQueries are the PromQL queries behind status, by figure, each "by (region)"
 // except figOffered, the rebalancer's own offered-demand query (by region and decision,
-// with --tenant also by route).
-func statusQueries(o statusOptions) map[string]string {
-	offered := demand.RegionOfferedQuery(o.window, "")
-	share := `avg by (region) (ratelimit_region_share_ratio{scope="*"})`
+// with --tenant also by route). Region "" reads every region, else only that one's series.
+func statusQueries(o statusOptions, region string) map[string]string {
+	offered := demand.RegionOfferedQuery(o.window, region)
+	sel := func(matchers string) string {
+		if region != "" {
+			if matchers != "" {
+				matchers += ","
+			}
+			matchers += "region=" + strconv.Quote(region)
+		}
+		return "{" + matchers + "}"
+	}
+	share := `avg by (region) (ratelimit_region_share_ratio` + sel(`scope="*"`) + `)`
 	if o.tenant != "" {
-		offered = demand.TenantOfferedQuery(o.window, "", o.tenant)
+		offered = demand.TenantOfferedQuery(o.window, region, o.tenant)
 		// The tenant's own scopes (TENANT, TENANT/ROUTE) when the gateways export them.
 		t := strings.ReplaceAll(regexp.QuoteMeta(o.tenant), `\`, `\\`) // "." is the only metacharacter an id may hold
-		share = `avg by (region) (ratelimit_region_share_ratio{scope=~"` + t + `|` + t + `/.*"}) or ` + share
+		share = `avg by (region) (ratelimit_region_share_ratio` + sel(`scope=~"`+t+`|`+t+`/.*"`) + `) or ` + share
 	}
 	return map[string]string{
 		figOffered: offered,
-		"fallback": `max by (region) (ratelimit_fallback_active)`,
-		"gateways": `max by (region) (ratelimit_gateway_instances)`,
-		"reload":   `time() - min by (region) (ratelimit_rules_last_reload_success_timestamp_seconds)`,
+		"fallback": `max by (region) (ratelimit_fallback_active` + sel("") + `)`,
+		"gateways": `max by (region) (ratelimit_gateway_instances` + sel("") + `)`,
+		"reload":   `time() - min by (region) (ratelimit_rules_last_reload_success_timestamp_seconds` + sel("") + `)`,
 		"share":    share,
 	}
 }
 
 // queryStatus runs the status queries concurrently and returns value by figure and region;
 // the offered query gives one figure per decision, summed over routes.
-func queryStatus(ctx context.Context, p promv1.API, o statusOptions, at time.Time) (map[string]map[string]float64, error) {
-	qs := statusQueries(o)
+func queryStatus(ctx context.Context, p promv1.API, o statusOptions, region string, at time.Time) (map[string]map[string]float64, error) {
+	qs := statusQueries(o, region)
 	var (
 		mu   sync.Mutex
 		wg   sync.WaitGroup

@@ -16,6 +16,7 @@ import (
 	promv1 "github.com/prometheus/client_golang/api/prometheus/v1"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/model"
 
 	"github.com/quotaplane/quotaplane/internal/testenv"
@@ -266,8 +267,130 @@ func checkError(t *testing.T, r result, code int, contains, absent string) {
 }
 
 func TestStatusQueriesEscapeTenant(t *testing.T) {
-	q := statusQueries(statusOptions{tenant: "shop.a", window: time.Minute})["share"]
+	q := statusQueries(statusOptions{tenant: "shop.a", window: time.Minute}, "")["share"]
 	if want := `scope=~"shop\\.a|shop\\.a/.*"`; !strings.Contains(q, want) {
 		t.Errorf("share query %s lacks %s", q, want)
+	}
+}
+
+// regionOnly is a collector passing on only the series of one region, as a regional
+// Prometheus would scrape them.
+type regionOnly struct {
+	prometheus.Collector
+	region string
+}
+
+func (f regionOnly) Collect(ch chan<- prometheus.Metric) {
+	all := make(chan prometheus.Metric)
+	go func() { f.Collector.Collect(all); close(all) }()
+	for m := range all {
+		var pb dto.Metric
+		if err := m.Write(&pb); err != nil {
+			panic(err)
+		}
+		for _, l := range pb.GetLabel() {
+			if l.GetName() == "region" && l.GetValue() == f.region {
+				ch <- m
+			}
+		}
+	}
+}
+
+// TestStatusPrometheusPerRegion: with one Prometheus per region (--prometheus-url
+// REGION=URL, repeated), each region reads its own server, and the figures are those of
+// one Prometheus holding every region; a region known to the database without a URL of
+// its own reads no-data, with a warning naming it.
+func TestStatusPrometheusPerRegion(t *testing.T) {
+	t.Parallel()
+	exp := newGatewayExporter()
+	proms := map[string]*testenv.Prometheus{}
+	for _, r := range []string{"us-east", "eu-west"} {
+		target := startExporter(t, regionOnly{exp, r})
+		proms[r] = testenv.Prom(t, testenv.PrometheusOptions{Jobs: []testenv.ScrapeJob{{Name: "gateway", Targets: []string{target}}}})
+	}
+	for _, p := range proms {
+		waitForSamples(t, p.URL(), time.Time{})
+	}
+	exp.mu.Lock()
+	at := exp.t0.Add(8 * time.Second)
+	exp.mu.Unlock()
+	for _, p := range proms {
+		waitForSamples(t, p.URL(), at.Add(time.Second))
+	}
+	args := []string{"status", "--window", "5s",
+		"--prometheus-url", "us-east=" + proms["us-east"].URL(), "--prometheus-url", "eu-west=" + proms["eu-west"].URL()}
+
+	c := newCLI(t, nil)
+	c.clock = func() time.Time { return at }
+	for _, format := range []string{"table", "json"} {
+		r := c.ok(append(args, "-o", format)...)
+		golden(t, "status."+format, normTimes(r.stdout))
+		if r.stderr != "" {
+			t.Errorf("stderr: %s", r.stderr)
+		}
+	}
+	t.Run("from the environment", func(t *testing.T) {
+		e := newCLI(t, map[string]string{envPrometheusURL: "us-east=" + proms["us-east"].URL() + ",eu-west=" + proms["eu-west"].URL()})
+		e.clock = c.clock
+		golden(t, "status.table", normTimes(e.ok("status", "--window", "5s").stdout))
+	})
+	t.Run("one region's Prometheus alone", func(t *testing.T) {
+		// us-east's server holds no eu-west series: read plainly, eu-west is absent.
+		r := c.ok("status", "--window", "5s", "--prometheus-url", "us-east="+proms["us-east"].URL(), "-o", "json")
+		var rep statusReport
+		if err := json.Unmarshal([]byte(r.stdout), &rep); err != nil {
+			t.Fatalf("%v:\n%s", err, r.stdout)
+		}
+		if len(rep.Regions) != 1 || rep.Regions[0].Region != "us-east" || rep.Regions[0].State != "ok" {
+			t.Errorf("regions = %+v, want us-east ok only", rep.Regions)
+		}
+	})
+	t.Run("region without a URL", func(t *testing.T) {
+		d, _ := newDB(t)
+		for _, r := range []string{"us-east", "eu-west", "ap-south"} {
+			d.ok("regions", "add", r)
+		}
+		d.clock = c.clock
+		r := d.ok(args...)
+		golden(t, "status_with_db.table", normTimes(r.stdout))
+		if want := "ratectl: warning: no --prometheus-url ap-south=URL given: ap-south shown as no-data\n"; r.stderr != want {
+			t.Errorf("stderr = %q, want %q", r.stderr, want)
+		}
+	})
+	t.Run("one regional Prometheus down", func(t *testing.T) {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		dead := "http://127.0.0.1:" + strconv.Itoa(l.Addr().(*net.TCPAddr).Port)
+		l.Close()
+		r := c.ok("status", "--window", "5s", "--prometheus-url", "us-east="+proms["us-east"].URL(), "--prometheus-url", "eu-west="+dead)
+		if !strings.Contains(r.stderr, "warning: region eu-west shown as no-data: prometheus at 127.0.0.1:") {
+			t.Errorf("stderr = %q, want a warning naming eu-west's Prometheus", r.stderr)
+		}
+		if !strings.Contains(r.stdout, "eu-west") || !strings.Contains(r.stdout, "no-data") {
+			t.Errorf("eu-west not shown as no-data:\n%s", r.stdout)
+		}
+	})
+}
+
+func TestStatusPrometheusURLErrors(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name     string
+		args     []string
+		contains string
+	}{
+		{"region twice", []string{"--prometheus-url", "us-east=http://127.0.0.1:1", "--prometheus-url", "us-east=http://127.0.0.1:2"}, "region us-east given twice"},
+		{"mixed forms", []string{"--prometheus-url", "http://127.0.0.1:1", "--prometheus-url", "us-east=http://127.0.0.1:2"}, "a plain URL cannot be mixed with region=URL"},
+		{"not a URL", []string{"--prometheus-url", "us-east=ftp://127.0.0.1:1"}, "want http(s)://host:port or region=http(s)://host:port"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newCLI(t, nil).run(append([]string{"status"}, tc.args...)...)
+			checkError(t, r, exitUsage, "--prometheus-url: ", "")
+			if !strings.Contains(r.stderr, tc.contains) {
+				t.Errorf("stderr %q does not contain %q", r.stderr, tc.contains)
+			}
+		})
 	}
 }
