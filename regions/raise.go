@@ -150,6 +150,11 @@ func ackedBy(instances []Instance, regions []string, at time.Time) map[string]in
 // the store, which keeps enforcing its old, larger share, never sums with this region's
 // new one above 1. ok is false when every increase is acknowledged (or there is none).
 // The region's own gateways see the increase one reload after the acknowledgment.
+//
+// Only a raise of the scope whose row decides the pair's share, or of a narrower one (a
+// row removed, so the pair now follows a wider scope), can have raised it: a raise of
+// "*" leaves a pair with rows of its own where it was, and holding that pair to the "*"
+// gate advertised 12 of its 19 until the other regions acknowledged.
 func (s *Snapshot) Pending(region, tenant, route string) (ratio float64, ok bool) {
 	m := s.shareRaises[region]
 	if m == nil {
@@ -159,8 +164,19 @@ func (s *Snapshot) Pending(region, tenant, route string) (ratio float64, ok bool
 	if !wait {
 		return 0, false
 	}
+	_, _, decided := s.shareScope(region, tenant, route)
+	// Raise keys from the narrowest; keys[:n] are the pair's own, the tenant's, then the
+	// wider ones ({*, route} is no share scope, but a wider one all the same).
+	keys := [...]raiseKey{{tenant, route}, {tenant, Wildcard}, {Wildcard, route}, {Wildcard, Wildcard}}
+	n := len(keys)
+	switch decided {
+	case 0:
+		n = 1
+	case 1:
+		n = 2
+	}
 	ratio = 1
-	for _, k := range [...]raiseKey{{tenant, route}, {tenant, Wildcard}, {Wildcard, route}, {Wildcard, Wildcard}} {
+	for _, k := range keys[:n] {
 		if r, found := m[k]; found && r.Xid >= acked {
 			ratio, ok = min(ratio, r.GateRatio), true
 		}

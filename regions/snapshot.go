@@ -298,29 +298,39 @@ func (s *Snapshot) Rule(tenant, route string) Rule {
 // override at a scope covers everything inside it. With neither, the regions split
 // equally. Only shares in force at LoadedAt are in the snapshot (see NewSnapshot).
 func (s *Snapshot) Share(region, tenant, route string) (float64, Source) {
-	v, src, trans := s.share(region, tenant, route, false)
-	if trans {
-		// A share in transition: the lower of it and what replaces it (NewSnapshot).
-		if after, asrc, _ := s.share(region, tenant, route, true); after < v {
-			return after, asrc
-		}
-	}
+	v, src, _ := s.shareScope(region, tenant, route)
 	return v, src
 }
 
+// shareScope is Share with how specific the row that decided is: 0 the pair's, 1 the
+// tenant's, 2 the "*" scope's, 3 none (the equal split). Within a transition it is the
+// wider of the two rows that may decide, since either may be in force.
+func (s *Snapshot) shareScope(region, tenant, route string) (float64, Source, int) {
+	v, src, trans, sc := s.share(region, tenant, route, false)
+	if trans {
+		// A share in transition: the lower of it and what replaces it (NewSnapshot).
+		after, asrc, _, asc := s.share(region, tenant, route, true)
+		sc = max(sc, asc)
+		if after < v {
+			return after, asrc, sc
+		}
+	}
+	return v, src, sc
+}
+
 // share resolves Share; skip leaves out the transitional rows, and trans says whether the
-// row that decided is transitional.
-func (s *Snapshot) share(region, tenant, route string, skip bool) (float64, Source, bool) {
+// row that decided is transitional, scope how specific it is (shareScope).
+func (s *Snapshot) share(region, tenant, route string, skip bool) (float64, Source, bool, int) {
 	scopes := [...]Scope{{tenant, route}, {tenant, Wildcard}, GlobalScope}
 	for _, src := range [...]Source{SourceOverride, SourceRebalancer} {
-		for _, sc := range scopes {
+		for i, sc := range scopes {
 			k := shareKey{sc, region, src}
 			if sh, ok := s.shares[k]; ok {
 				t := s.transitional != nil && s.transitional[k]
 				if t && skip {
 					continue
 				}
-				return sh.Share, src, t
+				return sh.Share, src, t, i
 			}
 		}
 	}
@@ -328,7 +338,7 @@ func (s *Snapshot) share(region, tenant, route string, skip bool) (float64, Sour
 	if n == 0 {
 		n = 1
 	}
-	return 1 / float64(n), SourceDefault, false
+	return 1 / float64(n), SourceDefault, false, len(scopes)
 }
 
 // ScopeRow is region's share for exactly this scope (an override before a rebalancer

@@ -412,3 +412,42 @@ func TestPending(t *testing.T) {
 		})
 	}
 }
+
+// TestPendingOnlyTheDecidingScope: a raise of "*" in us-east holds the tenants that
+// follow "*" (a) but not one whose share comes from rows of its own (sa), which that
+// raise did not move; a raise of sa's own row holds sa. Before, the smallest gate of every
+// scope applied to every pair: the black-box attack saw sa advertised 12 of its 19 for
+// 3 s after a "*" raise in us-east.
+func TestPendingOnlyTheDecidingScope(t *testing.T) {
+	sa := Scope{Tenant: "sa", Route: "r"}
+	d := SnapshotData{
+		Regions:  []string{"us-east", "eu-west"},
+		Rules:    []Rule{{Tenant: Wildcard, Route: Wildcard, Capacity: 20, RefillPerSecond: 10, Shards: 1}},
+		LoadedAt: t0,
+		Shares: []Share{
+			{Scope: GlobalScope, Region: "us-east", Share: 0.8, Source: SourceRebalancer},
+			{Scope: GlobalScope, Region: "eu-west", Share: 0.2, Source: SourceRebalancer},
+			{Scope: sa, Region: "us-east", Share: 0.95, Source: SourceRebalancer},
+			{Scope: sa, Region: "eu-west", Share: 0.05, Source: SourceRebalancer},
+		},
+		Raises:    []Raise{{Region: "us-east", Tenant: Wildcard, Route: Wildcard, At: t0.Add(-time.Second), Ratio: 0.625, Xid: 100, GateRatio: 0.625}},
+		Instances: []Instance{{ID: "gw-eu", Region: "eu-west", LastSeen: t0.Add(-time.Second), SnapshotXmin: 90}},
+	}
+	s, err := NewSnapshot(d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ratio, pending := s.Pending("us-east", "a", "r"); !pending || ratio != 0.625 {
+		t.Errorf("a tenant following *: Pending = %v, %v; want 0.625, true", ratio, pending)
+	}
+	if ratio, pending := s.Pending("us-east", "sa", "r"); pending {
+		t.Errorf("sa, with rows of its own: Pending = %v, true; want none (the * raise did not move it)", ratio)
+	}
+	d.Raises = append(d.Raises, Raise{Region: "us-east", Tenant: "sa", Route: "r", At: t0.Add(-time.Second), Ratio: 0.9, Xid: 101, GateRatio: 0.9})
+	if s, err = NewSnapshot(d); err != nil {
+		t.Fatal(err)
+	}
+	if ratio, pending := s.Pending("us-east", "sa", "r"); !pending || ratio != 0.9 {
+		t.Errorf("sa's own row raised: Pending = %v, %v; want 0.9, true", ratio, pending)
+	}
+}
