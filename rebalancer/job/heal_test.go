@@ -37,62 +37,6 @@ func (e *env) waitDemand(t *testing.T, what string, ok func(demand.Demand) bool)
 	}
 }
 
-// TestCutOffRegionStillScrapedIsNotDark (issue 22): eu-west's gateways lose PostgreSQL
-// (no heartbeat) while Prometheus still scrapes them and their series go on. They serve
-// on the snapshot they hold and can load no write, so the region is unknown (kept), not
-// dark. Before, the first check cut eu-west's "*" to the floor (0.486 -> 0.05 on the
-// attacked stack; 0.30 -> 0.05 here).
-func TestCutOffRegionStillScrapedIsNotDark(t *testing.T) {
-	t.Parallel()
-	e := newEnv(t, testenv.PostgresDB(t))
-	e.setDemand70_30()
-	e.waitHistory(t)
-	j := e.newJob(t, nil, nil)
-	if _, err := j.RunOnce(t.Context()); err != nil {
-		t.Fatal(err)
-	}
-	before := e.rebalancerShares(t, regions.GlobalScope)
-	beforePair := e.rebalancerShares(t, pair)
-	if math.Abs(before[euWest]-0.3) > 0.03 {
-		t.Fatalf("* %v before the cut, want eu-west ~0.3", before)
-	}
-
-	e.ageHeartbeats(t, euWest)
-	for _, tick := range []string{"check", "run"} {
-		tickFn := j.Check
-		if tick == "run" {
-			tickFn = j.RunOnce
-		}
-		rep, err := tickFn(t.Context())
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, sc := range []regions.Scope{regions.GlobalScope, pair} {
-			if in := regionInput(t, scopeReport(t, rep, sc), euWest); in.Status != rebalancer.StatusUnknown {
-				t.Errorf("%s: %s: eu-west %s while scraped without heartbeats, want unknown", tick, sc, in.Status)
-			}
-		}
-		after := e.rebalancerShares(t, regions.GlobalScope)
-		if math.Abs(after[euWest]-before[euWest]) > 1e-9 {
-			t.Errorf("%s: eu-west's * share %v -> %v while cut off and serving, want kept", tick, before[euWest], after[euWest])
-		}
-		if got := e.rebalancerShares(t, pair); math.Abs(got[euWest]-beforePair[euWest]) > 1e-9 {
-			t.Errorf("%s: eu-west's pair share %v -> %v while cut off and serving, want kept", tick, beforePair[euWest], got[euWest])
-		}
-	}
-
-	// Its gateways gone for good (no scrape target either): dark, the floor.
-	e.exp.RemoveRegion(euWest)
-	e.waitDemand(t, "without eu-west targets", func(d demand.Demand) bool { return d.Targets[euWest] == 0 })
-	if _, err := j.Check(t.Context()); err != nil {
-		t.Fatal(err)
-	}
-	floor := rebalancer.DefaultConfig(2).Floor
-	if got := e.rebalancerShares(t, regions.GlobalScope); math.Abs(got[euWest]-floor) > 1e-9 {
-		t.Errorf("* %v with eu-west neither beating nor scraped, want eu-west at the floor %v", got, floor)
-	}
-}
-
 // TestDarkRegionReturnsInQuietScope (issue 22): "*" carries only a trickle (below the
 // minimum demand, so quiet); eu-west goes dark and its "*" share is cut to the floor.
 // When it is back, a new leader (no memory of the episode but the rows) gives "*" back
