@@ -247,23 +247,13 @@ func auditDelta(e auditJSON) string {
 			}
 			return s
 		}
-		switch {
-		case hasOld && hasNew:
-			return desc(o) + " -> " + desc(n)
-		case hasNew:
-			return desc(n)
-		case hasOld:
-			return "was " + desc(o)
+		if d := changed(hasOld, hasNew, o, n, desc); d != "" {
+			return d
 		}
 	case "override":
 		desc := func(r auditRow) string { return "share " + shareCell(r.Share) }
-		switch {
-		case hasOld && hasNew:
-			return desc(o) + " -> " + desc(n)
-		case hasNew:
-			return desc(n)
-		case hasOld:
-			return "was " + desc(o)
+		if d := changed(hasOld, hasNew, o, n, desc); d != "" {
+			return d
 		}
 	case "key":
 		if hasOld && hasNew && o.Revoked == nil && n.Revoked != nil {
@@ -277,3 +267,17 @@ func auditDelta(e auditJSON) string {
 }
 
 func itoa64(v int64) string { return strconv.FormatInt(v, 10) }
+
+// changed words a row's change from its old and new states: "old -> new", "new", or
+// "was old"; "" with neither.
+func changed(hasOld, hasNew bool, o, n auditRow, desc func(auditRow) string) string {
+	switch {
+	case hasOld && hasNew:
+		return desc(o) + " -> " + desc(n)
+	case hasNew:
+		return desc(n)
+	case hasOld:
+		return "was " + desc(o)
+	}
+	return ""
+}
