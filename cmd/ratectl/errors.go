@@ -6,12 +6,11 @@ import (
 	"fmt"
 	"net"
 	"net/url"
-	"strconv"
 	"strings"
 
 	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/spf13/pflag"
 
+	"github.com/quotaplane/quotaplane/internal/cliflag"
 	"github.com/quotaplane/quotaplane/regions"
 	"github.com/quotaplane/quotaplane/regions/store"
 )
@@ -30,27 +29,9 @@ type usageError struct{ err error }
 func (e usageError) Error() string { return e.err.Error() }
 func (e usageError) Unwrap() error { return e.err }
 
-// flagError says what a flag's value should have been, in words: pflag's own text names
-// Go's parser ("strconv.ParseInt: parsing \"1.5\": invalid syntax").
-func flagError(err error) error {
-	var iv *pflag.InvalidValueError
-	if !errors.As(err, &iv) {
-		return err
-	}
-	want := map[string]string{
-		"int": "a whole number", "int64": "a whole number", "int32": "a whole number", "uint": "a whole number >= 0",
-		"float64": "a number", "float32": "a number", "bool": "true or false",
-	}[iv.GetFlag().Value.Type()]
-	var num *strconv.NumError
-	switch {
-	case want == "":
-		return err // its own Set said why (durations, shares)
-	case errors.As(err, &num) && errors.Is(num.Err, strconv.ErrRange):
-		return fmt.Errorf("--%s %q: out of range", iv.GetFlag().Name, iv.GetValue())
-	default:
-		return fmt.Errorf("--%s %q: want %s", iv.GetFlag().Name, iv.GetValue(), want)
-	}
-}
+// flagError says what a flag's value should have been, in words (cliflag.FlagError, the
+// wording of every binary).
+func flagError(err error) error { return cliflag.FlagError(err) }
 
 // usagef builds a usageError.
 func usagef(format string, args ...any) error {

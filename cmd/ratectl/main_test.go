@@ -97,3 +97,44 @@ func golden(t testing.TB, name, got string) {
 		t.Errorf("output differs from %s (run go test -update after checking it):\n--- want\n%s\n--- got\n%s", path, want, got)
 	}
 }
+
+// TestOldEnvNames: RATECTL_PROMETHEUS_URL and RATECTL_ACTOR, ratectl's former names, are
+// still read, with one deprecation line each, and lose silently to the RATELIMIT_ names.
+func TestOldEnvNames(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name string
+		env  map[string]string
+		code int
+		warn string // "" none
+		err  string // on stderr, when code is not 0
+	}{
+		{name: "old prometheus", env: map[string]string{envPrometheusURLOld: "http://127.0.0.1:1"},
+			warn: "ratectl: warning: RATECTL_PROMETHEUS_URL is deprecated: set RATELIMIT_PROMETHEUS_URL"},
+		{name: "new prometheus", env: map[string]string{envPrometheusURL: "http://127.0.0.1:1"}},
+		{name: "both prometheus", env: map[string]string{envPrometheusURL: "http://127.0.0.1:1", envPrometheusURLOld: "http://127.0.0.1:2"}},
+		{name: "old actor", env: map[string]string{envActorOld: "ci"},
+			warn: "ratectl: warning: RATECTL_ACTOR is deprecated: set RATELIMIT_ACTOR"},
+		{name: "old actor is read", env: map[string]string{envActorOld: " "}, code: exitUsage,
+			warn: "ratectl: warning: RATECTL_ACTOR is deprecated", err: "ratectl: --actor: must not be blank"},
+		{name: "new actor", env: map[string]string{envActor: "ci"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			r := newCLI(t, tc.env).run("version")
+			lines := strings.Split(strings.TrimSuffix(r.stderr, "\n"), "\n")
+			switch {
+			case r.code != tc.code:
+				t.Errorf("exit %d, want %d; stderr %q", r.code, tc.code, r.stderr)
+			case tc.warn == "" && r.stderr != "":
+				t.Errorf("stderr %q, want none", r.stderr)
+			case tc.warn != "" && !strings.HasPrefix(lines[0], tc.warn):
+				t.Errorf("stderr %q, want a first line starting %q", r.stderr, tc.warn)
+			case tc.err != "" && (len(lines) != 2 || lines[1] != tc.err):
+				t.Errorf("stderr %q, want the warning then %q", r.stderr, tc.err)
+			case tc.err == "" && tc.warn != "" && len(lines) != 1:
+				t.Errorf("stderr %q, want one line", r.stderr)
+			}
+		})
+	}
+}

@@ -12,27 +12,32 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/quotaplane/quotaplane/internal/cliflag"
 	"github.com/quotaplane/quotaplane/internal/version"
 )
 
-// Environment variables read when the matching flag is not given.
+// Environment variables read when the matching flag is not given: the RATELIMIT_* names
+// every binary reads (internal/cliflag), and ratectl's former RATECTL_* names, still read
+// (with a deprecation line on stderr) when the new one is unset.
 const (
-	// envDatabaseURL is the one name the gateway, the rebalancer and ratectl all read.
-	envDatabaseURL = "RATELIMIT_DATABASE_URL"
-	// envDatabaseURLOld is ratectl's former name, still read (with a deprecation line on
-	// stderr) when envDatabaseURL is unset.
-	envDatabaseURLOld = "RATECTL_DATABASE_URL"
-	// envRedisURL is the gateway's name for its region's Redis, read by bucket inspect.
-	envRedisURL = "RATELIMIT_REDIS_URL"
-	// envRedisURLOld is ratectl's former name, still read (with a deprecation line on
-	// stderr) when envRedisURL is unset.
-	envRedisURLOld = "RATECTL_REDIS_URL"
-	// envPrometheusURL is ratectl's own: the gateway reads no Prometheus, and the
-	// rebalancer takes its servers only as flags.
-	envPrometheusURL = "RATECTL_PROMETHEUS_URL"
+	envDatabaseURL      = cliflag.EnvDatabaseURL
+	envDatabaseURLOld   = "RATECTL_DATABASE_URL"
+	envRedisURL         = cliflag.EnvRedisURL // bucket inspect's --redis-url
+	envRedisURLOld      = "RATECTL_REDIS_URL"
+	envPrometheusURL    = cliflag.EnvPrometheusURL
+	envPrometheusURLOld = "RATECTL_PROMETHEUS_URL"
 	// envActor names the operator in the audit log when --actor is not given (CI jobs set
 	// it to the pipeline and the person who triggered it).
-	envActor = "RATECTL_ACTOR"
+	envActor    = cliflag.EnvActor
+	envActorOld = "RATECTL_ACTOR"
+)
+
+// The variables ratectl reads, for --help and resolveGlobals.
+var (
+	envDatabase   = cliflag.Var{Name: envDatabaseURL, Old: envDatabaseURLOld, Sets: "--database-url"}
+	envRedis      = cliflag.Var{Name: envRedisURL, Old: envRedisURLOld, Sets: "bucket inspect --redis-url"}
+	envPrometheus = cliflag.Var{Name: envPrometheusURL, Old: envPrometheusURLOld, Sets: "--prometheus-url for status, comma-separated REGION=URL for several"}
+	envActorVar   = cliflag.Var{Name: envActor, Old: envActorOld, Sets: "--actor"}
 )
 
 // app is what every command shares: injected dependencies and the global flags.
@@ -78,14 +83,7 @@ and replays traffic traces through the rebalancer's allocation code.
 
 Exit codes: 0 success, 1 operation failed, 2 usage or invalid input,
 3 a dependency (PostgreSQL, Prometheus, Redis) is unreachable; diff --exit-code:
-0 no change, 2 changes, 1 any error.
-
-Environment (a flag wins over its variable; RATELIMIT_* are the names the gateway
-and the rebalancer read too):
-  ` + envDatabaseURL + `   --database-url (old name ` + envDatabaseURLOld + `, deprecated)
-  ` + envRedisURL + `      bucket inspect --redis-url (old name ` + envRedisURLOld + `, deprecated)
-  ` + envPrometheusURL + `   --prometheus-url, for status (comma-separated REGION=URL for several)
-  ` + envActor + `            --actor`,
+0 no change, 2 changes, 1 any error.`,
 		SilenceErrors:     true,
 		SilenceUsage:      true,
 		Args:              noArgs,
@@ -97,6 +95,8 @@ and the rebalancer read too):
 	root.Version = a.build().String()
 	root.SetVersionTemplate("ratectl {{.Version}}\n")
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{flagError(err)} })
+	cliflag.AddEnvHelp(root, "a flag wins over its variable; the gateway and the rebalancer read the same names",
+		envDatabase, envRedis, envPrometheus, envActorVar)
 	pf := root.PersistentFlags()
 	pf.StringVar(&a.databaseURL, "database-url", "", "PostgreSQL URL of the control plane (env "+envDatabaseURL+")")
 	pf.StringArrayVar(&a.prometheusURLs, "prometheus-url", nil, "Prometheus base URL for status; or repeat as REGION=URL for one Prometheus per region, as the rebalancer takes it (env "+envPrometheusURL+", comma-separated for several)")
@@ -128,15 +128,12 @@ and the rebalancer read too):
 
 // resolveGlobals validates the global flags and fills the URLs from the environment.
 func (a *app) resolveGlobals(cmd *cobra.Command, _ []string) error {
+	warn := func(msg string) { a.warnf("%s", msg) }
 	if !cmd.Flags().Changed("database-url") {
-		a.databaseURL = a.getenv(envDatabaseURL)
-		if old := a.getenv(envDatabaseURLOld); a.databaseURL == "" && old != "" {
-			a.databaseURL = old
-			a.warnf("%s is deprecated: set %s (the name the gateway and rebalancer read)", envDatabaseURLOld, envDatabaseURL)
-		}
+		a.databaseURL = envDatabase.Get(a.getenv, warn)
 	}
 	if !cmd.Flags().Changed("actor") {
-		a.actorName = a.getenv(envActor)
+		a.actorName = envActorVar.Get(a.getenv, warn)
 	}
 	if a.actorName != "" {
 		if err := checkActor(a.actorName); err != nil {
@@ -147,7 +144,7 @@ func (a *app) resolveGlobals(cmd *cobra.Command, _ []string) error {
 	}
 	if !cmd.Flags().Changed("prometheus-url") {
 		a.prometheusURLs = nil
-		if v := a.getenv(envPrometheusURL); v != "" {
+		if v := envPrometheus.Get(a.getenv, warn); v != "" {
 			a.prometheusURLs = strings.Split(v, ",")
 		}
 	}
@@ -172,7 +169,7 @@ func (a *app) secrets() []string {
 		}
 	}
 	if a.getenv != nil {
-		for _, e := range []string{envDatabaseURL, envDatabaseURLOld, envRedisURL, envRedisURLOld, envPrometheusURL} {
+		for _, e := range []string{envDatabaseURL, envDatabaseURLOld, envRedisURL, envRedisURLOld, envPrometheusURL, envPrometheusURLOld} {
 			s = append(s, secretsOf(a.getenv(e))...)
 		}
 	}

@@ -228,7 +228,7 @@ func TestStatusErrors(t *testing.T) {
 		contains string
 		absent   string
 	}{
-		{"no url", nil, []string{"status"}, exitUsage, "no Prometheus: set --prometheus-url or RATECTL_PROMETHEUS_URL", ""},
+		{"no url", nil, []string{"status"}, exitUsage, "no Prometheus: set --prometheus-url or RATELIMIT_PROMETHEUS_URL", ""},
 		{"unreachable, password hidden", nil, []string{"status", "--prometheus-url", "http://ops:hunter2secret@127.0.0.1:" + port},
 			exitUnreachable, "prometheus at 127.0.0.1:" + port + " unreachable", "hunter2secret"},
 		{"unreachable from env", map[string]string{envPrometheusURL: "http://127.0.0.1:" + port}, []string{"status"},

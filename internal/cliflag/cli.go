@@ -1,0 +1,146 @@
+package cliflag
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"strconv"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+
+	"github.com/quotaplane/quotaplane/internal/healthcheck"
+	"github.com/quotaplane/quotaplane/internal/version"
+)
+
+// Exit codes of the gateway and the rebalancer (ratectl adds 3, "unreachable").
+const (
+	ExitOK      = 0
+	ExitFailure = 1 // the program ran and failed
+	ExitUsage   = 2 // a bad flag, argument or value: nothing was started
+)
+
+// UsageError is a bad flag, argument or value: exit code 2.
+type UsageError struct{ Err error }
+
+func (e UsageError) Error() string { return e.Err.Error() }
+func (e UsageError) Unwrap() error { return e.Err }
+
+// Usagef builds a UsageError.
+func Usagef(format string, args ...any) error {
+	return UsageError{fmt.Errorf(format, args...)}
+}
+
+// Exit prints err as one line "program: err" on stderr and returns the exit code: 0 for
+// nil, ExitUsage for a UsageError, else ExitFailure.
+func Exit(stderr io.Writer, program string, err error) int {
+	if err == nil {
+		return ExitOK
+	}
+	fmt.Fprintln(stderr, program+":", err)
+	if errors.As(err, new(UsageError)) {
+		return ExitUsage
+	}
+	return ExitFailure
+}
+
+// FlagError says what a flag's value should have been, in words: pflag's own text names
+// Go's parser ("strconv.ParseInt: parsing \"1.5\": invalid syntax"). Other errors (an
+// unknown flag, a value whose Set said why) are returned as they are.
+func FlagError(err error) error {
+	var iv *pflag.InvalidValueError
+	if !errors.As(err, &iv) {
+		return err
+	}
+	want := map[string]string{
+		"int": "a whole number", "int64": "a whole number", "int32": "a whole number", "uint": "a whole number >= 0",
+		"float64": "a number", "float32": "a number", "bool": "true or false",
+	}[iv.GetFlag().Value.Type()]
+	var num *strconv.NumError
+	switch {
+	case want == "":
+		return err // its own Set said why (durations, shares)
+	case errors.As(err, &num) && errors.Is(num.Err, strconv.ErrRange):
+		return fmt.Errorf("--%s %q: out of range", iv.GetFlag().Name, iv.GetValue())
+	default:
+		return fmt.Errorf("--%s %q: want %s", iv.GetFlag().Name, iv.GetValue(), want)
+	}
+}
+
+// Configure gives root the conventions of every binary: errors returned, not printed
+// (Exit prints them), flag errors worded and made UsageErrors, `--version` printing
+// "program VERSION (commit ...)" as one line, and no completion command.
+func Configure(root *cobra.Command, program string, build version.Info) {
+	root.SilenceErrors = true
+	root.SilenceUsage = true
+	root.CompletionOptions.DisableDefaultCmd = true
+	root.Version = build.String()
+	root.SetVersionTemplate(program + " {{.Version}}\n")
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return UsageError{FlagError(err)} })
+}
+
+// NoArgs refuses positional arguments, naming the subcommands when there are some.
+func NoArgs(cmd *cobra.Command, args []string) error {
+	if len(args) == 0 {
+		return nil
+	}
+	if cmd.HasAvailableSubCommands() {
+		var names []string
+		for _, c := range cmd.Commands() {
+			if c.IsAvailableCommand() {
+				names = append(names, c.Name())
+			}
+		}
+		return Usagef("unexpected arguments %q (commands: %v)", args, names)
+	}
+	return Usagef("unexpected arguments %q", args)
+}
+
+// Execute runs root on args (nil is none: cobra would read os.Args) with its output on
+// stdout and stderr.
+func Execute(ctx context.Context, root *cobra.Command, args []string, stdout, stderr io.Writer) error {
+	if args == nil {
+		args = []string{}
+	}
+	root.SetArgs(args)
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	return root.ExecuteContext(ctx)
+}
+
+// VersionCmd is `program version`: the build in detail, one item a line.
+func VersionCmd(program string, build version.Info) *cobra.Command {
+	return &cobra.Command{
+		Use:   "version",
+		Short: "Print the version in detail (also: " + program + " --version, on one line)",
+		Args:  NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			mod := ""
+			if build.Modified {
+				mod = " (modified)"
+			}
+			_, err := fmt.Fprintf(cmd.OutOrStdout(), "%s %s\ncommit %s%s\nbuilt %s\n%s %s\n",
+				program, build.Version, build.Commit, mod, build.Date, build.GoVersion, build.Platform)
+			return err
+		},
+	}
+}
+
+// HealthcheckCmd is `program healthcheck [--timeout D] [URL]` (internal/healthcheck),
+// for images without a shell: it parses its own flags, so its --help is its own.
+func HealthcheckCmd(program, defaultURL string) *cobra.Command {
+	return &cobra.Command{
+		Use:                healthcheck.Name + " [--timeout D] [URL]",
+		Short:              "Exit 0 when URL (default " + defaultURL + ") answers 2xx",
+		DisableFlagParsing: true,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			err := healthcheck.Run(cmd.Context(), program, args, defaultURL, cmd.OutOrStdout(), cmd.ErrOrStderr())
+			if errors.Is(err, flag.ErrHelp) {
+				return nil // the usage is printed; asking for it is no failure
+			}
+			return err
+		},
+	}
+}
