@@ -2,8 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -14,60 +12,79 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/redis/go-redis/v9"
+	"github.com/spf13/cobra"
 
 	"github.com/quotaplane/quotaplane/gateway"
-	"github.com/quotaplane/quotaplane/internal/healthcheck"
+	"github.com/quotaplane/quotaplane/internal/cliflag"
 	"github.com/quotaplane/quotaplane/internal/version"
 )
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	if err := run(ctx, os.Args[1:], os.LookupEnv); err != nil {
-		stop()
-		if errors.Is(err, flag.ErrHelp) {
-			os.Exit(0) // --help: the usage is printed, and asking for it is no failure
-		}
-		fmt.Fprintln(os.Stderr, "gateway:", err)
-		os.Exit(1)
-	}
+	err := run(ctx, os.Args[1:], os.LookupEnv, os.Stdout, os.Stderr)
+	stop()
+	os.Exit(cliflag.Exit(os.Stderr, "gateway", err)) // 2 for a usage error, 1 for any other
 }
 
-// run parses the flags, loads the configuration and runs the gateway until ctx ends.
-// lookupEnv is os.LookupEnv: a URL variable that is set but empty is refused, not read
-// as "no database" or "no Redis".
-func run(ctx context.Context, args []string, lookupEnv func(string) (string, bool)) error {
-	if len(args) > 0 && args[0] == healthcheck.Name {
+// options are the gateway's flags.
+type options struct {
+	configPath, listen, region string
+	check                      bool
+}
+
+// run parses the command line, loads the configuration and runs the gateway until ctx
+// ends; --help, --version and the subcommands print on stdout. lookupEnv is
+// os.LookupEnv: a URL variable that is set but empty is refused, not read as "no
+// database" or "no Redis".
+func run(ctx context.Context, args []string, lookupEnv func(string) (string, bool), stdout, stderr io.Writer) error {
+	return cliflag.Execute(ctx, newRootCmd(lookupEnv, stdout, stderr), args, stdout, stderr)
+}
+
+// newRootCmd is `gateway [flags]` with its `version` and `healthcheck` subcommands.
+func newRootCmd(lookupEnv func(string) (string, bool), stdout, stderr io.Writer) *cobra.Command {
+	var o options
+	root := &cobra.Command{
+		Use:   "gateway --config FILE [--listen ADDR] [--region NAME] [--check]",
+		Short: "Run one region gateway: an authenticated, rate-limited reverse proxy",
+		Long: `gateway runs one region gateway: an authenticated, rate-limited reverse proxy
+(docs/configuration.md). Exit codes: 0 success, 1 failed, 2 a bad flag or argument.`,
+		Args:                  cliflag.NoArgs,
+		DisableFlagsInUseLine: true,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return serve(cmd.Context(), o, lookupEnv, stdout, stderr)
+		},
+	}
+	build := version.Get()
+	cliflag.Configure(root, "gateway", build)
+	f := root.Flags()
+	f.StringVar(&o.configPath, "config", "", "configuration file (YAML; see docs/configuration.md)")
+	f.StringVar(&o.listen, "listen", "", "proxy address host:port (overrides listen)")
+	f.StringVar(&o.region, "region", "", "region name (overrides region)")
+	f.BoolVar(&o.check, "check", false, "validate the configuration and exit")
+	root.AddCommand(
+		cliflag.VersionCmd("gateway", build),
 		// `gateway healthcheck [URL]`: for images without a shell (compose.yaml).
-		return healthcheck.Run(ctx, "gateway", args[1:], "http://"+gateway.DefaultAdminListen+"/readyz", os.Stdout, os.Stderr)
-	}
-	fs := flag.NewFlagSet("gateway", flag.ContinueOnError)
-	fs.SetOutput(os.Stderr)
-	configPath := fs.String("config", "", "configuration file (YAML; see docs/configuration.md)")
-	listen := fs.String("listen", "", "proxy address host:port (overrides listen)")
-	region := fs.String("region", "", "region name (overrides region)")
-	check := fs.Bool("check", false, "validate the configuration and exit")
-	showVersion := fs.Bool("version", false, "print the version and exit")
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	if *showVersion {
-		fmt.Fprintln(os.Stdout, "gateway", version.Get())
-		return nil
-	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("unexpected arguments %q", fs.Args())
-	}
-	if *configPath == "" {
-		return errors.New("--config FILE is required")
+		cliflag.HealthcheckCmd("gateway", "http://"+gateway.DefaultAdminListen+"/readyz"),
+	)
+	cliflag.AddEnvHelp(root, "they win over the --config file's values; set but empty is refused",
+		cliflag.Var{Name: gateway.EnvDatabaseURL, Sets: "database_url: the control plane's PostgreSQL"},
+		cliflag.Var{Name: gateway.EnvRedisURL, Sets: "redis.url: the region's Redis"},
+	)
+	return root
+}
+
+// serve loads the configuration and runs the gateway (or, with --check, validates it).
+func serve(ctx context.Context, o options, lookupEnv func(string) (string, bool), stdout, stderr io.Writer) error {
+	if o.configPath == "" {
+		return cliflag.Usagef("--config FILE is required")
 	}
 	ov := gateway.OverridesFromLookupEnv(lookupEnv)
-	ov.Listen, ov.Region = *listen, *region
-	cfg, err := gateway.LoadConfig(*configPath, ov)
+	ov.Listen, ov.Region = o.listen, o.region
+	cfg, err := gateway.LoadConfig(o.configPath, ov)
 	if err != nil {
 		return err
 	}
-	log := newLogger(os.Stderr, cfg.LogLevel)
+	log := newLogger(stderr, cfg.LogLevel)
 	// go-redis logs pool failures (dials, TLS) on its own; keep them in the JSON log.
 	redis.SetLogger(redisLogger{log})
 
@@ -77,8 +94,8 @@ func run(ctx context.Context, args []string, lookupEnv func(string) (string, boo
 	if err != nil {
 		return err
 	}
-	if *check {
-		fmt.Fprintf(os.Stdout, "config %s: ok (mode %s, %s)\n", *configPath, cfg.Mode, cfg.ModeSource())
+	if o.check {
+		fmt.Fprintf(stdout, "config %s: ok (mode %s, %s)\n", o.configPath, cfg.Mode, cfg.ModeSource())
 		return nil
 	}
 	return g.Run(ctx)

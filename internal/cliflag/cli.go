@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"strconv"
+	"strings"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
@@ -47,11 +48,18 @@ func Exit(stderr io.Writer, program string, err error) int {
 }
 
 // FlagError says what a flag's value should have been, in words: pflag's own text names
-// Go's parser ("strconv.ParseInt: parsing \"1.5\": invalid syntax"). Other errors (an
-// unknown flag, a value whose Set said why) are returned as they are.
+// Go's parser ("strconv.ParseInt: parsing \"1.5\": invalid syntax"). A long flag written
+// with one dash, as Go's flag package took it (-config), gets its two-dash spelling. Other
+// errors (an unknown flag, a value whose Set said why) are returned as they are.
 func FlagError(err error) error {
 	var iv *pflag.InvalidValueError
 	if !errors.As(err, &iv) {
+		if arg, ok := strings.CutPrefix(err.Error(), "unknown shorthand flag: "); ok {
+			if _, arg, ok = strings.Cut(arg, " in "); ok && len(arg) > 2 && !strings.HasPrefix(arg, "--") {
+				name, _, _ := strings.Cut(arg[1:], "=")
+				return fmt.Errorf("unknown flag %s: long flags take two dashes (--%s)", arg, name)
+			}
+		}
 		return err
 	}
 	want := map[string]string{

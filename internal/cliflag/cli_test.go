@@ -71,6 +71,7 @@ func TestConventions(t *testing.T) {
 		{name: "healthcheck fails", args: []string{"healthcheck"}, code: ExitFailure, errOut: "prog: healthcheck: http://127.0.0.1:1/readyz"},
 		{name: "bad int", args: []string{"--count", "x"}, code: ExitUsage, errOut: `prog: --count "x": want a whole number`},
 		{name: "unknown flag", args: []string{"--nope"}, code: ExitUsage, errOut: "prog: unknown flag: --nope"},
+		{name: "one dash", args: []string{"-count=2"}, code: ExitUsage, errOut: "prog: unknown flag -count=2: long flags take two dashes (--count)\n"},
 		{name: "stray argument", args: []string{"serve"}, code: ExitUsage, errOut: `prog: unexpected arguments ["serve"] (commands: [healthcheck version])`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
