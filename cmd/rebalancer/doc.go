@@ -10,5 +10,10 @@
 // `rebalancer healthcheck [URL]` exits 0 when URL (default http://127.0.0.1:9102/readyz)
 // answers 2xx: the check of an image that has no shell.
 //
+// The command line follows every binary's conventions (internal/cliflag): two-dash flags,
+// durations with days (--interval 1d), RATELIMIT_DATABASE_URL and RATELIMIT_PROMETHEUS_URL
+// behind --database-url and --prometheus-url (listed in --help), `version` beside
+// --version, exit 2 for a bad flag or argument and 1 for any other failure.
+//
 // It is wiring only: flags, logging, the admin server and the exit code.
 package main

@@ -25,10 +25,17 @@ func TestBinaryRefusesLeaderTimeoutBelowATick(t *testing.T) {
 		return string(out), cmd.ProcessState.ExitCode()
 	}
 	out, code := run("--check-interval", "10s", "--leader-timeout", "5s")
-	if code == 0 || !strings.Contains(out, "--leader-timeout 5s: must be longer than the shorter of --interval and --check-interval (10s) plus --reload-wait (2s)") {
-		t.Errorf("--leader-timeout 5s with checks every 10s: exit %d, %q; want a refusal naming the flags", code, out)
+	if code != 2 || !strings.Contains(out, "--leader-timeout 5s: must be longer than the shorter of --interval and --check-interval (10s) plus --reload-wait (2s)") {
+		t.Errorf("--leader-timeout 5s with checks every 10s: exit %d, %q; want a refusal naming the flags, exit 2", code, out)
 	}
 	if out, _ := run("--check-interval", "10s", "--leader-timeout", "30s"); strings.Contains(out, "--leader-timeout") {
 		t.Errorf("--leader-timeout 30s with checks every 10s refused: %q", out)
+	}
+	// Days are a duration too, and a bad duration is a usage error naming the flag.
+	if out, _ := run("--interval", "7d", "--check-interval", "1d12h"); strings.Contains(out, "--interval") || strings.Contains(out, "invalid argument") {
+		t.Errorf("--interval 7d refused: %q", out)
+	}
+	if out, code := run("--interval", "7 days"); code != 2 || !strings.Contains(out, `invalid argument "7 days" for "--interval" flag`) {
+		t.Errorf("--interval \"7 days\": exit %d, %q; want 2 naming the flag", code, out)
 	}
 }

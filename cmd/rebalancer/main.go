@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -20,43 +19,38 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/spf13/cobra"
 
-	"github.com/quotaplane/quotaplane/internal/healthcheck"
+	"github.com/quotaplane/quotaplane/internal/cliflag"
 	"github.com/quotaplane/quotaplane/internal/version"
 	"github.com/quotaplane/quotaplane/rebalancer/demand"
 	"github.com/quotaplane/quotaplane/rebalancer/job"
 	"github.com/quotaplane/quotaplane/rebalancer/status"
+	"github.com/quotaplane/quotaplane/regions"
 	"github.com/quotaplane/quotaplane/regions/store"
 )
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	if err := run(ctx, os.Args[1:], os.LookupEnv, os.Stderr); err != nil {
-		stop()
-		if errors.Is(err, flag.ErrHelp) {
-			os.Exit(0) // --help: the usage is printed, and asking for it is no failure
-		}
-		fmt.Fprintln(os.Stderr, "rebalancer:", err)
-		os.Exit(1)
-	}
+	err := run(ctx, os.Args[1:], os.LookupEnv, os.Stderr)
+	stop()
+	os.Exit(cliflag.Exit(os.Stderr, "rebalancer", err)) // 2 for a usage error, 1 for any other
 }
 
-// EnvDatabaseURL is the environment variable behind --database-url's default.
-const EnvDatabaseURL = "RATELIMIT_DATABASE_URL"
+// The environment variables behind --database-url and --prometheus-url: the names every
+// binary reads (internal/cliflag).
+const (
+	EnvDatabaseURL   = cliflag.EnvDatabaseURL
+	EnvPrometheusURL = cliflag.EnvPrometheusURL
+)
 
 // defaultAdminListen is --admin-listen's default, and where `rebalancer healthcheck` looks.
 const defaultAdminListen = "127.0.0.1:9102"
 
-// urlList is a repeatable string flag.
-type urlList []string
-
-func (l *urlList) String() string     { return strings.Join(*l, ",") }
-func (l *urlList) Set(v string) error { *l = append(*l, v); return nil }
-
+// options are the rebalancer's flags, filled from the environment and validated by resolve.
 type options struct {
 	databaseURL   string
-	prometheus    urlList
+	prometheus    []string // --prometheus-url values: one URL, or REGION=URL each
 	interval      time.Duration
 	checkInterval time.Duration
 	shortWindow   time.Duration
@@ -65,7 +59,6 @@ type options struct {
 	expireAfter   int // full runs; -1 never
 	leaderTimeout time.Duration
 	once, dryRun  bool
-	version       bool
 	adminListen   string
 	logLevel      string
 }
@@ -89,94 +82,147 @@ func (o options) tickEvery() time.Duration {
 	return every
 }
 
-func parseFlags(args []string, lookupEnv func(string) (string, bool), stderr io.Writer) (options, error) {
+// newRootCmd is `rebalancer [flags]` with its `version` and `healthcheck` subcommands; it
+// calls serve with the validated options.
+func newRootCmd(lookupEnv func(string) (string, bool), serve func(context.Context, options) error) *cobra.Command {
 	var o options
-	fs := flag.NewFlagSet("rebalancer", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	// The default is read after parsing, so --help never prints a password.
+	root := &cobra.Command{
+		Use:   "rebalancer --prometheus-url URL [--database-url URL] [flags]",
+		Short: "Rewrite the regions' shares of every global limit from their demand",
+		Long: `rebalancer reads offered demand per region from Prometheus every --interval and
+rewrites the regions' shares of every global limit in PostgreSQL (docs/rebalancer.md).
+Only the replica holding the leader lock acts. Durations take days too: 90s, 5m, 1d12h.
+Exit codes: 0 success, 1 failed, 2 a bad flag or argument.`,
+		Args:                  cliflag.NoArgs,
+		DisableFlagsInUseLine: true,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := o.resolve(cmd, lookupEnv); err != nil {
+				return err
+			}
+			return serve(cmd.Context(), o)
+		},
+	}
+	build := version.Get()
+	cliflag.Configure(root, "rebalancer", build)
+	fs := root.Flags()
+	// The defaults are read after parsing, so --help never prints a password.
 	fs.StringVar(&o.databaseURL, "database-url", "", "PostgreSQL URL (default $"+EnvDatabaseURL+")")
-	fs.Var(&o.prometheus, "prometheus-url", "Prometheus base URL; or repeat as region=URL for one Prometheus per region")
-	fs.DurationVar(&o.interval, "interval", job.DefaultInterval, "full run period; also the long rate window")
-	fs.DurationVar(&o.checkInterval, "check-interval", job.DefaultCheckInterval, "fast-path check period")
-	fs.DurationVar(&o.shortWindow, "short-window", demand.DefaultShortWindow, "short rate window (fast path, peak reserve)")
-	fs.DurationVar(&o.reloadWait, "reload-wait", job.DefaultReloadWait, "pause between writing share decreases and increases (one gateway reload)")
-	fs.DurationVar(&o.instanceTTL, "instance-ttl", job.DefaultInstanceTTL, "a gateway unseen for longer is not live; a region with none is dark")
+	fs.StringArrayVar(&o.prometheus, "prometheus-url", nil, "Prometheus base URL; or repeat as region=URL for one Prometheus per region (default $"+EnvPrometheusURL+", comma-separated for several)")
+	cliflag.DurationVar(fs, &o.interval, "interval", job.DefaultInterval, "full run period; also the long rate window")
+	cliflag.DurationVar(fs, &o.checkInterval, "check-interval", job.DefaultCheckInterval, "fast-path check period")
+	cliflag.DurationVar(fs, &o.shortWindow, "short-window", demand.DefaultShortWindow, "short rate window (fast path, peak reserve)")
+	cliflag.DurationVar(fs, &o.reloadWait, "reload-wait", job.DefaultReloadWait, "pause between writing share decreases and increases (one gateway reload)")
+	cliflag.DurationVar(fs, &o.instanceTTL, "instance-ttl", job.DefaultInstanceTTL, "a gateway unseen for longer is not live; a region with none is dark")
 	fs.IntVar(&o.expireAfter, "expire-after-runs", job.DefaultExpireAfterRuns, "delete a tenant/route pair's rebalancer shares after this many full runs without its demand (history reason \"expired\"); -1 never")
-	fs.DurationVar(&o.leaderTimeout, "leader-timeout", 0, "a leader that has not used its lock connection for this long (stopped, cut off) loses its session and the lock; another replica takes over within this plus one check interval (default: 2 x the shorter of --interval and --check-interval, plus --reload-wait, plus 10s)")
+	cliflag.DurationVar(fs, &o.leaderTimeout, "leader-timeout", 0, "a leader that has not used its lock connection for this long (stopped, cut off) loses its session and the lock; another replica takes over within this plus one check interval (default: 2 x the shorter of --interval and --check-interval, plus --reload-wait, plus 10s)")
 	fs.BoolVar(&o.once, "once", false, "run once and exit: takes the leader lock (fails while another rebalancer holds it); non-zero if the run was skipped")
 	fs.BoolVar(&o.dryRun, "dry-run", false, "compute and log the shares, write nothing")
 	fs.StringVar(&o.adminListen, "admin-listen", defaultAdminListen, "admin address for /metrics, /healthz, /readyz and the status page (/ and /status.json); empty disables it")
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
-	fs.BoolVar(&o.version, "version", false, "print the version and exit")
-	if err := fs.Parse(args); err != nil {
-		return o, err
+	root.AddCommand(
+		cliflag.VersionCmd("rebalancer", build),
+		// `rebalancer healthcheck [URL]`: for images without a shell (compose.yaml).
+		cliflag.HealthcheckCmd("rebalancer", "http://"+defaultAdminListen+"/readyz"),
+	)
+	cliflag.AddEnvHelp(root, "a flag wins over its variable; set but empty is refused",
+		cliflag.Var{Name: EnvDatabaseURL, Sets: "--database-url"},
+		cliflag.Var{Name: EnvPrometheusURL, Sets: "--prometheus-url, comma-separated REGION=URL for several"},
+	)
+	return root
+}
+
+// envURL reads the variable behind a URL flag: set but empty is refused (an unfilled
+// Secret), so the operator hears that, rather than "required".
+func envURL(lookupEnv func(string) (string, bool), name, what, flag string) (string, error) {
+	v, set := lookupEnv(name)
+	if set && strings.TrimSpace(v) == "" {
+		return "", cliflag.Usagef("$%s is set but empty: give the %s URL (or %s)", name, what, flag)
 	}
-	if fs.NArg() > 0 {
-		return o, fmt.Errorf("unexpected arguments %q", fs.Args())
-	}
-	if o.version {
-		return o, nil
-	}
-	if o.databaseURL == "" {
-		v, set := lookupEnv(EnvDatabaseURL)
-		if set && strings.TrimSpace(v) == "" {
-			// An unfilled Secret: say so, rather than "required" (the operator did set it).
-			return o, fmt.Errorf("$%s is set but empty: give the PostgreSQL URL (or --database-url)", EnvDatabaseURL)
+	return v, nil
+}
+
+// resolve fills the URLs not given as flags from the environment and validates o; every
+// error is a usage error naming the flag.
+func (o *options) resolve(cmd *cobra.Command, lookupEnv func(string) (string, bool)) error {
+	if !cmd.Flags().Changed("database-url") {
+		v, err := envURL(lookupEnv, EnvDatabaseURL, "PostgreSQL", "--database-url")
+		if err != nil {
+			return err
 		}
 		o.databaseURL = v
 	}
+	if !cmd.Flags().Changed("prometheus-url") {
+		v, err := envURL(lookupEnv, EnvPrometheusURL, "Prometheus", "--prometheus-url")
+		if err != nil {
+			return err
+		}
+		if v != "" {
+			o.prometheus = strings.Split(v, ",")
+		}
+	}
 	switch {
 	case o.databaseURL == "":
-		return o, fmt.Errorf("--database-url (or $%s) is required", EnvDatabaseURL)
+		return cliflag.Usagef("--database-url (or $%s) is required", EnvDatabaseURL)
 	case len(o.prometheus) == 0:
-		return o, errors.New("--prometheus-url is required")
+		return cliflag.Usagef("--prometheus-url (or $%s) is required", EnvPrometheusURL)
 	case o.interval < time.Second:
-		return o, fmt.Errorf("--interval %s: must be at least 1s", o.interval)
+		return cliflag.Usagef("--interval %s: must be at least 1s", o.interval)
 	case o.checkInterval <= 0:
-		return o, fmt.Errorf("--check-interval %s: must be > 0", o.checkInterval)
+		return cliflag.Usagef("--check-interval %s: must be > 0", o.checkInterval)
 	case o.leaderTimeout != 0 && o.leaderTimeout < time.Second:
-		return o, fmt.Errorf("--leader-timeout %s: must be at least 1s (or 0 for the default)", o.leaderTimeout)
+		return cliflag.Usagef("--leader-timeout %s: must be at least 1s (or 0 for the default)", o.leaderTimeout)
 	case o.reloadWait <= 0 || o.instanceTTL <= 0 || o.shortWindow < time.Second:
-		return o, errors.New("--reload-wait and --instance-ttl must be > 0, --short-window at least 1s")
+		return cliflag.Usagef("--reload-wait and --instance-ttl must be > 0, --short-window at least 1s")
 	case o.leaderTimeout != 0 && o.leaderTimeout <= o.tickEvery()+o.reloadWait:
 		// The leader uses its lock connection before every tick: a session timeout that
 		// elapses between two ticks ends the session, and the lock, every time.
-		return o, fmt.Errorf("--leader-timeout %s: must be longer than the shorter of --interval and --check-interval (%s) plus --reload-wait (%s), or the leader loses its lock between two ticks",
+		return cliflag.Usagef("--leader-timeout %s: must be longer than the shorter of --interval and --check-interval (%s) plus --reload-wait (%s), or the leader loses its lock between two ticks",
 			o.leaderTimeout, o.tickEvery(), o.reloadWait)
 	case o.expireAfter < 1 && o.expireAfter != -1:
-		return o, fmt.Errorf("--expire-after-runs %d: must be at least 1, or -1 to never expire", o.expireAfter)
+		return cliflag.Usagef("--expire-after-runs %d: must be at least 1, or -1 to never expire", o.expireAfter)
 	}
 	var l slog.Level
 	if err := l.UnmarshalText([]byte(o.logLevel)); err != nil {
-		return o, fmt.Errorf("--log-level %q: want debug, info, warn or error", o.logLevel)
+		return cliflag.Usagef("--log-level %q: want debug, info, warn or error", o.logLevel)
 	}
-	return o, nil
+	return nil
 }
 
-// run parses the flags and runs the rebalancer until ctx ends (or once, with --once). Logs
-// (JSON) and flag errors go to stderr. PostgreSQL need not be up: the store is opened
-// lazily and every tick retries (counted as skipped_database until it is back); only a
-// malformed --database-url fails at start.
-func run(ctx context.Context, args []string, lookupEnv func(string) (string, bool), stderr io.Writer) error {
-	if len(args) > 0 && args[0] == healthcheck.Name {
-		// `rebalancer healthcheck [URL]`: for images without a shell (compose.yaml).
-		return healthcheck.Run(ctx, "rebalancer", args[1:], "http://"+defaultAdminListen+"/readyz", os.Stdout, stderr)
-	}
-	o, err := parseFlags(args, lookupEnv, stderr)
-	if err != nil {
-		return err
-	}
-	if o.version {
-		fmt.Fprintln(os.Stdout, "rebalancer", version.Get())
+// parseFlags is the command line's options, as the binary would run with them; flag
+// errors go to stderr.
+func parseFlags(args []string, lookupEnv func(string) (string, bool), stderr io.Writer) (options, error) {
+	var got options
+	err := cliflag.Execute(context.Background(), newRootCmd(lookupEnv, func(_ context.Context, o options) error {
+		got = o
 		return nil
-	}
+	}), args, io.Discard, stderr)
+	return got, err
+}
+
+// run parses the flags and runs the rebalancer until ctx ends (or once, with --once);
+// --help, --version and the subcommands print on stdout. Logs (JSON) and flag errors go
+// to stderr.
+func run(ctx context.Context, args []string, lookupEnv func(string) (string, bool), stderr io.Writer) error {
+	return execute(ctx, args, lookupEnv, os.Stdout, stderr)
+}
+
+// execute is run with stdout given.
+func execute(ctx context.Context, args []string, lookupEnv func(string) (string, bool), stdout, stderr io.Writer) error {
+	root := newRootCmd(lookupEnv, func(ctx context.Context, o options) error { return serve(ctx, o, stderr) })
+	return cliflag.Execute(ctx, root, args, stdout, stderr)
+}
+
+// serve runs the rebalancer with o. PostgreSQL need not be up: the store is opened lazily
+// and every tick retries (counted as skipped_database until it is back); only a malformed
+// --database-url or --prometheus-url fails at start (a usage error).
+func serve(ctx context.Context, o options, stderr io.Writer) error {
 	var level slog.Level
 	_ = level.UnmarshalText([]byte(o.logLevel))
 	log := slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: level}))
 
 	sources, err := demand.ParseSources(o.prometheus)
 	if err != nil {
-		return err
+		return cliflag.UsageError{Err: err}
 	}
 	reader, err := demand.New(demand.Config{Sources: sources, LongWindow: o.interval, ShortWindow: o.shortWindow})
 	if err != nil {
@@ -186,7 +232,9 @@ func run(ctx context.Context, args []string, lookupEnv func(string) (string, boo
 	// a database that is down fails each tick as skipped_database until it is back, and
 	// the pool reconnects by itself.
 	st, err := store.Open(ctx, o.databaseURL)
-	if err != nil {
+	if errors.Is(err, regions.ErrInvalid) {
+		return cliflag.UsageError{Err: err}
+	} else if err != nil {
 		return err
 	}
 	defer st.Close()

@@ -15,6 +15,7 @@ import (
 	v1 "github.com/prometheus/client_golang/api/prometheus/v1"
 	"github.com/prometheus/common/model"
 
+	"github.com/quotaplane/quotaplane/internal/cliflag"
 	"github.com/quotaplane/quotaplane/internal/testenv"
 	"github.com/quotaplane/quotaplane/rebalancer/demand"
 	"github.com/quotaplane/quotaplane/rebalancer/demand/demandtest"
@@ -56,11 +57,18 @@ func TestParseFlags(t *testing.T) {
 		{name: "never expire", args: append(base, "--expire-after-runs", "-1"), expire: -1},
 		{name: "zero expire runs", args: append(base, "--expire-after-runs", "0"), wantErr: "--expire-after-runs 0: must be at least 1, or -1"},
 		{name: "negative expire runs", args: append(base, "--expire-after-runs", "-2"), wantErr: "--expire-after-runs -2: must be at least 1, or -1"},
-		{name: "malformed expire runs", args: append(base, "--expire-after-runs", "three"), wantErr: "-expire-after-runs"},
+		{name: "malformed expire runs", args: append(base, "--expire-after-runs", "three"), wantErr: `--expire-after-runs "three": want a whole number`},
 		{name: "database url from env", args: []string{"--prometheus-url", "http://p"}, env: map[string]string{EnvDatabaseURL: "postgres://e/db"}},
 		{name: "no database url", args: []string{"--prometheus-url", "http://p"}, wantErr: "--database-url"},
 		{name: "empty database url in env", args: []string{"--prometheus-url", "http://p"}, env: map[string]string{EnvDatabaseURL: ""}, wantErr: "$RATELIMIT_DATABASE_URL is set but empty"},
-		{name: "no prometheus", args: []string{"--database-url", "postgres://x/db"}, wantErr: "--prometheus-url is required"},
+		{name: "no prometheus", args: []string{"--database-url", "postgres://x/db"}, wantErr: "--prometheus-url (or $RATELIMIT_PROMETHEUS_URL) is required"},
+		{name: "prometheus url from env", args: []string{"--database-url", "postgres://x/db"}, env: map[string]string{EnvPrometheusURL: "http://p"}},
+		{name: "empty prometheus url in env", args: []string{"--database-url", "postgres://x/db"}, env: map[string]string{EnvPrometheusURL: " "},
+			wantErr: "$RATELIMIT_PROMETHEUS_URL is set but empty: give the Prometheus URL (or --prometheus-url)"},
+		{name: "flag wins over env", args: base, env: map[string]string{EnvPrometheusURL: "", EnvDatabaseURL: ""}},
+		{name: "interval in days", args: append(base, "--interval", "7d", "--instance-ttl", "1d12h")},
+		{name: "malformed interval", args: append(base, "--interval", "7x"), wantErr: `invalid argument "7x" for "--interval" flag: "7x": want a duration like 7d, 2w, 36h or 90m`},
+		{name: "negative reload wait", args: append(base, "--reload-wait", "-1s"), wantErr: `invalid argument "-1s" for "--reload-wait" flag: "-1s": must not be negative`},
 		{name: "interval too short", args: append(base, "--interval", "10ms"), wantErr: "--interval"},
 		{name: "zero check interval", args: append(base, "--check-interval", "0s"), wantErr: "--check-interval"},
 		{name: "leader timeout too short", args: append(base, "--leader-timeout", "100ms"), wantErr: "--leader-timeout"},
@@ -69,7 +77,8 @@ func TestParseFlags(t *testing.T) {
 		{name: "leader timeout just above a tick", args: append(base, "--check-interval", "5s", "--leader-timeout", "8s")},
 		{name: "bad log level", args: append(base, "--log-level", "loud"), wantErr: "--log-level"},
 		{name: "stray argument", args: append(base, "extra"), wantErr: "unexpected arguments"},
-		{name: "unknown flag", args: append(base, "--nope"), wantErr: "not defined"},
+		{name: "unknown flag", args: append(base, "--nope"), wantErr: "unknown flag: --nope"},
+		{name: "one dash", args: append(base, "-once"), wantErr: "unknown flag -once: long flags take two dashes (--once)"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			o, err := parseFlags(tc.args, func(k string) (string, bool) { v, ok := tc.env[k]; return v, ok }, io.Discard)
@@ -88,6 +97,9 @@ func TestParseFlags(t *testing.T) {
 			if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
 				t.Fatalf("err = %v, want one mentioning %q", err, tc.wantErr)
 			}
+			if !errors.As(err, new(cliflag.UsageError)) {
+				t.Errorf("err = %v is no usage error: it would exit 1, not 2", err)
+			}
 		})
 	}
 }
@@ -95,8 +107,46 @@ func TestParseFlags(t *testing.T) {
 func TestRunRejectsBadPrometheusURL(t *testing.T) {
 	t.Parallel()
 	err := run(t.Context(), []string{"--database-url", "postgres://x@127.0.0.1:1/db", "--prometheus-url", "127.0.0.1:9090"}, noEnv, io.Discard)
-	if !errors.Is(err, regions.ErrInvalid) {
-		t.Fatalf("err = %v, want ErrInvalid naming the URL", err)
+	if !errors.Is(err, regions.ErrInvalid) || !errors.As(err, new(cliflag.UsageError)) {
+		t.Fatalf("err = %v, want ErrInvalid naming the URL, a usage error", err)
+	}
+}
+
+// TestCommandLine: --help ends with the environment the rebalancer reads, --version and
+// version print the build on stdout, and a bad command line exits 2 with one line
+// naming the flag.
+func TestCommandLine(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name   string
+		args   []string
+		code   int
+		stdout string // contained in stdout
+		stderr string // the whole of stderr
+	}{
+		{name: "help", args: []string{"--help"}, stdout: "Environment (a flag wins over its variable; set but empty is refused):\n" +
+			"  RATELIMIT_DATABASE_URL     --database-url\n" +
+			"  RATELIMIT_PROMETHEUS_URL   --prometheus-url, comma-separated REGION=URL for several\n"},
+		{name: "help shows durations", args: []string{"--help"}, stdout: "--interval duration "},
+		{name: "version flag", args: []string{"--version"}, stdout: "rebalancer "},
+		{name: "version command", args: []string{"version"}, stdout: "\ncommit "},
+		{name: "bad duration", args: []string{"--interval", "5 minutes"}, code: 2,
+			stderr: "rebalancer: invalid argument \"5 minutes\" for \"--interval\" flag: \"5 minutes\": want a duration like 7d, 2w, 36h or 90m\n"},
+		{name: "bad int", args: []string{"--expire-after-runs", "1.5"}, code: 2, stderr: "rebalancer: --expire-after-runs \"1.5\": want a whole number\n"},
+		{name: "missing database", args: []string{"--prometheus-url", "http://127.0.0.1:1"}, code: 2,
+			stderr: "rebalancer: --database-url (or $RATELIMIT_DATABASE_URL) is required\n"},
+		{name: "stray argument", args: []string{"serve"}, code: 2, stderr: "rebalancer: unexpected arguments [\"serve\"] (commands: [healthcheck version])\n"},
+		{name: "healthcheck fails", args: []string{"healthcheck", "http://127.0.0.1:1/readyz"}, code: 1,
+			stderr: "rebalancer: healthcheck: http://127.0.0.1:1/readyz: dial tcp 127.0.0.1:1: connect: connection refused\n"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			var stdout, stderr strings.Builder
+			code := cliflag.Exit(&stderr, "rebalancer", execute(t.Context(), tc.args, noEnv, &stdout, &stderr))
+			if code != tc.code || !strings.Contains(stdout.String(), tc.stdout) || stderr.String() != tc.stderr {
+				t.Errorf("exit %d\nstdout %q\nstderr %q\nwant exit %d, stdout containing %q, stderr %q", code, stdout.String(), stderr.String(), tc.code, tc.stdout, tc.stderr)
+			}
+		})
 	}
 }
 

@@ -15,7 +15,14 @@ import (
 // It is a pflag.Value over a time.Duration: (*Duration)(&d).
 type Duration time.Duration
 
-func (d *Duration) String() string { return FormatDuration(time.Duration(*d)) }
+// String is FormatDuration, but "0" for zero: pflag leaves a zero default out of --help
+// (where 0 usually means "the default computed from other flags" or "never").
+func (d *Duration) String() string {
+	if *d == 0 {
+		return "0"
+	}
+	return FormatDuration(time.Duration(*d))
+}
 
 // Type is what --help shows after the flag's name.
 func (d *Duration) Type() string { return "duration" }

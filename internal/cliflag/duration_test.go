@@ -65,6 +65,10 @@ func TestDurationFlag(t *testing.T) {
 	if !strings.Contains(fs.FlagUsages(), "--interval duration   full run period (default 2d)") {
 		t.Errorf("usage %q: want the default in days", fs.FlagUsages())
 	}
+	DurationVar(fs, new(time.Duration), "ttl", 0, "expire after this long (0: never)")
+	if !strings.Contains(fs.FlagUsages(), "(0: never)\n") {
+		t.Errorf("usage %q: want no zero default shown", fs.FlagUsages())
+	}
 	if err := fs.Parse([]string{"--interval", "7d12h"}); err != nil || d != 180*time.Hour {
 		t.Fatalf("--interval 7d12h: %v, %v", d, err)
 	}
