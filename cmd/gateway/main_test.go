@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/quotaplane/quotaplane/gateway"
 	"github.com/quotaplane/quotaplane/internal/cliflag"
 )
 
@@ -99,5 +100,13 @@ func TestExitCodes(t *testing.T) {
 				t.Errorf("exit %d\nstdout %q\nstderr %q\nwant exit %d, stdout containing %q, stderr %q", code, stdout.String(), stderr.String(), tt.code, tt.stdout, tt.stderr)
 			}
 		})
+	}
+}
+
+// TestEnvNames: the gateway reads its URLs from the names every binary reads.
+func TestEnvNames(t *testing.T) {
+	if gateway.EnvDatabaseURL != cliflag.EnvDatabaseURL || gateway.EnvRedisURL != cliflag.EnvRedisURL {
+		t.Errorf("gateway reads %s and %s, the other binaries %s and %s",
+			gateway.EnvDatabaseURL, gateway.EnvRedisURL, cliflag.EnvDatabaseURL, cliflag.EnvRedisURL)
 	}
 }
