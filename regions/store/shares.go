@@ -404,6 +404,30 @@ type HistoryEntry struct {
 	Inputs json.RawMessage
 }
 
+// MarshalJSON writes the entry as `ratectl shares history -o json` prints it (a public
+// contract): the scope in its stored form, times in UTC, old and new null for a created
+// or deleted row, expires_at null for no expiry, inputs as recorded (null for none).
+func (e HistoryEntry) MarshalJSON() ([]byte, error) {
+	var expires *time.Time
+	if !e.ExpiresAt.IsZero() {
+		t := e.ExpiresAt.UTC()
+		expires = &t
+	}
+	return json.Marshal(struct {
+		ID        int64           `json:"id"`
+		At        time.Time       `json:"at"`
+		Scope     string          `json:"scope"`
+		Region    string          `json:"region"`
+		Source    regions.Source  `json:"source"`
+		Old       *float64        `json:"old"`
+		New       *float64        `json:"new"`
+		ExpiresAt *time.Time      `json:"expires_at"`
+		Actor     string          `json:"actor"`
+		Reason    string          `json:"reason"`
+		Inputs    json.RawMessage `json:"inputs"`
+	}{e.ID, e.At.UTC(), e.Scope.String(), e.Region, e.Source, e.Old, e.New, expires, e.Actor, e.Reason, e.Inputs})
+}
+
 // History lists share changes, newest first.
 func (s *Store) History(ctx context.Context, f HistoryFilter) ([]HistoryEntry, error) {
 	var scope *string
