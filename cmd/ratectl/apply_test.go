@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/quotaplane/quotaplane/regions/store"
 )
 
 // TestApplyPlanThenWrite: apply -f prints a plan and writes nothing; --apply writes exactly
@@ -51,7 +53,7 @@ func TestApplyPlanThenWrite(t *testing.T) {
 	}
 	// The audit shows the writes, newest first, with the actor.
 	r = c.ok("audit", "--since", "7d", "-o", "json")
-	var entries []auditJSON
+	var entries []store.AuditEntry
 	if err := json.Unmarshal([]byte(r.stdout), &entries); err != nil {
 		t.Fatal(err)
 	}
