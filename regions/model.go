@@ -100,10 +100,10 @@ const (
 )
 
 // Limit is a token bucket's size after scaling: what one region, or one instance of it,
-// enforces.
+// enforces. Its JSON names are ratectl's (`bucket inspect`, `shares get`).
 type Limit struct {
-	Capacity        int64
-	RefillPerSecond float64
+	Capacity        int64   `json:"capacity"`
+	RefillPerSecond float64 `json:"refill_per_second"`
 }
 
 // MinScaleShare is the smallest share Scale applies. A share of 0 (allowed in the data:
