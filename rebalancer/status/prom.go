@@ -52,7 +52,9 @@ func (h *Handler) queryPrometheus(ctx context.Context, now time.Time) promData {
 		wg        sync.WaitGroup
 		chartErrs = make([][2]error, len(srcs))
 	)
-	wg.Go(func() { d.live = figures.Read(ctx, srcs, figures.Options{Window: h.cfg.RateWindow, At: now}) })
+	wg.Go(func() {
+		d.live = figures.Read(ctx, srcs, figures.Options{Window: h.cfg.RateWindow, At: now, RatesOnly: true})
+	})
 	for i, src := range h.cfg.Prometheus {
 		for j, q := range []struct {
 			query string

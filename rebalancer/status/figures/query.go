@@ -56,6 +56,10 @@ type Options struct {
 	Tenant string
 	// At is the evaluation time.
 	At time.Time
+	// RatesOnly reads the request rates alone (the status page, which shows nothing
+	// else of a region's figures): a failing query of a figure nobody shows must not
+	// drop the rates.
+	RatesOnly bool
 }
 
 // query is one instant query of Read and how its samples fill a Region.
@@ -110,7 +114,7 @@ func ShareQuery(region, tenant string) string {
 // queries are Read's instant queries of one source.
 func queries(o Options, region string) []query {
 	sel := selector(region)
-	return []query{
+	qs := []query{
 		{"offered", OfferedQuery(o.Window, region, o.Tenant), func(r *Region, s *model.Sample) {
 			var add demand.Rates
 			if !add.Add(string(s.Metric["decision"]), float64(s.Value)) {
@@ -140,6 +144,10 @@ func queries(o Options, region string) []query {
 			r.Share = &v
 		}},
 	}
+	if o.RatesOnly {
+		return qs[:1]
+	}
+	return qs
 }
 
 // Result is what Read found.

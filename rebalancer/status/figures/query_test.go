@@ -39,6 +39,9 @@ func TestQueries(t *testing.T) {
 			"share": `avg by (region) (ratelimit_region_share_ratio{scope=~"shop-a|shop-a/.*",region="eu-west"}) or ` +
 				`avg by (region) (ratelimit_region_share_ratio{scope="*",region="eu-west"})`,
 		}},
+		{name: "rates only (the status page)", o: Options{Window: time.Minute, RatesOnly: true}, want: map[string]string{
+			"offered": `sum by (region, decision) (rate(ratelimit_requests_total{decision=~"allowed|throttled|shadow_throttled"}[1m]))`,
+		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got := map[string]string{}
