@@ -9,6 +9,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -18,6 +20,24 @@ import (
 	"github.com/quotaplane/quotaplane/migrations"
 	"github.com/quotaplane/quotaplane/regions"
 )
+
+// RawID accepts any id a row may hold, valid or not: 1 to 64 bytes of printable UTF-8.
+// Deletions take it, so an operator can remove any row the database holds; writes that
+// create rows validate with regions.ValidateID.
+func RawID(kind, id string) error {
+	if id == "" || len(id) > 64 {
+		return fmt.Errorf("%w %s id %.20q: must be 1 to 64 bytes", regions.ErrInvalid, kind, id)
+	}
+	if !utf8.ValidString(id) {
+		return fmt.Errorf("%w %s id %q: not UTF-8", regions.ErrInvalid, kind, id)
+	}
+	for _, r := range id {
+		if unicode.IsControl(r) {
+			return fmt.Errorf("%w %s id %q: control characters", regions.ErrInvalid, kind, id)
+		}
+	}
+	return nil
+}
 
 // Sentinels of the store, for callers that branch on them (errors.Is).
 var (
@@ -360,6 +380,7 @@ type redactedError struct {
 }
 
 func (e *redactedError) Error() string { return e.msg }
+
 func (e *redactedError) Unwrap() error { return e.err }
 
 func redactErr(err error, secrets []string) error {
