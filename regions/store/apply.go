@@ -98,41 +98,25 @@ func applyChanges(ctx context.Context, tx pgx.Tx, changes []Change) error {
 // applyRuleChanges writes every rule change of changes in two statements: the deletes,
 // then the adds and changes as one upsert.
 func applyRuleChanges(ctx context.Context, tx pgx.Tx, changes []Change) error {
-	var (
-		delTenant, delRoute []string
-		tenant, route       []string
-		capacity            []int64
-		refill              []float64
-		shadow              []bool
-		shards              []int32
-	)
+	var deletes, writes ruleRows
 	for _, c := range changes {
 		if c.Object != "rule" {
 			continue
 		}
-		r := c.rule
 		if c.Action == ActionDelete {
-			delTenant, delRoute = append(delTenant, r.Tenant), append(delRoute, r.Route)
+			deletes.add(c.rule)
 			continue
 		}
-		tenant, route = append(tenant, r.Tenant), append(route, r.Route)
-		capacity, refill = append(capacity, r.Capacity), append(refill, r.RefillPerSecond)
-		shadow, shards = append(shadow, r.Shadow), append(shards, int32(r.Shards))
+		writes.add(c.rule)
 	}
-	if len(delTenant) > 0 {
-		if _, err := tx.Exec(ctx, `DELETE FROM rate_limit_rule r USING unnest($1::text[], $2::text[]) AS d(tenant_id, route_id)
-			WHERE r.tenant_id = d.tenant_id AND r.route_id = d.route_id`, delTenant, delRoute); err != nil {
-			return fmt.Errorf("delete %d: %w", len(delTenant), err)
+	if deletes.len() > 0 {
+		if _, err := deletes.delete(ctx, tx); err != nil {
+			return fmt.Errorf("delete %d: %w", deletes.len(), err)
 		}
 	}
-	if len(tenant) > 0 {
-		if _, err := tx.Exec(ctx, `INSERT INTO rate_limit_rule (tenant_id, route_id, capacity, refill_per_second, shadow, shards, updated_at)
-			SELECT t, r, c, f, s, n, now() FROM unnest($1::text[], $2::text[], $3::bigint[], $4::float8[], $5::bool[], $6::int[]) AS u(t, r, c, f, s, n)
-			ON CONFLICT (tenant_id, route_id) DO UPDATE SET capacity = EXCLUDED.capacity,
-				refill_per_second = EXCLUDED.refill_per_second, shadow = EXCLUDED.shadow,
-				shards = EXCLUDED.shards, updated_at = now()`,
-			tenant, route, capacity, refill, shadow, shards); err != nil {
-			return fmt.Errorf("write %d: %w", len(tenant), err)
+	if writes.len() > 0 {
+		if err := writes.upsert(ctx, tx); err != nil {
+			return fmt.Errorf("write %d: %w", writes.len(), err)
 		}
 	}
 	return nil

@@ -38,8 +38,7 @@ func (s *Store) CreateKey(ctx context.Context, tenant, label string) (string, re
 	secret := KeyPrefix + base64.RawURLEncoding.EncodeToString(raw[:])
 	k := regions.APIKey{Hash: regions.HashKey(secret), Tenant: tenant, Label: label}
 	err := s.write(ctx, auditOf(ctx), func(tx pgx.Tx) error {
-		return dbErr(tx.QueryRow(ctx, `INSERT INTO api_key (key_hash, tenant_id, label) VALUES ($1, $2, $3) RETURNING id, created_at`,
-			k.Hash[:], tenant, label).Scan(&k.ID, &k.CreatedAt))
+		return dbErr(insertKey(ctx, tx, &k))
 	})
 	if err != nil {
 		return "", regions.APIKey{}, fmt.Errorf("create key for %s: %w", tenant, err)
@@ -96,8 +95,7 @@ func (s *Store) Keys(ctx context.Context, tenant string) ([]regions.APIKey, erro
 // revoked key changes nothing; ErrNotFound if there is no such key.
 func (s *Store) RevokeKey(ctx context.Context, id int64) error {
 	err := s.write(ctx, auditOf(ctx), func(tx pgx.Tx) error {
-		tag, err := tx.Exec(ctx, `UPDATE api_key SET revoked_at = now() WHERE id = $1 AND revoked_at IS NULL`, id)
-		if err != nil || tag.RowsAffected() == 1 {
+		if revoked, err := revokeKey(ctx, tx, id, nil); err != nil || revoked {
 			return err
 		}
 		var exists bool
@@ -127,15 +125,29 @@ func (s *Store) ImportKey(ctx context.Context, hash regions.KeyHash, tenant, lab
 	}
 	k := regions.APIKey{Hash: hash, Tenant: tenant, Label: label}
 	err := s.write(ctx, auditOf(ctx), func(tx pgx.Tx) error {
-		err := tx.QueryRow(ctx, `INSERT INTO api_key (key_hash, tenant_id, label) VALUES ($1, $2, $3)
-			ON CONFLICT (key_hash) DO NOTHING RETURNING id, created_at`, hash[:], tenant, label).Scan(&k.ID, &k.CreatedAt)
-		if errors.Is(err, pgx.ErrNoRows) {
-			return ErrExists
-		}
-		return dbErr(err)
+		return dbErr(insertKey(ctx, tx, &k))
 	})
 	if err != nil {
 		return regions.APIKey{}, fmt.Errorf("import key sha256:%s for %s: %w", shortHash(hash), tenant, err)
 	}
 	return k, nil
+}
+
+// insertKey stores k, unrevoked, and sets its ID and CreatedAt; ErrExists if its hash is
+// stored already (revoked or not). CreateKey, ImportKey and Apply share it.
+func insertKey(ctx context.Context, tx pgx.Tx, k *regions.APIKey) error {
+	err := tx.QueryRow(ctx, `INSERT INTO api_key (key_hash, tenant_id, label) VALUES ($1, $2, $3)
+		ON CONFLICT (key_hash) DO NOTHING RETURNING id, created_at`, k.Hash[:], k.Tenant, k.Label).Scan(&k.ID, &k.CreatedAt)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return ErrExists
+	}
+	return err
+}
+
+// revokeKey revokes the key with id, or with hash (0 and nil match no key), unless it is
+// revoked already, and reports whether it revoked one. RevokeKey and Apply (--prune keys)
+// share it.
+func revokeKey(ctx context.Context, tx pgx.Tx, id int64, hash []byte) (bool, error) {
+	tag, err := tx.Exec(ctx, `UPDATE api_key SET revoked_at = now() WHERE revoked_at IS NULL AND (id = $1 OR key_hash = $2)`, id, hash)
+	return tag.RowsAffected() > 0, err
 }

@@ -181,8 +181,7 @@ func planRegions(cur, want []string, prune bool) []Change {
 					if err := deleteExpiredOverrideRows(ctx, tx, r); err != nil {
 						return err
 					}
-					_, err = tx.Exec(ctx, `DELETE FROM region WHERE name = $1`, r)
-					return err
+					return deleteRegion(ctx, tx, r)
 				}})
 		}
 	}
@@ -246,22 +245,7 @@ func planOverrides(cur, want []Override, prune bool) []Change {
 		}
 		c := Change{Action: ActionAdd, Object: "override", ID: id, New: overrideValueOf(o), order: orderOverride,
 			apply: func(ctx context.Context, tx pgx.Tx) error {
-				var expires *time.Time
-				if !o.ExpiresAt.IsZero() {
-					expires = &o.ExpiresAt
-				}
-				regionsNamed := slices.Sorted(maps.Keys(o.Shares))
-				for _, r := range regionsNamed {
-					if _, err := tx.Exec(ctx, `INSERT INTO region_share (scope, region, share, source, expires_at, updated_at, reason)
-						VALUES ($1, $2, $3, 'override', $4, now(), $5)
-						ON CONFLICT (scope, region, source) DO UPDATE SET share = EXCLUDED.share,
-							expires_at = EXCLUDED.expires_at, updated_at = now(), reason = EXCLUDED.reason`,
-						id, r, o.Shares[r], expires, o.Reason); err != nil {
-						return err
-					}
-				}
-				_, err := tx.Exec(ctx, `DELETE FROM region_share WHERE scope = $1 AND source = 'override' AND NOT (region = ANY($2))`, id, regionsNamed)
-				return err
+				return setOverrideRows(ctx, tx, id, o.Shares, overrideExpiry{at: o.ExpiresAt}, o.Reason)
 			}}
 		if ok {
 			c.Action, c.Old = ActionChange, overrideValueOf(old)
@@ -274,8 +258,7 @@ func planOverrides(cur, want []Override, prune bool) []Change {
 	for _, id := range slices.Sorted(maps.Keys(have)) {
 		out = append(out, Change{Action: ActionDelete, Object: "override", ID: id, Old: overrideValueOf(have[id]), order: orderOverride,
 			apply: func(ctx context.Context, tx pgx.Tx) error {
-				_, err := tx.Exec(ctx, `DELETE FROM region_share WHERE scope = $1 AND source = 'override'`, id)
-				return err
+				return clearOverrideRows(ctx, tx, id)
 			}})
 	}
 	return out
@@ -306,15 +289,11 @@ func planKeys(cur, want []KeySpec, prune bool) ([]Change, error) {
 		default:
 			out = append(out, Change{Action: ActionAdd, Object: "key", ID: id, New: keyValueOf(k), order: orderKey,
 				apply: func(ctx context.Context, tx pgx.Tx) error {
-					var revoked bool
-					err := tx.QueryRow(ctx, `SELECT true FROM api_key WHERE key_hash = $1`, k.Hash[:]).Scan(&revoked)
-					if err == nil {
+					err := insertKey(ctx, tx, &regions.APIKey{Hash: k.Hash, Tenant: k.Tenant, Label: k.Label})
+					if errors.Is(err, ErrExists) {
+						// Under Apply's lock, a stored hash the plan adds is a revoked key's.
 						return fmt.Errorf("%w: this key was revoked, and a revoked key cannot come back: make a new one", regions.ErrInvalid)
 					}
-					if !errors.Is(err, pgx.ErrNoRows) {
-						return err
-					}
-					_, err = tx.Exec(ctx, `INSERT INTO api_key (key_hash, tenant_id, label) VALUES ($1, $2, $3)`, k.Hash[:], k.Tenant, k.Label)
 					return err
 				}})
 		}
@@ -326,7 +305,7 @@ func planKeys(cur, want []KeySpec, prune bool) ([]Change, error) {
 		k := have[h]
 		out = append(out, Change{Action: ActionDelete, Object: "key", ID: "sha256:" + shortHash(h), Old: keyValueOf(k), New: &KeyValue{Tenant: k.Tenant, Label: k.Label, Revoked: true}, order: orderKey,
 			apply: func(ctx context.Context, tx pgx.Tx) error {
-				_, err := tx.Exec(ctx, `UPDATE api_key SET revoked_at = now() WHERE key_hash = $1 AND revoked_at IS NULL`, h[:])
+				_, err := revokeKey(ctx, tx, 0, h[:])
 				return err
 			}})
 	}

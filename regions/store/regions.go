@@ -193,8 +193,14 @@ func removeRegionTx(ctx context.Context, tx pgx.Tx, name string, how RegionRemov
 		WHERE r.scope = t.scope AND r.source = t.source`, scopes, sources); err != nil {
 		return err
 	}
-	_, err = tx.Exec(ctx, `DELETE FROM region WHERE name = $1`, name)
-	return dbErr(err)
+	return dbErr(deleteRegion(ctx, tx, name))
+}
+
+// deleteRegion deletes the row of region name, once no share names it: RemoveRegion and
+// Apply (--prune regions) share it.
+func deleteRegion(ctx context.Context, tx pgx.Tx, name string) error {
+	_, err := tx.Exec(ctx, `DELETE FROM region WHERE name = $1`, name)
+	return err
 }
 
 // sharesInForce counts the share rows that name region and still apply: every rebalancer

@@ -56,13 +56,9 @@ func (s *Store) SetRule(ctx context.Context, r regions.Rule) error {
 		return fmt.Errorf("set rule: %w", err)
 	}
 	err := s.write(ctx, auditOf(ctx), func(tx pgx.Tx) error {
-		_, err := tx.Exec(ctx, `INSERT INTO rate_limit_rule (tenant_id, route_id, capacity, refill_per_second, shadow, shards, updated_at)
-			VALUES ($1, $2, $3, $4, $5, $6, now())
-			ON CONFLICT (tenant_id, route_id) DO UPDATE SET capacity = EXCLUDED.capacity,
-				refill_per_second = EXCLUDED.refill_per_second, shadow = EXCLUDED.shadow,
-				shards = EXCLUDED.shards, updated_at = now()`,
-			r.Tenant, r.Route, r.Capacity, r.RefillPerSecond, r.Shadow, r.Shards)
-		return dbErr(err)
+		var rows ruleRows
+		rows.add(r)
+		return dbErr(rows.upsert(ctx, tx))
 	})
 	if err != nil {
 		return fmt.Errorf("set rule %s/%s: %w", r.Tenant, r.Route, err)
@@ -85,11 +81,13 @@ func (s *Store) DeleteRule(ctx context.Context, tenant, route string) error {
 		return fmt.Errorf("delete rule */*: %w: the default rule cannot be deleted; set it instead", regions.ErrInvalid)
 	}
 	err := s.write(ctx, auditOf(ctx), func(tx pgx.Tx) error {
-		tag, err := tx.Exec(ctx, `DELETE FROM rate_limit_rule WHERE tenant_id = $1 AND route_id = $2`, tenant, route)
+		var rows ruleRows
+		rows.add(regions.Rule{Tenant: tenant, Route: route})
+		n, err := rows.delete(ctx, tx)
 		if err != nil {
 			return dbErr(err)
 		}
-		if tag.RowsAffected() == 0 {
+		if n == 0 {
 			return ErrNotFound
 		}
 		return nil
@@ -98,4 +96,42 @@ func (s *Store) DeleteRule(ctx context.Context, tenant, route string) error {
 		return fmt.Errorf("delete rule %s/%s: %w", tenant, route, err)
 	}
 	return nil
+}
+
+// ruleRows are rules as the columns of rate_limit_rule, for the one upsert and the one
+// delete of rules that SetRule and DeleteRule (one row) and Apply (every rule change of a
+// file, 100,000 rules in one statement) share.
+type ruleRows struct {
+	tenant, route []string
+	capacity      []int64
+	refill        []float64
+	shadow        []bool
+	shards        []int32
+}
+
+func (rs *ruleRows) add(r regions.Rule) {
+	rs.tenant, rs.route = append(rs.tenant, r.Tenant), append(rs.route, r.Route)
+	rs.capacity, rs.refill = append(rs.capacity, r.Capacity), append(rs.refill, r.RefillPerSecond)
+	rs.shadow, rs.shards = append(rs.shadow, r.Shadow), append(rs.shards, int32(r.Shards))
+}
+
+func (rs *ruleRows) len() int { return len(rs.tenant) }
+
+// upsert creates or replaces the rules of rs (updated_at: the database's now()).
+func (rs *ruleRows) upsert(ctx context.Context, tx pgx.Tx) error {
+	_, err := tx.Exec(ctx, `INSERT INTO rate_limit_rule (tenant_id, route_id, capacity, refill_per_second, shadow, shards, updated_at)
+		SELECT t, r, c, f, s, n, now() FROM unnest($1::text[], $2::text[], $3::bigint[], $4::float8[], $5::bool[], $6::int[]) AS u(t, r, c, f, s, n)
+		ON CONFLICT (tenant_id, route_id) DO UPDATE SET capacity = EXCLUDED.capacity,
+			refill_per_second = EXCLUDED.refill_per_second, shadow = EXCLUDED.shadow,
+			shards = EXCLUDED.shards, updated_at = now()`,
+		rs.tenant, rs.route, rs.capacity, rs.refill, rs.shadow, rs.shards)
+	return err
+}
+
+// delete deletes the rules of rs by tenant and route (the other columns are ignored) and
+// returns how many there were.
+func (rs *ruleRows) delete(ctx context.Context, tx pgx.Tx) (int64, error) {
+	tag, err := tx.Exec(ctx, `DELETE FROM rate_limit_rule r USING unnest($1::text[], $2::text[]) AS d(tenant_id, route_id)
+		WHERE r.tenant_id = d.tenant_id AND r.route_id = d.route_id`, rs.tenant, rs.route)
+	return tag.RowsAffected(), err
 }
