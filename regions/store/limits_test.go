@@ -173,3 +173,36 @@ func TestParseKeyHash(t *testing.T) {
 		t.Errorf("ParseKeyHash of 100 bytes: %v, want the first 80 quoted", err)
 	}
 }
+
+// FuzzParseLimits: ParseLimits never panics on any input, and what it accepts,
+// MarshalLimits writes back to a file it reads as the same configuration.
+func FuzzParseLimits(f *testing.F) {
+	for _, s := range []string{
+		"rules:\n  - {tenant: '*', route: '*', capacity: 1, refill_per_second: 1}\n",
+		"regions: [a, b]\noverrides:\n  - {scope: 't/r', shares: {a: 0.25, b: 0.75}, reason: x, expires_at: '2030-01-01T00:00:00.5Z'}\n",
+		"keys:\n  - {sha256: '" + strings.Repeat("ab", 32) + "', tenant: t, label: \"a: b # c\"}\n",
+		`{"regions": ["a"], "rules": [{"tenant": "*", "route": "*", "capacity": 3, "refill_per_second": 0.5, "shards": 2}]}`,
+		billionLaughs(),
+		"a: &a [*a]\n",
+		"regions: !!map {}\n",
+	} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, in string) {
+		c, err := ParseLimits(context.Background(), []byte(in))
+		if err != nil {
+			return
+		}
+		b, err := MarshalLimits(c)
+		if err != nil {
+			t.Fatalf("MarshalLimits of a parsed file: %v", err)
+		}
+		back, err := ParseLimits(context.Background(), b)
+		if err != nil {
+			t.Fatalf("the marshalled file does not parse: %v\n%s", err, b)
+		}
+		if !reflect.DeepEqual(back, c) {
+			t.Fatalf("read back %+v, want %+v:\n%s", back, c, b)
+		}
+	})
+}
