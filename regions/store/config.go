@@ -201,8 +201,7 @@ func readConfig(ctx context.Context, q querier) (Config, time.Time, error) {
 	if err != nil {
 		return Config{}, now, fmt.Errorf("read the database clock: %w", err)
 	}
-	rows, _ = q.Query(ctx, `SELECT name FROM region ORDER BY name`)
-	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	names, err := regionNames(ctx, q)
 	if err != nil {
 		return Config{}, now, fmt.Errorf("read regions: %w", err)
 	}

@@ -13,12 +13,18 @@ import (
 
 // Regions lists the region names, sorted.
 func (s *Store) Regions(ctx context.Context) ([]string, error) {
-	rows, _ := s.pool.Query(ctx, `SELECT name FROM region ORDER BY name`)
-	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	names, err := regionNames(ctx, s.pool)
 	if err != nil {
 		return nil, fmt.Errorf("list regions: %w", err)
 	}
 	return names, nil
+}
+
+// regionNames reads the region names, sorted: the one read of the region set (Regions,
+// the loader, Export and Apply, the share writers under their region lock).
+func regionNames(ctx context.Context, q querier) ([]string, error) {
+	rows, _ := q.Query(ctx, `SELECT name FROM region ORDER BY name`)
+	return pgx.CollectRows(rows, pgx.RowTo[string])
 }
 
 // NewRegionShare is the share a region added to n regions (itself included) starts with

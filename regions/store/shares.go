@@ -56,8 +56,7 @@ func (s *Store) SetOverride(ctx context.Context, scope regions.Scope, shares map
 		if err := lockRegions(ctx, tx); err != nil {
 			return err
 		}
-		rows, _ := tx.Query(ctx, `SELECT name FROM region ORDER BY name`)
-		names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		names, err := regionNames(ctx, tx)
 		if err != nil {
 			return err
 		}
@@ -334,8 +333,7 @@ func (s *Store) WriteRebalancer(ctx context.Context, w RebalancerWrite) error {
 			return err
 		}
 		if w.Regions != nil {
-			rows, _ := tx.Query(ctx, `SELECT name FROM region ORDER BY name`)
-			names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+			names, err := regionNames(ctx, tx)
 			if err != nil {
 				return err
 			}
