@@ -98,6 +98,9 @@ fuzz-run:
 	$(GO) test -run '^$$' -fuzz '^FuzzParseShares$$' -fuzztime $(FUZZTIME) ./cmd/ratectl/
 	$(GO) test -run '^$$' -fuzz '^FuzzParseTrace$$' -fuzztime $(FUZZTIME) ./rebalancer/sim/
 	$(GO) test -run '^$$' -fuzz '^FuzzAllocate$$' -fuzztime $(FUZZTIME) ./rebalancer/
+	$(GO) test -run '^$$' -fuzz '^FuzzShardLimit$$' -fuzztime $(FUZZTIME) ./gateway/limiter/
+	$(GO) test -run '^$$' -fuzz '^FuzzURL$$' -fuzztime $(FUZZTIME) ./internal/redact/
+	$(GO) test -run '^$$' -fuzz '^FuzzParseLimits$$' -fuzztime $(FUZZTIME) ./regions/store/
 
 ## bench: the benchmark suite (about 14 min): writes docs/bench/results.json, renders
 ## docs/BENCHMARKS.md, the README headline and docs/proxies.md from it, then runs bench-rls.

@@ -24,6 +24,7 @@ import (
 	"golang.org/x/net/http/httpguts"
 
 	"github.com/quotaplane/quotaplane/gateway/limiter"
+	"github.com/quotaplane/quotaplane/internal/redact"
 	"github.com/quotaplane/quotaplane/regions"
 	"github.com/quotaplane/quotaplane/regions/store"
 )
@@ -1214,9 +1215,7 @@ func redactedReason(err error, raw string) string {
 	}
 	msg = quoted.ReplaceAllString(msg, `"…"`)
 	msg = strings.ReplaceAll(msg, raw, "")
-	for _, p := range store.URLSecrets(raw) {
-		msg = strings.ReplaceAll(msg, p, "xxxxx")
-	}
+	msg = redact.String(msg, redact.Secrets(raw))
 	msg = strings.Join(strings.Fields(msg), " ")
 	if msg == "" || msg == "()" {
 		msg = "malformed"

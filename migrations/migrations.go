@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"embed"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"path"
@@ -58,6 +59,22 @@ type MigrationStatus struct {
 	Name      string // file name, e.g. "00001_schema.sql"
 	Applied   bool
 	AppliedAt time.Time // zero when pending
+}
+
+// MarshalJSON writes the status as `ratectl migrate status -o json` prints it (a public
+// contract): version, name, applied, and applied_at in UTC, null while pending.
+func (m MigrationStatus) MarshalJSON() ([]byte, error) {
+	var at *time.Time
+	if !m.AppliedAt.IsZero() {
+		t := m.AppliedAt.UTC()
+		at = &t
+	}
+	return json.Marshal(struct {
+		Version   int64      `json:"version"`
+		Name      string     `json:"name"`
+		Applied   bool       `json:"applied"`
+		AppliedAt *time.Time `json:"applied_at"`
+	}{m.Version, m.Name, m.Applied, at})
 }
 
 // Up applies every pending migration. Applying an up-to-date database does nothing.

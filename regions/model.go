@@ -2,6 +2,7 @@ package regions
 
 import (
 	"crypto/sha256"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
@@ -99,10 +100,10 @@ const (
 )
 
 // Limit is a token bucket's size after scaling: what one region, or one instance of it,
-// enforces.
+// enforces. Its JSON names are ratectl's (`bucket inspect`, `shares get`).
 type Limit struct {
-	Capacity        int64
-	RefillPerSecond float64
+	Capacity        int64   `json:"capacity"`
+	RefillPerSecond float64 `json:"refill_per_second"`
 }
 
 // MinScaleShare is the smallest share Scale applies. A share of 0 (allowed in the data:
@@ -306,6 +307,28 @@ type APIKey struct {
 	Label     string
 	CreatedAt time.Time
 	RevokedAt time.Time // zero while the key is valid
+}
+
+// MarshalJSON writes the key as ratectl prints it (`keys list -o json`, a public
+// contract): id, tenant, label, created_at and revoked_at (null while the key is valid),
+// times in UTC. Never the hash.
+func (k APIKey) MarshalJSON() ([]byte, error) {
+	return json.Marshal(struct {
+		ID        int64      `json:"id"`
+		Tenant    string     `json:"tenant"`
+		Label     string     `json:"label"`
+		CreatedAt time.Time  `json:"created_at"`
+		RevokedAt *time.Time `json:"revoked_at"`
+	}{k.ID, k.Tenant, k.Label, k.CreatedAt.UTC(), nullTime(k.RevokedAt)})
+}
+
+// nullTime is t in UTC, or nil (JSON null) when t is zero.
+func nullTime(t time.Time) *time.Time {
+	if t.IsZero() {
+		return nil
+	}
+	u := t.UTC()
+	return &u
 }
 
 // Instance is a gateway process that heartbeats into a region.

@@ -1,6 +1,7 @@
 package regions
 
 import (
+	"encoding/json"
 	"errors"
 	"math"
 	"regexp"
@@ -323,5 +324,34 @@ func TestHashKey(t *testing.T) {
 	a, b := HashKey("qp_a"), HashKey("qp_b")
 	if a == b || a != HashKey("qp_a") {
 		t.Fatal("HashKey is not a deterministic, distinguishing hash")
+	}
+}
+
+// TestAPIKeyJSON: the key's JSON is ratectl's public shape, in UTC, without the hash.
+func TestAPIKeyJSON(t *testing.T) {
+	t.Parallel()
+	est := time.FixedZone("EST", -5*3600)
+	created := time.Date(2026, 3, 1, 7, 0, 0, 0, est)
+	tests := []struct {
+		name string
+		key  APIKey
+		want string
+	}{
+		{"valid", APIKey{ID: 7, Hash: HashKey("secret"), Tenant: "shop-a", Label: "ci", CreatedAt: created},
+			`{"id":7,"tenant":"shop-a","label":"ci","created_at":"2026-03-01T12:00:00Z","revoked_at":null}`},
+		{"revoked", APIKey{ID: 8, Tenant: "shop-b", CreatedAt: created, RevokedAt: created.Add(time.Hour)},
+			`{"id":8,"tenant":"shop-b","label":"","created_at":"2026-03-01T12:00:00Z","revoked_at":"2026-03-01T13:00:00Z"}`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			b, err := json.Marshal(tt.key)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if string(b) != tt.want {
+				t.Errorf("got  %s\nwant %s", b, tt.want)
+			}
+		})
 	}
 }

@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"context"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -13,52 +12,13 @@ import (
 	"strings"
 	"time"
 
-	"github.com/goccy/go-yaml"
 	"github.com/spf13/cobra"
 
 	"github.com/quotaplane/quotaplane/regions"
 	"github.com/quotaplane/quotaplane/regions/store"
 )
 
-// limitsFile is the YAML of `ratectl apply -f` and `ratectl export`. A section left out is
-// not managed; a section present adds and changes its objects, and deletes those it does
-// not list only with --prune.
-//
-// `ratectl export -o json` prints the same document as JSON (the same field names), which
-// apply -f also takes, JSON being YAML.
-type limitsFile struct {
-	Regions   *[]string       `yaml:"regions,omitempty" json:"regions,omitempty"`
-	Rules     *[]ruleYAML     `yaml:"rules,omitempty" json:"rules,omitempty"`
-	Overrides *[]overrideYAML `yaml:"overrides,omitempty" json:"overrides,omitempty"`
-	Keys      *[]keyYAML      `yaml:"keys,omitempty" json:"keys,omitempty"`
-}
-
-type ruleYAML struct {
-	Tenant          string  `yaml:"tenant" json:"tenant"`
-	Route           string  `yaml:"route" json:"route"`
-	Capacity        int64   `yaml:"capacity" json:"capacity"`
-	RefillPerSecond float64 `yaml:"refill_per_second" json:"refill_per_second"`
-	Shadow          bool    `yaml:"shadow,omitempty" json:"shadow,omitempty"`
-	Shards          int     `yaml:"shards,omitempty" json:"shards,omitempty"`
-}
-
-type overrideYAML struct {
-	Scope     string             `yaml:"scope" json:"scope"`
-	Shares    map[string]float64 `yaml:"shares" json:"shares"`
-	ExpiresAt string             `yaml:"expires_at,omitempty" json:"expires_at,omitempty"` // RFC 3339
-	Reason    string             `yaml:"reason" json:"reason"`
-}
-
-type keyYAML struct {
-	SHA256 string `yaml:"sha256" json:"sha256"` // hex SHA-256 of the secret (ratectl keys import --sha256)
-	Tenant string `yaml:"tenant" json:"tenant"`
-	Label  string `yaml:"label,omitempty" json:"label,omitempty"`
-}
-
-// maxLimitsFile bounds what apply reads: a control plane's configuration, not a data set.
-const maxLimitsFile = 16 << 20
-
-// readLimits reads and decodes FILE ("-": stdin) strictly (see decodeLimits).
+// readLimits reads and parses FILE ("-": stdin) strictly (store.ParseLimits).
 func (a *app) readLimits(cmd *cobra.Command, path string) (cfg store.Config, err error) {
 	ctx, cancel := context.WithTimeout(cmd.Context(), limitsDeadline)
 	defer cancel()
@@ -69,131 +29,25 @@ func (a *app) readLimits(cmd *cobra.Command, path string) (cfg store.Config, err
 	if err != nil {
 		return store.Config{}, usagef("read %s: %v", path, errors.Unwrap(err))
 	}
-	if len(data) > maxLimitsFile {
-		return store.Config{}, usagef("%s: larger than %d bytes", path, maxLimitsFile)
-	}
-	f, err := decodeLimits(ctx, data)
+	cfg, err = store.ParseLimits(ctx, data)
 	if ctx.Err() != nil {
 		return store.Config{}, fmt.Errorf("read %s: %w", path, err)
 	}
 	if err != nil {
-		return store.Config{}, usagef("%s: %v", path, err)
-	}
-	cfg, err = f.config()
-	if err != nil {
-		return store.Config{}, usagef("%s: %v", path, err)
-	}
-	if err := cfg.Normalize(); err != nil {
 		return store.Config{}, usagef("%s: %v", path, strings.ReplaceAll(err.Error(), "\n", "; "))
 	}
 	return cfg, nil
 }
 
-func (f limitsFile) config() (store.Config, error) {
-	var c store.Config
-	if f.Regions != nil {
-		rs := append([]string{}, *f.Regions...)
-		c.Regions = &rs
-	}
-	if f.Rules != nil {
-		rs := []regions.Rule{}
-		for _, r := range *f.Rules {
-			rs = append(rs, regions.Rule{Tenant: r.Tenant, Route: r.Route, Capacity: r.Capacity, RefillPerSecond: r.RefillPerSecond, Shadow: r.Shadow, Shards: r.Shards})
-		}
-		c.Rules = &rs
-	}
-	if f.Overrides != nil {
-		os := []store.Override{}
-		for _, o := range *f.Overrides {
-			sc, err := regions.ParseScope(o.Scope)
-			if err != nil {
-				return c, fmt.Errorf("overrides: %w", err)
-			}
-			ov := store.Override{Scope: sc, Shares: o.Shares, Reason: o.Reason}
-			if o.ExpiresAt != "" {
-				t, err := time.Parse(time.RFC3339Nano, o.ExpiresAt)
-				if err != nil {
-					return c, fmt.Errorf("overrides %s: expires_at %q: want an RFC 3339 time like 2026-12-01T00:00:00Z", o.Scope, o.ExpiresAt)
-				}
-				ov.ExpiresAt = t
-			}
-			if ov.Shares == nil {
-				ov.Shares = map[string]float64{}
-			}
-			os = append(os, ov)
-		}
-		c.Overrides = &os
-	}
-	if f.Keys != nil {
-		ks := []store.KeySpec{}
-		for _, k := range *f.Keys {
-			h, err := parseSHA256(k.SHA256)
-			if err != nil {
-				return c, fmt.Errorf("keys (tenant %s): %w", k.Tenant, err)
-			}
-			ks = append(ks, store.KeySpec{Hash: h, Tenant: k.Tenant, Label: k.Label})
-		}
-		c.Keys = &ks
-	}
-	return c, nil
-}
+// parseSHA256 is store.ParseKeyHash, for keys import --sha256.
+func parseSHA256(s string) (regions.KeyHash, error) { return store.ParseKeyHash(s) }
 
-// parseSHA256 reads 64 hex digits (an optional "sha256:" prefix allowed).
-func parseSHA256(s string) (regions.KeyHash, error) {
-	var h regions.KeyHash
-	s = strings.TrimPrefix(strings.TrimSpace(s), "sha256:")
-	b, err := hex.DecodeString(s)
-	if err != nil || len(b) != len(h) {
-		return h, fmt.Errorf("sha256 %q: want 64 hex digits (sha256sum of the key)", truncate(s, 80))
-	}
-	copy(h[:], b)
-	return h, nil
-}
-
+// truncate is s cut to n bytes, "..." marking a cut.
 func truncate(s string, n int) string {
 	if len(s) <= n {
 		return s
 	}
 	return s[:n] + "..."
-}
-
-// toLimitsFile is the YAML form of cfg (the inverse of config).
-func toLimitsFile(cfg store.Config) limitsFile {
-	var f limitsFile
-	if cfg.Regions != nil {
-		rs := append([]string{}, *cfg.Regions...)
-		f.Regions = &rs
-	}
-	if cfg.Rules != nil {
-		rs := []ruleYAML{}
-		for _, r := range *cfg.Rules {
-			y := ruleYAML{Tenant: r.Tenant, Route: r.Route, Capacity: r.Capacity, RefillPerSecond: r.RefillPerSecond, Shadow: r.Shadow}
-			if r.Shards != 1 {
-				y.Shards = r.Shards
-			}
-			rs = append(rs, y)
-		}
-		f.Rules = &rs
-	}
-	if cfg.Overrides != nil {
-		os := []overrideYAML{}
-		for _, o := range *cfg.Overrides {
-			y := overrideYAML{Scope: o.Scope.String(), Shares: o.Shares, Reason: o.Reason}
-			if !o.ExpiresAt.IsZero() {
-				y.ExpiresAt = o.ExpiresAt.UTC().Format(time.RFC3339Nano)
-			}
-			os = append(os, y)
-		}
-		f.Overrides = &os
-	}
-	if cfg.Keys != nil {
-		ks := []keyYAML{}
-		for _, k := range *cfg.Keys {
-			ks = append(ks, keyYAML{SHA256: hex.EncodeToString(k.Hash[:]), Tenant: k.Tenant, Label: k.Label})
-		}
-		f.Keys = &ks
-	}
-	return f
 }
 
 // changePlanJSON is the output of apply, diff and the rules commands with -o json.
@@ -545,9 +399,13 @@ takes too.`,
 					return err
 				}
 				if a.output == outputJSON {
-					return a.render(cmd, toLimitsFile(cfg), nil)
+					doc, err := store.MarshalLimitsJSON(cfg)
+					if err != nil {
+						return fmt.Errorf("export: %w", err)
+					}
+					return a.render(cmd, json.RawMessage(doc), nil)
 				}
-				out, err := yaml.MarshalWithOptions(toLimitsFile(cfg), yaml.IndentSequence(true))
+				out, err := store.MarshalLimits(cfg)
 				if err != nil {
 					return fmt.Errorf("export: %w", err)
 				}

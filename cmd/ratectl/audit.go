@@ -18,22 +18,11 @@ import (
 // auditObjects names audit_log's tables as the CLI does.
 var auditObjects = map[string]string{"rate_limit_rule": "rule", "api_key": "key", "region": "region"}
 
-// auditJSON is one entry of `ratectl audit -o json`.
-type auditJSON struct {
-	// ID is the audit_log id, or for an override the region_share_history id.
-	ID     int64     `json:"id"`
-	At     time.Time `json:"at"`
-	Actor  string    `json:"actor"`
-	Reason string    `json:"reason"`
-	Object string    `json:"object"` // rule, key, region, override
-	Action string    `json:"action"` // insert, update, delete
-	// Old and New are the row before and after, with the field names every other command
-	// uses (tenant, route, region), null for an insert's Old and a delete's New.
-	Old json.RawMessage `json:"old"`
-	New json.RawMessage `json:"new"`
-}
-
 // auditFieldNames renames the database's columns in old and new to the CLI's names.
+// `ratectl audit -o json` prints store.AuditEntry values with the CLI's names: Object is
+// rule, key, region or override, and Old and New carry the field names every other
+// command uses (tenant, route, region). For an override, ID is the region_share_history
+// id.
 var auditFieldNames = map[string]map[string]string{
 	"rule":   {"tenant_id": "tenant", "route_id": "route"},
 	"key":    {"tenant_id": "tenant"},
@@ -73,8 +62,8 @@ type overrideRow struct {
 // overrideEntries are the operator's override changes (region_share_history rows of source
 // override, written by shares set/clear and apply -f) as audit entries: the audit log's
 // triggers cover rules, keys and regions only.
-func overrideEntries(hs []store.HistoryEntry) []auditJSON {
-	var out []auditJSON
+func overrideEntries(hs []store.HistoryEntry) []store.AuditEntry {
+	var out []store.AuditEntry
 	for _, h := range hs {
 		if h.Source != regions.SourceOverride {
 			continue
@@ -98,7 +87,7 @@ func overrideEntries(hs []store.HistoryEntry) []auditJSON {
 		case h.New == nil:
 			action = "delete"
 		}
-		out = append(out, auditJSON{ID: h.ID, At: h.At.UTC(), Actor: h.Actor, Reason: h.Reason, Object: "override", Action: action, Old: side(h.Old), New: side(h.New)})
+		out = append(out, store.AuditEntry{ID: h.ID, At: h.At.UTC(), Actor: h.Actor, Reason: h.Reason, Object: "override", Action: action, Old: side(h.Old), New: side(h.New)})
 	}
 	return out
 }
@@ -132,13 +121,14 @@ func newAuditCmd(a *app) *cobra.Command {
 				if err != nil {
 					return err
 				}
-				out := []auditJSON{}
+				out := []store.AuditEntry{}
 				for _, e := range es {
 					obj := auditObjects[e.Object]
 					if obj == "" {
 						obj = e.Object
 					}
-					out = append(out, auditJSON{ID: e.ID, At: e.At.UTC(), Actor: e.Actor, Reason: e.Reason, Object: obj, Action: e.Action, Old: cliRow(obj, e.Old), New: cliRow(obj, e.New)})
+					e.At, e.Object, e.Old, e.New = e.At.UTC(), obj, cliRow(obj, e.Old), cliRow(obj, e.New)
+					out = append(out, e)
 				}
 				for _, e := range overrideEntries(hs) {
 					if actor == "" || e.Actor == actor {
@@ -207,7 +197,7 @@ func parseAuditRow(m json.RawMessage) (auditRow, bool) {
 	return r, json.Unmarshal(m, &r) == nil
 }
 
-func auditID(e auditJSON) string {
+func auditID(e store.AuditEntry) string {
 	r, ok := parseAuditRow(e.New)
 	if !ok {
 		r, _ = parseAuditRow(e.Old)
@@ -229,7 +219,7 @@ func auditID(e auditJSON) string {
 
 // auditDelta describes the change in one cell: a rule's numbers before and after, a key
 // revoked.
-func auditDelta(e auditJSON) string {
+func auditDelta(e store.AuditEntry) string {
 	o, hasOld := parseAuditRow(e.Old)
 	n, hasNew := parseAuditRow(e.New)
 	switch e.Object {

@@ -31,10 +31,9 @@ type bucketReport struct {
 	Buckets []bucketState `json:"buckets"`
 }
 
-// bucketLimit is the size of the bucket being inspected.
+// bucketLimit is the size of the bucket being inspected, and where it came from.
 type bucketLimit struct {
-	Capacity        int64   `json:"capacity"`
-	RefillPerSecond float64 `json:"refill_per_second"`
+	regions.Limit
 	// Source says where it came from: "flags", or "database" (the rule scaled by the
 	// region's effective share).
 	Source string  `json:"source"`
@@ -147,7 +146,7 @@ func (a *app) bucketInspect(cmd *cobra.Command, o bucketOptions) error {
 	var limit *bucketLimit
 	switch {
 	case byFlags:
-		limit = &bucketLimit{Capacity: o.capacity, RefillPerSecond: o.refill, Source: "flags", Shards: o.shards}
+		limit = &bucketLimit{Limit: regions.Limit{Capacity: o.capacity, RefillPerSecond: o.refill}, Source: "flags", Shards: o.shards}
 	case o.region != "":
 		err := a.withStore(cmd, func(ctx context.Context, st *store.Store) error {
 			v, err := a.loadView(ctx, st, o.tenant)
@@ -162,7 +161,7 @@ func (a *app) bucketInspect(cmd *cobra.Command, o bucketOptions) error {
 				return usagef("unknown region %q (see ratectl regions list)", o.region)
 			}
 			rule, lim, share := v.snap.RegionalRule(o.region, o.tenant, o.route)
-			limit = &bucketLimit{Capacity: lim.Capacity, RefillPerSecond: sig(lim.RefillPerSecond), Source: "database",
+			limit = &bucketLimit{Limit: regions.Limit{Capacity: lim.Capacity, RefillPerSecond: sig(lim.RefillPerSecond)}, Source: "database",
 				Region: o.region, Share: share, Shards: max(1, rule.Shards)}
 			return nil
 		})
@@ -179,14 +178,13 @@ func (a *app) bucketInspect(cmd *cobra.Command, o bucketOptions) error {
 	case limit != nil && limit.Shards > 1:
 		// The gateway's own split (gateway/limiter): never more shards than tokens, the
 		// capacity remainder one token each to the first shards.
-		lim := regions.Limit{Capacity: limit.Capacity, RefillPerSecond: limit.RefillPerSecond}
+		lim := limit.Limit
 		k := lim.ShardCount(limit.Shards)
 		limit.Shards = k
 		names, limits = names[:0], limits[:0]
 		for i := range k {
-			l := lim.Shard(k, i)
 			names = append(names, keys.Shard(o.tenant, o.route, i))
-			limits = append(limits, &bucketLimit{Capacity: l.Capacity, RefillPerSecond: l.RefillPerSecond})
+			limits = append(limits, &bucketLimit{Limit: lim.Shard(k, i)})
 		}
 		shardLimit = limits[len(limits)-1] // the smallest shard
 	case limit == nil && o.shards > 1:

@@ -11,8 +11,8 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/quotaplane/quotaplane/internal/cliflag"
+	"github.com/quotaplane/quotaplane/internal/redact"
 	"github.com/quotaplane/quotaplane/regions"
-	"github.com/quotaplane/quotaplane/regions/store"
 )
 
 // Exit codes; see doc.go.
@@ -113,14 +113,14 @@ func urlHostPort(raw string, defaultPort string) string {
 }
 
 // secretsOf lists what must never be printed of a URL: the whole URL when it holds a
-// secret (store.RedactURL sees one), then every password-like piece of it
-// (store.URLSecrets, the one redactor).
+// secret (redact.URL sees one), then every password-like piece of it (redact.Secrets,
+// the one redactor).
 func secretsOf(raw string) []string {
 	if raw == "" {
 		return nil
 	}
-	secrets := store.URLSecrets(raw)
-	if len(secrets) > 0 || store.RedactURL(raw) != raw {
+	secrets := redact.Secrets(raw)
+	if len(secrets) > 0 || redact.URL(raw) != raw {
 		secrets = append([]string{raw}, secrets...)
 	}
 	return secrets
@@ -129,12 +129,7 @@ func secretsOf(raw string) []string {
 // oneLine formats err as the single line ratectl prints: newlines folded, and every
 // secret replaced by "xxxxx".
 func oneLine(err error, secrets []string) string {
-	msg := err.Error()
-	for _, s := range secrets {
-		if s != "" {
-			msg = strings.ReplaceAll(msg, s, "xxxxx")
-		}
-	}
+	msg := redact.String(err.Error(), secrets)
 	msg = strings.Join(strings.Fields(strings.ReplaceAll(msg, "\n", " ")), " ")
 	return msg
 }

@@ -2,11 +2,11 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"strconv"
-	"time"
 
 	"github.com/spf13/cobra"
 
@@ -14,23 +14,26 @@ import (
 	"github.com/quotaplane/quotaplane/regions/store"
 )
 
-// keyJSON is one API key in `keys list -o json`: never its secret, nor its hash.
-type keyJSON struct {
-	ID        int64      `json:"id"`
-	Tenant    string     `json:"tenant"`
-	Label     string     `json:"label"`
-	CreatedAt time.Time  `json:"created_at"`
-	RevokedAt *time.Time `json:"revoked_at"`
-}
-
-// newKeyJSON is the output of `keys create -o json`: the one time the secret is shown.
+// newKeyJSON is the output of `keys create -o json`: the key as every keys command prints
+// it (regions.APIKey's JSON) and its secret, the one time it is shown.
 type newKeyJSON struct {
-	keyJSON
-	Key string `json:"key"`
+	regions.APIKey
+	Key string
 }
 
-func toKeyJSON(k regions.APIKey) keyJSON {
-	return keyJSON{ID: k.ID, Tenant: k.Tenant, Label: k.Label, CreatedAt: k.CreatedAt.UTC(), RevokedAt: jsonTime(k.RevokedAt)}
+// MarshalJSON is the key's JSON with "key" added last. It is needed: the embedded
+// APIKey's MarshalJSON would otherwise be promoted and drop the secret.
+func (k newKeyJSON) MarshalJSON() ([]byte, error) {
+	b, err := json.Marshal(k.APIKey)
+	if err != nil {
+		return nil, err
+	}
+	secret, err := json.Marshal(k.Key)
+	if err != nil {
+		return nil, err
+	}
+	b = append(b[:len(b)-1], `,"key":`...) // b is an object: drop its closing brace
+	return append(append(b, secret...), '}'), nil
 }
 
 func newKeysCmd(a *app) *cobra.Command {
@@ -62,7 +65,7 @@ func newKeysCmd(a *app) *cobra.Command {
 				if err != nil {
 					return fmt.Errorf("create key for tenant %s: %w", tenant, err)
 				}
-				out := newKeyJSON{keyJSON: toKeyJSON(k), Key: secret}
+				out := newKeyJSON{APIKey: k, Key: secret}
 				return a.render(cmd, out, func(w io.Writer) {
 					row(w, "ID", strconv.FormatInt(k.ID, 10))
 					row(w, "TENANT", k.Tenant)
@@ -95,14 +98,13 @@ func newKeysCmd(a *app) *cobra.Command {
 				if err != nil {
 					return err
 				}
-				out := []keyJSON{}
-				for _, k := range ks {
-					out = append(out, toKeyJSON(k))
+				if ks == nil {
+					ks = []regions.APIKey{}
 				}
-				return a.render(cmd, out, func(w io.Writer) {
+				return a.render(cmd, ks, func(w io.Writer) {
 					row(w, "ID", "TENANT", "LABEL", "CREATED", "REVOKED")
-					for _, k := range out {
-						row(w, strconv.FormatInt(k.ID, 10), k.Tenant, orDash(k.Label), timeCell(k.CreatedAt), timeCell(deref(k.RevokedAt)))
+					for _, k := range ks {
+						row(w, strconv.FormatInt(k.ID, 10), k.Tenant, orDash(k.Label), timeCell(k.CreatedAt), timeCell(k.RevokedAt))
 					}
 				})
 			})
@@ -137,8 +139,7 @@ func newKeysCmd(a *app) *cobra.Command {
 				}
 				for _, k := range ks {
 					if k.ID == id {
-						out := toKeyJSON(k)
-						return a.render(cmd, out, func(w io.Writer) { fmt.Fprintf(w, "revoked key %d\n", id) })
+						return a.render(cmd, k, func(w io.Writer) { fmt.Fprintf(w, "revoked key %d\n", id) })
 					}
 				}
 				return fmt.Errorf("revoke key %d: revoked, but not found afterwards", id)

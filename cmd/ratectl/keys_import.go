@@ -41,12 +41,11 @@ func newKeysImportCmd(a *app) *cobra.Command {
 				if err != nil {
 					return err
 				}
-				out := toKeyJSON(k)
-				return a.render(cmd, out, func(w io.Writer) {
-					row(w, "ID", strconv.FormatInt(out.ID, 10))
-					row(w, "TENANT", out.Tenant)
-					row(w, "LABEL", orDash(out.Label))
-					row(w, "CREATED", timeCell(out.CreatedAt))
+				return a.render(cmd, k, func(w io.Writer) {
+					row(w, "ID", strconv.FormatInt(k.ID, 10))
+					row(w, "TENANT", k.Tenant)
+					row(w, "LABEL", orDash(k.Label))
+					row(w, "CREATED", timeCell(k.CreatedAt))
 				})
 			})
 		}),

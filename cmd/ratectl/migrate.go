@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"strconv"
-	"time"
 
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/spf13/cobra"
@@ -13,14 +12,6 @@ import (
 	"github.com/quotaplane/quotaplane/migrations"
 	"github.com/quotaplane/quotaplane/regions/store"
 )
-
-// migrationJSON is one migration in `migrate status -o json`.
-type migrationJSON struct {
-	Version   int64      `json:"version"`
-	Name      string     `json:"name"`
-	Applied   bool       `json:"applied"`
-	AppliedAt *time.Time `json:"applied_at"`
-}
 
 func newMigrateCmd(a *app) *cobra.Command {
 	up := &cobra.Command{
@@ -88,11 +79,11 @@ func migrationStatus(ctx context.Context, st *store.Store) ([]migrations.Migrati
 }
 
 func (a *app) renderMigrations(cmd *cobra.Command, ms []migrations.MigrationStatus, note string) error {
-	out := make([]migrationJSON, len(ms))
-	for i, m := range ms {
-		out[i] = migrationJSON{Version: m.Version, Name: m.Name, Applied: m.Applied, AppliedAt: jsonTime(m.AppliedAt)}
+	if ms == nil {
+		ms = []migrations.MigrationStatus{}
 	}
-	return a.render(cmd, out, func(w io.Writer) {
+	// The JSON is migrations.MigrationStatus's own.
+	return a.render(cmd, ms, func(w io.Writer) {
 		row(w, "VERSION", "NAME", "APPLIED", "APPLIED AT")
 		for _, m := range ms {
 			row(w, strconv.FormatInt(m.Version, 10), m.Name, boolCell(m.Applied), timeCell(m.AppliedAt))

@@ -21,7 +21,7 @@ type migrateDownJSON struct {
 	Applied  bool                 `json:"applied"`
 	Blocking []migrations.Refusal `json:"blocking"`
 	// Status is every migration after an applied roll back.
-	Status []migrationJSON `json:"status,omitempty"`
+	Status []migrations.MigrationStatus `json:"status,omitempty"`
 }
 
 // The flags that override a refusal, by kind; their help states the consequence.
@@ -112,15 +112,12 @@ func downRefused(plan migrations.DownPlan, blocking []migrations.Refusal) error 
 }
 
 func (a *app) renderDown(cmd *cobra.Command, plan migrations.DownPlan, blocking []migrations.Refusal, applied bool, after []migrations.MigrationStatus) error {
-	v := migrateDownJSON{DownPlan: plan, Applied: applied, Blocking: blocking}
+	v := migrateDownJSON{DownPlan: plan, Applied: applied, Blocking: blocking, Status: after}
 	if v.Refusals == nil {
 		v.Refusals = []migrations.Refusal{}
 	}
 	if v.Blocking == nil {
 		v.Blocking = []migrations.Refusal{}
-	}
-	for _, m := range after {
-		v.Status = append(v.Status, migrationJSON{Version: m.Version, Name: m.Name, Applied: m.Applied, AppliedAt: jsonTime(m.AppliedAt)})
 	}
 	return a.render(cmd, v, func(w io.Writer) {
 		if applied {

@@ -14,20 +14,18 @@ import (
 	"github.com/quotaplane/quotaplane/regions/store"
 )
 
-// ruleJSON is one rule in `rules list -o json`.
+// ruleJSON is one rule in `rules list -o json`: its ids, its bucket as every plan prints
+// it (store.RuleValue), and when it last changed. regions.Rule has no JSON of its own:
+// store fingerprints its Go field names into a plan's "state".
 type ruleJSON struct {
-	Tenant          string    `json:"tenant"`
-	Route           string    `json:"route"`
-	Capacity        int64     `json:"capacity"`
-	RefillPerSecond float64   `json:"refill_per_second"`
-	Shadow          bool      `json:"shadow"`
-	Shards          int       `json:"shards"`
-	UpdatedAt       time.Time `json:"updated_at"`
+	Tenant string `json:"tenant"`
+	Route  string `json:"route"`
+	*store.RuleValue
+	UpdatedAt time.Time `json:"updated_at"`
 }
 
 func toRuleJSON(r regions.Rule) ruleJSON {
-	return ruleJSON{Tenant: r.Tenant, Route: r.Route, Capacity: r.Capacity, RefillPerSecond: r.RefillPerSecond,
-		Shadow: r.Shadow, Shards: r.Shards, UpdatedAt: r.UpdatedAt.UTC()}
+	return ruleJSON{Tenant: r.Tenant, Route: r.Route, RuleValue: store.RuleValueOf(r), UpdatedAt: r.UpdatedAt.UTC()}
 }
 
 func rulesTable(w io.Writer, rs []ruleJSON) {

@@ -407,23 +407,6 @@ func clearRawScope(cmd *cobra.Command, a *app, raw, reason string) error {
 	})
 }
 
-// historyJSON is one change in `shares history -o json`.
-type historyJSON struct {
-	ID     int64     `json:"id"`
-	At     time.Time `json:"at"`
-	Scope  string    `json:"scope"`
-	Region string    `json:"region"`
-	Source string    `json:"source"`
-	// Old is null when the row was created, New null when it was deleted.
-	Old       *float64   `json:"old"`
-	New       *float64   `json:"new"`
-	ExpiresAt *time.Time `json:"expires_at"`
-	Actor     string     `json:"actor"`
-	Reason    string     `json:"reason"`
-	// Inputs is what the rebalancer decided from (demand and status per region), or null.
-	Inputs json.RawMessage `json:"inputs"`
-}
-
 func newSharesHistoryCmd(a *app) *cobra.Command {
 	var (
 		tenant string
@@ -458,16 +441,15 @@ func newSharesHistoryCmd(a *app) *cobra.Command {
 				if err != nil {
 					return err
 				}
-				out := []historyJSON{}
-				for _, e := range es {
-					out = append(out, historyJSON{ID: e.ID, At: e.At.UTC(), Scope: e.Scope.String(), Region: e.Region, Source: string(e.Source),
-						Old: e.Old, New: e.New, ExpiresAt: jsonTime(e.ExpiresAt), Actor: e.Actor, Reason: e.Reason, Inputs: e.Inputs})
+				if es == nil {
+					es = []store.HistoryEntry{}
 				}
-				return a.render(cmd, out, func(w io.Writer) {
+				// The JSON is store.HistoryEntry's own.
+				return a.render(cmd, es, func(w io.Writer) {
 					row(w, "AT", "SCOPE", "REGION", "SOURCE", "OLD", "NEW", "EXPIRES", "ACTOR", "REASON", "DEMAND")
-					for _, e := range out {
-						row(w, timeCell(e.At), e.Scope, e.Region, e.Source, optShare(e.Old), optShare(e.New),
-							timeCell(deref(e.ExpiresAt)), e.Actor, orDash(e.Reason), demandCell(e.Inputs, e.Region))
+					for _, e := range es {
+						row(w, timeCell(e.At), e.Scope.String(), e.Region, string(e.Source), optShare(e.Old), optShare(e.New),
+							timeCell(e.ExpiresAt), e.Actor, orDash(e.Reason), demandCell(e.Inputs, e.Region))
 					}
 				})
 			})

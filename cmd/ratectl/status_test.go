@@ -266,13 +266,6 @@ func checkError(t *testing.T, r result, code int, contains, absent string) {
 	}
 }
 
-func TestStatusQueriesEscapeTenant(t *testing.T) {
-	q := statusQueries(statusOptions{tenant: "shop.a", window: time.Minute}, "")["share"]
-	if want := `scope=~"shop\\.a|shop\\.a/.*"`; !strings.Contains(q, want) {
-		t.Errorf("share query %s lacks %s", q, want)
-	}
-}
-
 // regionOnly is a collector passing on only the series of one region, as a regional
 // Prometheus would scrape them.
 type regionOnly struct {

@@ -144,10 +144,10 @@ type limitRow struct {
 	Tenant string `json:"tenant"`
 	Route  string `json:"route"`
 	// RuleTenant and RuleRoute name the rule that applies (it may be a default).
-	RuleTenant           string  `json:"rule_tenant"`
-	RuleRoute            string  `json:"rule_route"`
-	Capacity             int64   `json:"capacity"`
-	RefillPerSecond      float64 `json:"refill_per_second"`
+	RuleTenant string `json:"rule_tenant"`
+	RuleRoute  string `json:"rule_route"`
+	// Limit is that rule's bucket, before the region's share scales it.
+	regions.Limit
 	Region               string  `json:"region"`
 	Share                float64 `json:"share"`
 	Source               string  `json:"source"`
@@ -165,7 +165,7 @@ func (v *view) limits() []limitRow {
 			e := v.effective(region, v.tenant, route)
 			out = append(out, limitRow{
 				Tenant: v.tenant, Route: route, RuleTenant: rule.Tenant, RuleRoute: rule.Route,
-				Capacity: rule.Capacity, RefillPerSecond: rule.RefillPerSecond,
+				Limit:  regions.Limit{Capacity: rule.Capacity, RefillPerSecond: rule.RefillPerSecond},
 				Region: region, Share: e.share, Source: string(e.source), Scope: e.scope,
 				RegionalCapacity: lim.Capacity, RegionalRefillPerSec: sig(lim.RefillPerSecond),
 			})

@@ -16,6 +16,7 @@ import (
 	v1 "github.com/prometheus/client_golang/api/prometheus/v1"
 	"github.com/prometheus/common/model"
 
+	"github.com/quotaplane/quotaplane/internal/redact"
 	"github.com/quotaplane/quotaplane/regions"
 )
 
@@ -57,34 +58,9 @@ type Source struct {
 // String is "URL" or "region=URL" with the URL's password hidden, for logs and errors.
 func (s Source) String() string {
 	if s.Region == "" {
-		return redactURL(s.URL)
+		return redact.URL(s.URL)
 	}
-	return s.Region + "=" + redactURL(s.URL)
-}
-
-// redactURL is u for logs and errors: the password of user:password@ and of a password
-// query parameter replaced by xxxxx. Of a URL that does not parse, everything before the
-// last "@" and any query are hidden.
-func redactURL(u string) string {
-	if p, err := url.Parse(u); err == nil && p.Scheme != "" && p.Host != "" {
-		if q := p.Query(); q.Has("password") {
-			q.Set("password", "xxxxx")
-			p.RawQuery = q.Encode()
-		}
-		return p.Redacted()
-	}
-	u, _, _ = strings.Cut(u, "?")
-	scheme, rest, hasScheme := strings.Cut(u, "://")
-	if !hasScheme {
-		scheme, rest = "", u
-	}
-	if i := strings.LastIndex(rest, "@"); i >= 0 {
-		rest = "xxxxx@" + rest[i+1:]
-	}
-	if hasScheme {
-		return scheme + "://" + rest
-	}
-	return rest
+	return s.Region + "=" + redact.URL(s.URL)
 }
 
 // checkURL checks that u is an http(s) URL with a host. Its error does not contain u: a

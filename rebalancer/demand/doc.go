@@ -15,6 +15,7 @@
 // A source URL may carry user:password@ (sent as basic auth); Source.String and every
 // error show it with the password hidden.
 //
-// It imports regions (for Scope) and the Prometheus HTTP API client only; never gateway,
+// It imports regions (for Scope), internal/redact (the one URL scrubber) and the
+// Prometheus HTTP API client only; never gateway,
 // the rebalancer's job or cmd.
 package demand

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/quotaplane/quotaplane/rebalancer/job"
+	"github.com/quotaplane/quotaplane/rebalancer/status/figures"
 	"github.com/quotaplane/quotaplane/regions"
 	"github.com/quotaplane/quotaplane/regions/store"
 )
@@ -298,11 +299,10 @@ func (h *Handler) build(now time.Time, db storeData, pd promData) (*Status, erro
 			rg.Share, rg.ShareSource = v, string(src)
 		}
 		defaults[name] = rg.Share
-		if r, ok := pd.rates[name]; ok {
+		if r := pd.live.Region(name).Rates; r != nil {
 			offered := r.Offered()
 			rg.OfferedRPS, rg.AllowedRPS, rg.ThrottledRPS = &offered, &r.Allowed, &r.Throttled
-			if offered > 0 {
-				ratio := r.Throttled / offered
+			if ratio, ok := figures.ThrottleRatio(*r); ok {
 				rg.ThrottleRatio = &ratio
 			}
 		}

@@ -12,6 +12,9 @@
 // Everything the page needs is embedded (go:embed): no JavaScript framework, no CDN.
 // Every user-controlled string (tenant ids, reasons, actors) goes through html/template.
 //
-// It imports regions, rebalancer/job (for the history inputs), rebalancer/demand (for the
-// metric names) and the Prometheus HTTP API client; never gateway or cmd.
+// The live figures and the charts' PromQL come from rebalancer/status/figures, which
+// ratectl status reads too, so both show the same figures.
+//
+// It imports regions, regions/store, rebalancer/job (for the history inputs),
+// rebalancer/status/figures and the Prometheus HTTP API client; never gateway or cmd.
 package status

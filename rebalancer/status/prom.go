@@ -1,6 +1,7 @@
 package status
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -12,22 +13,14 @@ import (
 	promv1 "github.com/prometheus/client_golang/api/prometheus/v1"
 	"github.com/prometheus/common/model"
 
-	"github.com/quotaplane/quotaplane/rebalancer/demand"
-)
-
-// The PromQL behind the page, on the gateways' metrics contract. The live rates are
-// demand.RegionOfferedQuery, the rebalancer's own, so the page shows the offered demand
-// the rebalancer acts on.
-const (
-	// throttledQuery: the throttled rate per region (the throttle chart).
-	throttledQuery = `sum by (region) (rate(` + demand.RequestsMetric + `{decision="` + demand.DecisionThrottled + `"}[%s]))`
-	// shareQuery: the default share the region's gateways enforce (the share chart).
-	shareQuery = `avg by (region) (ratelimit_region_share_ratio{scope="*"})`
+	"github.com/quotaplane/quotaplane/rebalancer/status/figures"
 )
 
 // promData is what one view read from Prometheus; a failed server's data is absent.
 type promData struct {
-	rates     map[string]demand.Rates
+	// live holds the live figures; the page shows their rates, demand.RegionOfferedQuery
+	// through figures.Read, the offered demand the rebalancer acts on.
+	live      figures.Result
 	throttled map[string][]Point
 	share     map[string][]Point
 	failed    []string // "*" or the region of each server that failed
@@ -39,56 +32,37 @@ func chartStep(r time.Duration) time.Duration {
 	return max(time.Second, (r / chartPoints).Truncate(time.Second))
 }
 
-// queryPrometheus runs the three queries on every server concurrently.
+// figures is the source as figures.Read takes it.
+func (s Source) figures() figures.Source { return figures.Source{Region: s.Region, API: s.API} }
+
+// queryPrometheus reads the live figures (figures.Read) and the two charts' range
+// queries (throttled rate and share per region) on every server concurrently.
 func (h *Handler) queryPrometheus(ctx context.Context, now time.Time) promData {
-	d := promData{rates: map[string]demand.Rates{}, throttled: map[string][]Point{}, share: map[string][]Point{}}
-	win := model.Duration(h.cfg.RateWindow).String()
+	d := promData{throttled: map[string][]Point{}, share: map[string][]Point{}}
 	step := chartStep(h.cfg.ChartRange)
 	// Align the range to the step so consecutive views draw the same points.
 	end := now.Truncate(step)
 	rng := promv1.Range{Start: end.Add(-h.cfg.ChartRange), End: end, Step: step}
+	srcs := make([]figures.Source, len(h.cfg.Prometheus))
+	for i, src := range h.cfg.Prometheus {
+		srcs[i] = src.figures()
+	}
 	var (
-		mu sync.Mutex
-		wg sync.WaitGroup
+		mu        sync.Mutex
+		wg        sync.WaitGroup
+		chartErrs = make([][2]error, len(srcs))
 	)
-	for _, src := range h.cfg.Prometheus {
-		name := src.Region
-		if name == "" {
-			name = "*"
-		}
-		var errs [3]error
-		var sw sync.WaitGroup
-		sw.Go(func() {
-			v, _, _, err := src.API.Query(ctx, demand.RegionOfferedQuery(h.cfg.RateWindow, src.Region), now)
-			errs[0] = err
-			if err != nil {
-				return
-			}
-			vec, ok := v.(model.Vector)
-			if !ok {
-				errs[0] = fmt.Errorf("rates: unexpected result type %s", v.Type())
-				return
-			}
-			mu.Lock()
-			defer mu.Unlock()
-			for _, s := range vec {
-				region := string(s.Metric["region"])
-				if !src.owns(region) || !finite(float64(s.Value)) {
-					continue
-				}
-				r := d.rates[region]
-				if r.Add(string(s.Metric["decision"]), float64(s.Value)) {
-					d.rates[region] = r
-				}
-			}
-		})
-		for i, q := range []struct {
+	wg.Go(func() {
+		d.live = figures.Read(ctx, srcs, figures.Options{Window: h.cfg.RateWindow, At: now, RatesOnly: true})
+	})
+	for i, src := range h.cfg.Prometheus {
+		for j, q := range []struct {
 			query string
 			into  map[string][]Point
-		}{{fmt.Sprintf(throttledQuery, win), d.throttled}, {shareQuery, d.share}} {
-			sw.Go(func() {
+		}{{figures.ThrottledQuery(h.cfg.RateWindow, src.Region), d.throttled}, {figures.ShareQuery(src.Region, ""), d.share}} {
+			wg.Go(func() {
 				m, err := queryRange(ctx, src, q.query, rng)
-				errs[i+1] = err
+				chartErrs[i][j] = err
 				mu.Lock()
 				defer mu.Unlock()
 				for r, pts := range m {
@@ -96,27 +70,19 @@ func (h *Handler) queryPrometheus(ctx context.Context, now time.Time) promData {
 				}
 			})
 		}
-		wg.Go(func() {
-			sw.Wait()
-			if err := errors.Join(errs[:]...); err != nil {
-				mu.Lock()
-				defer mu.Unlock()
-				d.failed = append(d.failed, name)
-				if d.err == nil {
-					d.err = fmt.Errorf("prometheus %s: %w", name, err)
-				}
-			}
-		})
 	}
 	wg.Wait()
+	for i, src := range h.cfg.Prometheus {
+		if err := errors.Join(d.live.Errors[i], chartErrs[i][0], chartErrs[i][1]); err != nil {
+			name := cmp.Or(src.Region, "*")
+			d.failed = append(d.failed, name)
+			if d.err == nil {
+				d.err = fmt.Errorf("prometheus %s: %w", name, err)
+			}
+		}
+	}
 	slices.Sort(d.failed)
 	return d
-}
-
-// owns reports whether the server's answer for region counts: a per-region server only
-// speaks for its own region.
-func (s Source) owns(region string) bool {
-	return region != "" && (s.Region == "" || s.Region == region)
 }
 
 func queryRange(ctx context.Context, src Source, q string, r promv1.Range) (map[string][]Point, error) {
@@ -131,7 +97,7 @@ func queryRange(ctx context.Context, src Source, q string, r promv1.Range) (map[
 	out := map[string][]Point{}
 	for _, s := range mat {
 		region := string(s.Metric["region"])
-		if !src.owns(region) {
+		if !src.figures().Owns(region) {
 			continue
 		}
 		pts := make([]Point, 0, len(s.Values))

@@ -3,8 +3,11 @@
 // with the actor and reason given to the method or by WithAudit; the bulk loader that
 // builds a regions.Snapshot in one consistent read; heartbeats of gateway instances; the
 // NOTIFY channel (NotifyChannel) and the Reloader through which gateways hold a Snapshot:
-// loaded whole, validated, swapped atomically, reloaded on NOTIFY and on a timer. It
-// also owns redacting database URLs (RedactURL), since it is what parses them.
+// loaded whole, validated, swapped atomically, reloaded on NOTIFY and on a timer; the
+// declarative Config, planned and applied in one transaction, and its limits file
+// (ParseLimits, MarshalLimits: the format of ratectl apply -f and export). Its errors
+// never show a password of the database URL (RedactURL, URLSecrets: internal/redact).
 //
-// It imports regions (the model) and migrations; never gateway, rebalancer or cmd.
+// It imports regions (the model), migrations and internal/redact; never gateway,
+// rebalancer or cmd.
 package store

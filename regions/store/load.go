@@ -83,8 +83,7 @@ func loadData(ctx context.Context, tx pgx.Tx, o LoadOptions, d *regions.Snapshot
 	skip := func(table, id string, err error) {
 		d.Skipped = append(d.Skipped, regions.SkippedRow{Table: table, ID: id, Err: err})
 	}
-	rows, _ := tx.Query(ctx, `SELECT name FROM region ORDER BY name`)
-	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	names, err := regionNames(ctx, tx)
 	if err != nil {
 		return nil, fmt.Errorf("read regions: %w", err)
 	}
@@ -131,7 +130,7 @@ func loadData(ctx context.Context, tx pgx.Tx, o LoadOptions, d *regions.Snapshot
 		}
 	}
 
-	rows, _ = tx.Query(ctx, `SELECT scope, region, share, source, expires_at, updated_at, reason FROM region_share
+	rows, _ := tx.Query(ctx, `SELECT scope, region, share, source, expires_at, updated_at, reason FROM region_share
 		WHERE expires_at IS NULL OR expires_at > now()`)
 	var (
 		sh            regions.Share

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"slices"
 	"strconv"
@@ -50,18 +51,12 @@ func (s *Store) SetOverride(ctx context.Context, scope regions.Scope, shares map
 			return fmt.Errorf("set override %s: %w share %v of region %s: must be between 0 and 1", scope, regions.ErrInvalid, v, r)
 		}
 	}
-	var expires *int64 // microseconds from now()
-	if ttl > 0 {
-		us := ttl.Microseconds()
-		expires = &us
-	}
 	err := s.write(ctx, audit{actor, reason}, func(tx pgx.Tx) error {
 		// No region is added or removed until we commit.
 		if err := lockRegions(ctx, tx); err != nil {
 			return err
 		}
-		rows, _ := tx.Query(ctx, `SELECT name FROM region ORDER BY name`)
-		names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		names, err := regionNames(ctx, tx)
 		if err != nil {
 			return err
 		}
@@ -69,19 +64,7 @@ func (s *Store) SetOverride(ctx context.Context, scope regions.Scope, shares map
 		if err := regions.ValidateShares(shares, names); err != nil {
 			return err
 		}
-		for _, r := range names {
-			_, err := tx.Exec(ctx, `INSERT INTO region_share (scope, region, share, source, expires_at, updated_at, reason)
-				VALUES ($1, $2, $3, 'override', now() + $4::double precision * interval '1 microsecond', now(), $5)
-				ON CONFLICT (scope, region, source) DO UPDATE SET share = EXCLUDED.share,
-					expires_at = EXCLUDED.expires_at, updated_at = now(), reason = EXCLUDED.reason`,
-				scope.String(), r, shares[r], expires, reason)
-			if err != nil {
-				return dbErr(err)
-			}
-		}
-		_, err = tx.Exec(ctx, `DELETE FROM region_share WHERE scope = $1 AND source = 'override' AND NOT (region = ANY($2))`,
-			scope.String(), names)
-		return err
+		return dbErr(setOverrideRows(ctx, tx, scope.String(), shares, overrideExpiry{ttl: ttl}, reason))
 	})
 	if err != nil {
 		return fmt.Errorf("set override %s: %w", scope, err)
@@ -99,13 +82,58 @@ func (s *Store) ClearOverride(ctx context.Context, scope regions.Scope, actor, r
 		if err := lockRegions(ctx, tx); err != nil {
 			return err
 		}
-		_, err := tx.Exec(ctx, `DELETE FROM region_share WHERE scope = $1 AND source = 'override'`, scope.String())
-		return err
+		return clearOverrideRows(ctx, tx, scope.String())
 	})
 	if err != nil {
 		return fmt.Errorf("clear override %s: %w", scope, err)
 	}
 	return nil
+}
+
+// overrideExpiry is when an override ends: at at, or ttl after the database's now() (both
+// zero: never).
+type overrideExpiry struct {
+	at  time.Time
+	ttl time.Duration
+}
+
+// setOverrideRows makes the override rows of scope exactly shares (region -> share, each
+// region one row), all with expiry and reason, deleting the scope's override rows of
+// other regions. SetOverride and Apply share it.
+func setOverrideRows(ctx context.Context, tx pgx.Tx, scope string, shares map[string]float64, expiry overrideExpiry, reason string) error {
+	var (
+		at  *time.Time
+		ttl *int64 // microseconds from now()
+	)
+	if !expiry.at.IsZero() {
+		at = &expiry.at
+	}
+	if expiry.ttl > 0 {
+		us := expiry.ttl.Microseconds()
+		ttl = &us
+	}
+	names := slices.Sorted(maps.Keys(shares))
+	values := make([]float64, len(names))
+	for i, r := range names {
+		values[i] = shares[r]
+	}
+	if _, err := tx.Exec(ctx, `INSERT INTO region_share (scope, region, share, source, expires_at, updated_at, reason)
+		SELECT $1, u.region, u.share, 'override', coalesce($4::timestamptz, now() + $5::double precision * interval '1 microsecond'), now(), $6
+		FROM unnest($2::text[], $3::float8[]) WITH ORDINALITY AS u(region, share, n) ORDER BY u.n
+		ON CONFLICT (scope, region, source) DO UPDATE SET share = EXCLUDED.share,
+			expires_at = EXCLUDED.expires_at, updated_at = now(), reason = EXCLUDED.reason`,
+		scope, names, values, at, ttl, reason); err != nil {
+		return err
+	}
+	_, err := tx.Exec(ctx, `DELETE FROM region_share WHERE scope = $1 AND source = 'override' AND NOT (region = ANY($2))`, scope, names)
+	return err
+}
+
+// clearOverrideRows deletes the override rows of scope: ClearOverride and Apply
+// (--prune overrides) share it.
+func clearOverrideRows(ctx context.Context, tx pgx.Tx, scope string) error {
+	_, err := tx.Exec(ctx, `DELETE FROM region_share WHERE scope = $1 AND source = 'override'`, scope)
+	return err
 }
 
 // DeleteScopeShares deletes every share row (override and rebalancer) of the scope
@@ -305,8 +333,7 @@ func (s *Store) WriteRebalancer(ctx context.Context, w RebalancerWrite) error {
 			return err
 		}
 		if w.Regions != nil {
-			rows, _ := tx.Query(ctx, `SELECT name FROM region ORDER BY name`)
-			names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+			names, err := regionNames(ctx, tx)
 			if err != nil {
 				return err
 			}
@@ -402,6 +429,30 @@ type HistoryEntry struct {
 	Reason    string
 	// Inputs is the JSON the rebalancer recorded (demand, status per region), or nil.
 	Inputs json.RawMessage
+}
+
+// MarshalJSON writes the entry as `ratectl shares history -o json` prints it (a public
+// contract): the scope in its stored form, times in UTC, old and new null for a created
+// or deleted row, expires_at null for no expiry, inputs as recorded (null for none).
+func (e HistoryEntry) MarshalJSON() ([]byte, error) {
+	var expires *time.Time
+	if !e.ExpiresAt.IsZero() {
+		t := e.ExpiresAt.UTC()
+		expires = &t
+	}
+	return json.Marshal(struct {
+		ID        int64           `json:"id"`
+		At        time.Time       `json:"at"`
+		Scope     string          `json:"scope"`
+		Region    string          `json:"region"`
+		Source    regions.Source  `json:"source"`
+		Old       *float64        `json:"old"`
+		New       *float64        `json:"new"`
+		ExpiresAt *time.Time      `json:"expires_at"`
+		Actor     string          `json:"actor"`
+		Reason    string          `json:"reason"`
+		Inputs    json.RawMessage `json:"inputs"`
+	}{e.ID, e.At.UTC(), e.Scope.String(), e.Region, e.Source, e.Old, e.New, expires, e.Actor, e.Reason, e.Inputs})
 }
 
 // History lists share changes, newest first.

@@ -1,0 +1,492 @@
+package store
+
+import (
+	"context"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/goccy/go-yaml"
+	"github.com/goccy/go-yaml/ast"
+	"github.com/goccy/go-yaml/parser"
+
+	"github.com/quotaplane/quotaplane/regions"
+)
+
+// MaxLimitsSize bounds a limits file, in bytes: a control plane's configuration, not a
+// data set. A reader need read no more than one byte past it (ParseLimits refuses that).
+const MaxLimitsSize = 16 << 20
+
+// ParseLimits reads a limits file (the document ratectl apply -f takes; JSON is YAML too)
+// strictly, and stops when ctx ends, with an error wrapping context.Cause(ctx): at most
+// MaxLimitsSize bytes, one YAML document, the node and depth budgets with aliases
+// expanded, ids and text as YAML strings whatever they look like, whole numbers where a
+// count belongs, no unknown fields (errors name the line and the field); then the
+// sections as a Config, normalized (Normalize: its errors are joined, one per line).
+func ParseLimits(ctx context.Context, data []byte) (Config, error) {
+	if len(data) > MaxLimitsSize {
+		return Config{}, fmt.Errorf("larger than %d bytes", MaxLimitsSize)
+	}
+	f, err := decodeLimits(ctx, data)
+	if err != nil {
+		return Config{}, err
+	}
+	c, err := f.config()
+	if err != nil {
+		return Config{}, err
+	}
+	if err := c.Normalize(); err != nil {
+		return Config{}, err
+	}
+	return c, nil
+}
+
+// MarshalLimits is c as a limits file (YAML) that ParseLimits reads back as c: the
+// sections c holds (a nil one left out), lists indented.
+func MarshalLimits(c Config) ([]byte, error) {
+	b, err := yaml.MarshalWithOptions(toLimitsFile(c), yaml.IndentSequence(true))
+	if err != nil {
+		return nil, fmt.Errorf("marshal limits: %w", err)
+	}
+	return b, nil
+}
+
+// MarshalLimitsJSON is the document of MarshalLimits as JSON (the same field names),
+// which ParseLimits reads too.
+func MarshalLimitsJSON(c Config) ([]byte, error) {
+	b, err := json.Marshal(toLimitsFile(c))
+	if err != nil {
+		return nil, fmt.Errorf("marshal limits: %w", err)
+	}
+	return b, nil
+}
+
+// limitsFile is the document of a limits file: the YAML of `ratectl apply -f` and
+// `ratectl export`, a Config on disk. A section left out is
+// not managed; a section present adds and changes its objects, and deletes those it does
+// not list only with --prune.
+//
+// `ratectl export -o json` prints the same document as JSON (the same field names), which
+// apply -f also takes, JSON being YAML.
+type limitsFile struct {
+	Regions   *[]string       `yaml:"regions,omitempty" json:"regions,omitempty"`
+	Rules     *[]ruleYAML     `yaml:"rules,omitempty" json:"rules,omitempty"`
+	Overrides *[]overrideYAML `yaml:"overrides,omitempty" json:"overrides,omitempty"`
+	Keys      *[]keyYAML      `yaml:"keys,omitempty" json:"keys,omitempty"`
+}
+
+type ruleYAML struct {
+	Tenant          string  `yaml:"tenant" json:"tenant"`
+	Route           string  `yaml:"route" json:"route"`
+	Capacity        int64   `yaml:"capacity" json:"capacity"`
+	RefillPerSecond float64 `yaml:"refill_per_second" json:"refill_per_second"`
+	Shadow          bool    `yaml:"shadow,omitempty" json:"shadow,omitempty"`
+	Shards          int     `yaml:"shards,omitempty" json:"shards,omitempty"`
+}
+
+type overrideYAML struct {
+	Scope     string             `yaml:"scope" json:"scope"`
+	Shares    map[string]float64 `yaml:"shares" json:"shares"`
+	ExpiresAt string             `yaml:"expires_at,omitempty" json:"expires_at,omitempty"` // RFC 3339
+	Reason    string             `yaml:"reason" json:"reason"`
+}
+
+type keyYAML struct {
+	SHA256 string `yaml:"sha256" json:"sha256"` // hex SHA-256 of the secret (ratectl keys import --sha256)
+	Tenant string `yaml:"tenant" json:"tenant"`
+	Label  string `yaml:"label,omitempty" json:"label,omitempty"`
+}
+
+func (f limitsFile) config() (Config, error) {
+	var c Config
+	if f.Regions != nil {
+		rs := append([]string{}, *f.Regions...)
+		c.Regions = &rs
+	}
+	if f.Rules != nil {
+		rs := []regions.Rule{}
+		for _, r := range *f.Rules {
+			rs = append(rs, regions.Rule{Tenant: r.Tenant, Route: r.Route, Capacity: r.Capacity, RefillPerSecond: r.RefillPerSecond, Shadow: r.Shadow, Shards: r.Shards})
+		}
+		c.Rules = &rs
+	}
+	if f.Overrides != nil {
+		os := []Override{}
+		for _, o := range *f.Overrides {
+			sc, err := regions.ParseScope(o.Scope)
+			if err != nil {
+				return c, fmt.Errorf("overrides: %w", err)
+			}
+			ov := Override{Scope: sc, Shares: o.Shares, Reason: o.Reason}
+			if o.ExpiresAt != "" {
+				t, err := time.Parse(time.RFC3339Nano, o.ExpiresAt)
+				if err != nil {
+					return c, fmt.Errorf("overrides %s: expires_at %q: want an RFC 3339 time like 2026-12-01T00:00:00Z", o.Scope, o.ExpiresAt)
+				}
+				ov.ExpiresAt = t
+			}
+			if ov.Shares == nil {
+				ov.Shares = map[string]float64{}
+			}
+			os = append(os, ov)
+		}
+		c.Overrides = &os
+	}
+	if f.Keys != nil {
+		ks := []KeySpec{}
+		for _, k := range *f.Keys {
+			h, err := ParseKeyHash(k.SHA256)
+			if err != nil {
+				return c, fmt.Errorf("keys (tenant %s): %w", k.Tenant, err)
+			}
+			ks = append(ks, KeySpec{Hash: h, Tenant: k.Tenant, Label: k.Label})
+		}
+		c.Keys = &ks
+	}
+	return c, nil
+}
+
+// ParseKeyHash reads the SHA-256 of a key's secret as 64 hex digits (an optional
+// "sha256:" prefix allowed), as a limits file and ratectl keys import --sha256 write it.
+func ParseKeyHash(s string) (regions.KeyHash, error) {
+	var h regions.KeyHash
+	s = strings.TrimPrefix(strings.TrimSpace(s), "sha256:")
+	b, err := hex.DecodeString(s)
+	if err != nil || len(b) != len(h) {
+		if len(s) > 80 {
+			s = s[:80] + "..."
+		}
+		return h, fmt.Errorf("sha256 %q: want 64 hex digits (sha256sum of the key)", s)
+	}
+	copy(h[:], b)
+	return h, nil
+}
+
+// toLimitsFile is the YAML form of cfg (the inverse of config).
+func toLimitsFile(cfg Config) limitsFile {
+	var f limitsFile
+	if cfg.Regions != nil {
+		rs := append([]string{}, *cfg.Regions...)
+		f.Regions = &rs
+	}
+	if cfg.Rules != nil {
+		rs := []ruleYAML{}
+		for _, r := range *cfg.Rules {
+			y := ruleYAML{Tenant: r.Tenant, Route: r.Route, Capacity: r.Capacity, RefillPerSecond: r.RefillPerSecond, Shadow: r.Shadow}
+			if r.Shards != 1 {
+				y.Shards = r.Shards
+			}
+			rs = append(rs, y)
+		}
+		f.Rules = &rs
+	}
+	if cfg.Overrides != nil {
+		os := []overrideYAML{}
+		for _, o := range *cfg.Overrides {
+			y := overrideYAML{Scope: o.Scope.String(), Shares: o.Shares, Reason: o.Reason}
+			if !o.ExpiresAt.IsZero() {
+				y.ExpiresAt = o.ExpiresAt.UTC().Format(time.RFC3339Nano)
+			}
+			os = append(os, y)
+		}
+		f.Overrides = &os
+	}
+	if cfg.Keys != nil {
+		ks := []keyYAML{}
+		for _, k := range *cfg.Keys {
+			ks = append(ks, keyYAML{SHA256: hex.EncodeToString(k.Hash[:]), Tenant: k.Tenant, Label: k.Label})
+		}
+		f.Keys = &ks
+	}
+	return f
+}
+
+// Budgets of a limits file beyond its size (MaxLimitsSize): a control plane's
+// configuration, not a data set, and never a denial of service. maxLimitsNodes bounds the
+// YAML nodes once every alias is expanded, so a "billion laughs" file of a few hundred
+// bytes fails at once instead of growing to gigabytes; 100,000 rules take about 2 million.
+const (
+	maxLimitsNodes = 5_000_000
+	maxLimitsDepth = 64
+)
+
+// field kinds the strict check knows: YAML reads an unquoted 0042 as a number and
+// `capacity: 20.7` as a float, which a lenient decoder turns into "34" and 20.
+type fieldKind int
+
+const (
+	kindString fieldKind = iota // an id or text: must be a YAML string
+	kindInt                     // a whole number
+)
+
+// limitsSchema is the kind of each checked field of the sections' entries; the shares
+// map's keys (region ids) are strings too. The decoder checks the rest (unknown fields,
+// a list where a map belongs).
+var limitsSchema = map[string]map[string]fieldKind{
+	"rules":     {"tenant": kindString, "route": kindString, "capacity": kindInt, "shards": kindInt},
+	"overrides": {"scope": kindString, "expires_at": kindString, "reason": kindString},
+	"keys":      {"sha256": kindString, "tenant": kindString, "label": kindString},
+}
+
+// decodeLimits decodes a limits file strictly, and stops when ctx ends (SIGTERM, the
+// deadline): one YAML document, at most maxLimitsNodes nodes with aliases expanded, ids
+// and text as YAML strings whatever they look like, whole numbers where a count belongs,
+// no unknown fields. Errors name the line and the field.
+func decodeLimits(ctx context.Context, data []byte) (limitsFile, error) {
+	if ctx.Err() != nil {
+		return limitsFile{}, fmt.Errorf("reading stopped: %w", context.Cause(ctx))
+	}
+	type result struct {
+		f   limitsFile
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		// goccy/go-yaml may panic on malformed input (see gateway.ParseConfig).
+		defer func() {
+			if p := recover(); p != nil {
+				done <- result{err: errors.New("not valid YAML")}
+			}
+		}()
+		f, err := decodeLimitsNow(ctx, data)
+		done <- result{f, err}
+	}()
+	select {
+	case r := <-done:
+		return r.f, r.err
+	case <-ctx.Done():
+		// The parser cannot be interrupted: its goroutine ends when it returns (the input
+		// is at most MaxLimitsSize; the node walk checks ctx as it goes).
+		return limitsFile{}, fmt.Errorf("reading stopped: %w", context.Cause(ctx))
+	}
+}
+
+func decodeLimitsNow(ctx context.Context, data []byte) (limitsFile, error) {
+	file, err := parser.ParseBytes(data, 0)
+	if err != nil {
+		return limitsFile{}, errors.New(yamlError(err))
+	}
+	var docs []*ast.DocumentNode
+	for _, d := range file.Docs {
+		if d != nil && d.Body != nil {
+			docs = append(docs, d)
+		}
+	}
+	switch {
+	case len(docs) == 0:
+		return limitsFile{}, errors.New("the file is empty")
+	case len(docs) > 1:
+		return limitsFile{}, fmt.Errorf("line %d: a second YAML document (after ---): a limits file holds one", line(docs[1].Body))
+	}
+	body := docs[0].Body
+	w := &nodeWalk{ctx: ctx, anchors: map[string]ast.Node{}, sizes: map[string]int{}}
+	if _, err := w.size(body, 0); err != nil {
+		return limitsFile{}, err
+	}
+	if err := w.checkTypes(body); err != nil {
+		return limitsFile{}, err
+	}
+	if err := ctx.Err(); err != nil {
+		return limitsFile{}, err
+	}
+	var f limitsFile
+	if err := yaml.NodeToValue(body, &f, yaml.DisallowUnknownField()); err != nil {
+		return limitsFile{}, errors.New(yamlError(err))
+	}
+	return f, nil
+}
+
+// yamlError is a goccy/go-yaml error on one line, with its position.
+func yamlError(err error) string {
+	return strings.Join(strings.Fields(yaml.FormatError(err, false, false)), " ")
+}
+
+func line(n ast.Node) int {
+	if t := n.GetToken(); t != nil && t.Position != nil {
+		return t.Position.Line
+	}
+	return 0
+}
+
+// nodeWalk measures the document with aliases expanded and knows its anchors.
+type nodeWalk struct {
+	ctx     context.Context
+	anchors map[string]ast.Node // anchor name: its value, as the decoder resolves them
+	sizes   map[string]int      // anchor name: its expanded size
+	total   int
+	visits  int
+}
+
+// size is the number of nodes under n with aliases expanded; it fails once the whole
+// document passes maxLimitsNodes, nests deeper than maxLimitsDepth, or ctx ends.
+func (w *nodeWalk) size(n ast.Node, depth int) (int, error) {
+	if n == nil {
+		return 0, nil
+	}
+	if depth > maxLimitsDepth {
+		return 0, fmt.Errorf("line %d: nested deeper than %d levels", line(n), maxLimitsDepth)
+	}
+	if w.visits++; w.visits%4096 == 0 {
+		if err := w.ctx.Err(); err != nil {
+			return 0, err
+		}
+	}
+	var (
+		own      = 1
+		children []ast.Node
+	)
+	switch v := n.(type) {
+	case *ast.MappingNode:
+		for _, mv := range v.Values {
+			children = append(children, mv.Key, mv.Value)
+		}
+	case *ast.MappingValueNode:
+		children = []ast.Node{v.Key, v.Value}
+	case *ast.SequenceNode:
+		children = v.Values
+	case *ast.TagNode:
+		children = []ast.Node{v.Value}
+	case *ast.MappingKeyNode: // ? KEY: a complex key may hold aliases too
+		children = []ast.Node{v.Value}
+	case *ast.AnchorNode:
+		s, err := w.size(v.Value, depth+1)
+		if err != nil {
+			return 0, err
+		}
+		name := v.Name.GetToken().Value
+		w.anchors[name], w.sizes[name] = v.Value, s
+		return s, nil
+	case *ast.AliasNode:
+		s := w.sizes[v.Value.GetToken().Value]
+		if s == 0 {
+			s = 1 // an unknown alias: the decoder names it
+		}
+		w.total += s
+		if w.total > maxLimitsNodes {
+			return 0, fmt.Errorf("line %d: more than %d YAML nodes once aliases are expanded (alias *%s): refusing a file that expands so far", line(n), maxLimitsNodes, v.Value.GetToken().Value)
+		}
+		return s, nil
+	}
+	w.total += own
+	if w.total > maxLimitsNodes {
+		return 0, fmt.Errorf("line %d: more than %d YAML nodes: refusing a file this large", line(n), maxLimitsNodes)
+	}
+	sum := own
+	for _, c := range children {
+		s, err := w.size(c, depth+1)
+		if err != nil {
+			return 0, err
+		}
+		sum += s
+		if sum > maxLimitsNodes {
+			sum = maxLimitsNodes + 1
+		}
+	}
+	return sum, nil
+}
+
+// resolve is n without its anchor or alias: the node the decoder reads.
+func (w *nodeWalk) resolve(n ast.Node) ast.Node {
+	for range maxLimitsDepth {
+		switch v := n.(type) {
+		case *ast.AnchorNode:
+			n = v.Value
+		case *ast.AliasNode:
+			t, ok := w.anchors[v.Value.GetToken().Value]
+			if !ok {
+				return n
+			}
+			n = t
+		default:
+			return n
+		}
+	}
+	return n
+}
+
+// checkTypes refuses the scalars of body's known fields that YAML reads as another type
+// than the field's: an id written 0042 or 1.10 (a number), a capacity of 20.7.
+func (w *nodeWalk) checkTypes(body ast.Node) error {
+	top, ok := w.resolve(body).(*ast.MappingNode)
+	if !ok {
+		return nil // the decoder says what is wrong
+	}
+	for _, section := range top.Values {
+		name := section.Key.GetToken().Value
+		list, ok := w.resolve(section.Value).(*ast.SequenceNode)
+		if !ok {
+			continue
+		}
+		for i, e := range list.Values {
+			path := fmt.Sprintf("%s[%d]", name, i)
+			if name == "regions" {
+				if err := w.checkScalar(e, path, kindString); err != nil {
+					return err
+				}
+				continue
+			}
+			fields, known := limitsSchema[name]
+			entry, ok := w.resolve(e).(*ast.MappingNode)
+			if !known || !ok {
+				continue
+			}
+			for _, kv := range entry.Values {
+				key := kv.Key.GetToken().Value
+				if kind, ok := fields[key]; ok {
+					if err := w.checkScalar(kv.Value, path+"."+key, kind); err != nil {
+						return err
+					}
+				}
+				if name == "overrides" && key == "shares" {
+					if shares, ok := w.resolve(kv.Value).(*ast.MappingNode); ok {
+						for _, sh := range shares.Values {
+							if err := w.checkScalar(sh.Key, path+".shares key", kindString); err != nil {
+								return err
+							}
+						}
+					}
+				}
+			}
+		}
+	}
+	return nil
+}
+
+func (w *nodeWalk) checkScalar(n ast.Node, path string, kind fieldKind) error {
+	v := w.resolve(n)
+	if t, ok := v.(*ast.TagNode); ok {
+		v = w.resolve(t.Value) // the decoder reads `!!str 1.10` as "1.1": judge what is written
+	}
+	var what string
+	switch v.(type) {
+	case *ast.StringNode, *ast.LiteralNode:
+		return nil // for a count, "12": the decoder refuses it
+	case *ast.IntegerNode:
+		if kind == kindInt {
+			return nil
+		}
+		what = "a number"
+	case *ast.FloatNode, *ast.InfinityNode, *ast.NanNode:
+		if kind == kindInt {
+			return fmt.Errorf("line %d: %s: %s is not a whole number", line(v), path, v.GetToken().Value)
+		}
+		what = "a number"
+	case *ast.BoolNode:
+		what = "a boolean"
+	case *ast.NullNode:
+		what = "null"
+	default:
+		return nil
+	}
+	written := v.GetToken().Value
+	if kind == kindInt {
+		return fmt.Errorf("line %d: %s: %q is %s, not a whole number", line(v), path, written, what)
+	}
+	if what == "null" {
+		return fmt.Errorf("line %d: %s: no value", line(v), path)
+	}
+	return fmt.Errorf("line %d: %s: %s is read by YAML as %s, not as the text written: quote it (\"%s\")", line(v), path, written, what, written)
+}
