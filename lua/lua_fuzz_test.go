@@ -5,6 +5,7 @@ import (
 	"math"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -17,6 +18,12 @@ import (
 // was, or answers integers in range and leaves a sane bucket: a 28-byte value whose
 // tokens are a finite number in [-capacity, capacity], with a TTL. It accepts exactly
 // what Decision.Check accepts. Trailing bytes (extra) are refused.
+//
+// And it conserves: the tokens it reports left are never more than the bucket held
+// before (what the half-spent bucket refilled under the rule it was written under, or a
+// full new one), clipped to the capacity and the cap, less what it charged and took,
+// plus what it returned. A script that reads a stored bucket under the new rule, or
+// ignores the cap of a missing or every bucket, fails on the seeds.
 func FuzzLuaArguments(f *testing.F) {
 	for _, s := range []struct {
 		op                 uint8
@@ -29,6 +36,12 @@ func FuzzLuaArguments(f *testing.F) {
 	} {
 		f.Add(s.op, s.n, s.c, s.r, s.debt, s.cap, true, []byte{})
 	}
+	// Caps on a missing bucket and on every bucket (-2 - cap), and returns.
+	for _, s := range [][6]float64{{1, 1, 10, 1, 0, 3}, {1, 1, 10, 1, 0, -3}, {2, 10, 100, 5, 0, -4}, {3, 50, 100, 1, 0, -1}, {1, 1, 1e15, 1e12, 0, 7}} {
+		for _, used := range []bool{true, false} {
+			f.Add(uint8(s[0]), s[1], s[2], s[3], s[4], s[5], used, []byte{})
+		}
+	}
 	rp := testenv.Redis(f)
 	rdb := redis.NewClient(&redis.Options{Addr: rp.Addr()})
 	f.Cleanup(func() { _ = rdb.Close() })
@@ -39,19 +52,33 @@ func FuzzLuaArguments(f *testing.F) {
 		if err := rdb.Del(ctx, key).Err(); err != nil {
 			t.Fatal(err)
 		}
+		// pre bounds what the bucket holds when the script reads it: a new bucket is
+		// full; the half-spent one holds what it refilled at its own rule (1/s) since.
+		pre := c
 		if used { // a half-spent bucket of another rule first
 			mustTake(t, b, key, 10, 1, 5)
+		}
+		start := time.Now()
+		if used {
+			pre = tokensNow(t, rdb, key)
 		}
 		before, _ := rdb.Get(ctx, key).Result()
 		arg := append(raw(op, n, [4]float64{c, r, debt, cp}), extra...)
 		reply, err := rdb.Eval(ctx, DecideSource(), []string{key}, arg).Result()
+		if used {
+			pre = min(c, pre+time.Since(start).Seconds()+1e-6)
+		}
 		d, exact := goDecision(op, n, c, r, debt, cp)
 		goOK := exact && d.Check() == nil && len(extra) == 0
 		if err != nil {
 			if !strings.HasPrefix(err.Error(), invalidPrefix) {
 				t.Fatalf("%v: error %v, want QPINVALID or an answer", arg, err)
 			}
-			if after, _ := rdb.Get(ctx, key).Result(); after != before {
+			// A refused decision changes nothing. Extra bytes that read as a second
+			// decision are refused after the first one stands (decide.lua: the
+			// decisions before a refused one in a batch stand).
+			firstOK := exact && d.Check() == nil
+			if after, _ := rdb.Get(ctx, key).Result(); after != before && !firstOK {
 				t.Fatalf("%v refused but changed the bucket", arg)
 			}
 			if goOK {
@@ -70,6 +97,27 @@ func FuzzLuaArguments(f *testing.F) {
 			if x, ok := e.(int64); !ok || x < 0 || (i == 1 || i == 3) && x > 1<<40 {
 				t.Fatalf("%+v: reply element %d = %v, want an integer in range", d, i, e)
 			}
+		}
+		if cp >= 0 && !used {
+			pre = min(pre, cp)
+		} else if cp <= -2 {
+			pre = min(pre, -2-cp)
+		}
+		pre -= float64(v[4].(int64)) // the debt charged
+		switch Op(op) {
+		case OpTake:
+			if v[0].(int64) == 1 {
+				pre -= n
+			}
+		case OpLease:
+			pre -= float64(v[0].(int64))
+		case OpReturn:
+			if used {
+				pre = min(c, pre+n)
+			}
+		}
+		if left := float64(v[2].(int64)); left > math.Floor(max(pre, 0)+1e-6) {
+			t.Fatalf("%+v (bucket used before: %v): %v tokens left, but it held at most %v after the decision", d, used, left, pre)
 		}
 		if s, err := rdb.Get(ctx, key).Result(); err == nil {
 			st := readStored(t, rdb, key)
