@@ -33,7 +33,8 @@ func TestRun(t *testing.T) {
 	}{
 		{"no config", nil, noEnv, "--config FILE is required"},
 		{"unknown flag", []string{"--nope"}, noEnv, "unknown flag: --nope"},
-		{"one dash", []string{"-config", "x.yaml"}, noEnv, "unknown flag -config: long flags take two dashes (--config)"},
+		{"one dash reads as two", []string{"-config", "x.yaml"}, noEnv, "config x.yaml: open x.yaml"},
+		{"one dash, no such flag", []string{"-nope"}, noEnv, "unknown flag -nope"},
 		{"bad bool", []string{"--config", "x.yaml", "--check=maybe"}, noEnv, `--check "maybe": want true or false`},
 		{"extra argument", []string{"--config", "x.yaml", "serve"}, noEnv, `unexpected arguments ["serve"]`},
 		{"check a good file", []string{"--config", "../../gateway/testdata/good-full.yaml", "--check"}, noEnv, ""},

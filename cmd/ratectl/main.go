@@ -11,6 +11,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/quotaplane/quotaplane/internal/cliflag"
 	"github.com/quotaplane/quotaplane/internal/version"
 )
 
@@ -39,9 +40,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 func (a *app) execute(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	a.stderr = stderr
 	root := newRootCmd(a)
-	if args == nil {
-		args = []string{} // cobra would read os.Args
-	}
+	args = cliflag.LongFlags(root, args) // never nil: cobra would read os.Args
 	root.SetArgs(args)
 	if a.stdin != nil {
 		root.SetIn(a.stdin)

@@ -56,8 +56,7 @@ func FlagError(err error) error {
 	if !errors.As(err, &iv) {
 		if arg, ok := strings.CutPrefix(err.Error(), "unknown shorthand flag: "); ok {
 			if _, arg, ok = strings.Cut(arg, " in "); ok && len(arg) > 2 && !strings.HasPrefix(arg, "--") {
-				name, _, _ := strings.Cut(arg[1:], "=")
-				return fmt.Errorf("unknown flag %s: long flags take two dashes (--%s)", arg, name)
+				return fmt.Errorf("unknown flag %s", arg) // a long flag's one-dash spelling is read by LongFlags
 			}
 		}
 		return err
@@ -107,12 +106,10 @@ func NoArgs(cmd *cobra.Command, args []string) error {
 }
 
 // Execute runs root on args (nil is none: cobra would read os.Args) with its output on
-// stdout and stderr.
+// stdout and stderr; one-dash long flags are read as Go's flag package reads them
+// (LongFlags).
 func Execute(ctx context.Context, root *cobra.Command, args []string, stdout, stderr io.Writer) error {
-	if args == nil {
-		args = []string{}
-	}
-	root.SetArgs(args)
+	root.SetArgs(LongFlags(root, args))
 	root.SetOut(stdout)
 	root.SetErr(stderr)
 	return root.ExecuteContext(ctx)
@@ -151,4 +148,66 @@ func HealthcheckCmd(program, defaultURL string) *cobra.Command {
 			return err
 		},
 	}
+}
+
+// LongFlags returns args (never nil) with every one-dash spelling of a long flag of the
+// command they run, "-config x" or "-version", written with two dashes, as Go's flag
+// package (which the gateway and the rebalancer used) reads them. pflag would read
+// "-version" as -v plus "ersion". An argument that is a flag's value (after a flag that
+// takes one, without "=") and everything after "--" stay as written, as does a
+// one-dash word that names no long flag: pflag reads it as shorthands ("-ojson").
+func LongFlags(root *cobra.Command, args []string) []string {
+	out := append([]string{}, args...)
+	cmd, _, err := root.Find(args)
+	if err != nil || cmd == nil {
+		cmd = root
+	}
+	lookup := func(name string) *pflag.Flag {
+		if f := cmd.Flags().Lookup(name); f != nil {
+			return f
+		}
+		if f := cmd.InheritedFlags().Lookup(name); f != nil {
+			return f
+		}
+		if name == "help" || name == "version" && root.Version != "" {
+			return &pflag.Flag{Name: name, NoOptDefVal: "true"} // added by cobra when it runs
+		}
+		return nil
+	}
+	for i := 0; i < len(out); i++ {
+		a := out[i]
+		if a == "--" {
+			break
+		}
+		var f *pflag.Flag
+		switch {
+		case strings.HasPrefix(a, "--"):
+			name, _, hasValue := strings.Cut(a[2:], "=")
+			if f = lookup(name); f != nil && !hasValue && f.NoOptDefVal == "" {
+				i++ // its value
+			}
+			continue
+		case len(a) > 2 && a[0] == '-':
+			name, _, hasValue := strings.Cut(a[1:], "=")
+			if f = lookup(name); f == nil || len(name) < 2 {
+				if len(name) == 1 && !hasValue {
+					if sf := cmd.Flags().ShorthandLookup(name); sf != nil && sf.NoOptDefVal == "" {
+						i++
+					}
+				}
+				continue
+			}
+			out[i] = "-" + a
+			if !hasValue && f.NoOptDefVal == "" {
+				i++
+			}
+		case len(a) == 2 && a[0] == '-':
+			if sf := cmd.Flags().ShorthandLookup(a[1:]); sf != nil && sf.NoOptDefVal == "" {
+				i++
+			} else if sf := cmd.InheritedFlags().ShorthandLookup(a[1:]); sf != nil && sf.NoOptDefVal == "" {
+				i++
+			}
+		}
+	}
+	return out
 }

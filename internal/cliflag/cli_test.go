@@ -71,7 +71,9 @@ func TestConventions(t *testing.T) {
 		{name: "healthcheck fails", args: []string{"healthcheck"}, code: ExitFailure, errOut: "prog: healthcheck: http://127.0.0.1:1/readyz"},
 		{name: "bad int", args: []string{"--count", "x"}, code: ExitUsage, errOut: `prog: --count "x": want a whole number`},
 		{name: "unknown flag", args: []string{"--nope"}, code: ExitUsage, errOut: "prog: unknown flag: --nope"},
-		{name: "one dash", args: []string{"-count=2"}, code: ExitUsage, errOut: "prog: unknown flag -count=2: long flags take two dashes (--count)\n"},
+		{name: "one dash reads as two", args: []string{"-count=2"}},
+		{name: "one-dash version", args: []string{"-version"}, out: "prog v1.2.3 (commit"},
+		{name: "one dash, no such flag", args: []string{"-nope"}, code: ExitUsage, errOut: "prog: unknown flag -nope\n"},
 		{name: "stray argument", args: []string{"serve"}, code: ExitUsage, errOut: `prog: unexpected arguments ["serve"] (commands: [healthcheck version])`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -94,5 +96,36 @@ func TestExit(t *testing.T) {
 	}
 	if got := Exit(&b, "p", errors.New("boom")); got != ExitFailure {
 		t.Errorf("runtime error: exit %d", got)
+	}
+}
+
+// TestLongFlags: one-dash long flags get two dashes; values, "--" and shorthands do not.
+func TestLongFlags(t *testing.T) {
+	t.Parallel()
+	root := newRoot()
+	var s string
+	var b bool
+	root.Flags().StringVarP(&s, "reason", "r", "", "why")
+	root.Flags().BoolVar(&b, "check", false, "check only")
+	sub := &cobra.Command{Use: "set", RunE: func(*cobra.Command, []string) error { return nil }}
+	sub.Flags().String("route", "", "route")
+	root.PersistentFlags().StringP("output", "o", "table", "format")
+	root.AddCommand(sub)
+	for _, tc := range []struct{ in, want string }{
+		{"-count 2 -check -version", "--count 2 --check --version"},
+		{"-count=2", "--count=2"},
+		{"--reason -count -count 3", "--reason -count --count 3"},    // a value stays
+		{"-r -check -check", "-r -check --check"},                    // a shorthand's value too
+		{"-check -- -count", "--check -- -count"},                    // nothing after --
+		{"-ojson -nope -c", "-ojson -nope -c"},                       // no such long flag
+		{"set -route x -output json", "set --route x --output json"}, // the subcommand's and inherited
+		{"-help", "--help"},
+	} {
+		if got := strings.Join(LongFlags(root, strings.Fields(tc.in)), " "); got != tc.want {
+			t.Errorf("LongFlags(%q) = %q, want %q", tc.in, got, tc.want)
+		}
+	}
+	if got := LongFlags(root, nil); got == nil || len(got) != 0 {
+		t.Errorf("LongFlags(nil) = %#v, want an empty slice", got)
 	}
 }
