@@ -10,8 +10,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/prometheus/client_golang/api"
-	promv1 "github.com/prometheus/client_golang/api/prometheus/v1"
 	"github.com/spf13/cobra"
 
 	"github.com/quotaplane/quotaplane/rebalancer/demand"
@@ -155,11 +153,11 @@ func (a *app) status(cmd *cobra.Command, o statusOptions) error {
 func (a *app) readFigures(ctx context.Context, sources []demand.Source, o figures.Options) (figures.Result, error) {
 	srcs := make([]figures.Source, len(sources))
 	for i, s := range sources {
-		client, err := api.NewClient(api.Config{Address: s.URL})
-		if err != nil { // ruled out by demand.ParseSources; the error would show the URL
+		p, err := s.API(nil)
+		if err != nil { // ruled out by demand.ParseSources
 			return figures.Result{}, usagef("--prometheus-url %s: not a client address", s)
 		}
-		srcs[i] = figures.Source{Region: s.Region, API: promv1.NewAPI(client)}
+		srcs[i] = figures.Source{Region: s.Region, API: p}
 	}
 	res := figures.Read(ctx, srcs, o)
 	var failed []error

@@ -14,8 +14,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/prometheus/client_golang/api"
-	promv1 "github.com/prometheus/client_golang/api/prometheus/v1"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -313,11 +311,11 @@ func sourcesString(sources []demand.Source) string {
 func statusPage(sources []demand.Source, o options, store status.Store, j *job.Job, log *slog.Logger) (http.Handler, error) {
 	var proms []status.Source
 	for _, s := range sources {
-		c, err := api.NewClient(api.Config{Address: s.URL})
-		if err != nil { // a URL parse error, ruled out by demand.ParseSources; it would show the URL
-			return nil, fmt.Errorf("status page: prometheus %s: not a client address", s)
+		p, err := s.API(nil) // a URL parse error, ruled out by demand.ParseSources
+		if err != nil {
+			return nil, fmt.Errorf("status page: %w", err)
 		}
-		proms = append(proms, status.Source{Region: s.Region, API: promv1.NewAPI(c)})
+		proms = append(proms, status.Source{Region: s.Region, API: p})
 	}
 	return status.New(status.Config{Prometheus: proms, InstanceTTL: o.instanceTTL, LastRun: j.Last, StaleAfter: j.StaleAfter(), Logger: log}, store)
 }

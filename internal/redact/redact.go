@@ -71,6 +71,11 @@ func urlSpans(s string) []span {
 	if at := strings.LastIndexByte(rest, '@'); at >= 0 {
 		if colon := strings.IndexByte(rest[:at], ':'); colon >= 0 {
 			out = append(out, span{base + colon + 1, base + at})
+		} else if scheme := strings.ToLower(strings.TrimSpace(s[:i])); (scheme == "http" || scheme == "https") &&
+			!strings.ContainsAny(rest[:at], "/?#") {
+			// http://TOKEN@host: a user alone is how tokens are passed to HTTP servers
+			// (Prometheus behind a proxy); a database's or Redis's user is a role name.
+			out = append(out, span{base, base + at})
 		}
 	}
 	for j := 0; j < len(rest); j++ {
@@ -154,9 +159,16 @@ func kvValueEnd(s string, v int) int {
 	return min(j, len(s))
 }
 
-// isPasswordKey is whether a parameter of this name holds a secret (password, sslpassword).
+// isPasswordKey is whether a parameter of this name holds a secret: password,
+// sslpassword, token, access_token, secret, api_key, apikey, signature, auth.
 func isPasswordKey(name string) bool {
-	return strings.HasSuffix(strings.ToLower(strings.TrimSpace(name)), "password")
+	name = strings.ToLower(strings.TrimSpace(name))
+	for _, s := range [...]string{"password", "token", "secret", "key", "signature", "auth"} {
+		if strings.HasSuffix(name, s) {
+			return true
+		}
+	}
+	return false
 }
 
 // Secrets is every password-like value in the URL or key=value string s that we can find
@@ -172,6 +184,16 @@ func Secrets(s string) []string {
 	for _, sp := range secretSpans(s) {
 		raw := s[sp.from:sp.to]
 		add(raw)
+		// u:p@ss@host: pgx ends the userinfo at the first '@' and reads "ss@host" as the
+		// host, which its errors then quote ("lookup ss@host").
+		for rest := raw; ; {
+			_, after, ok := strings.Cut(rest, "@")
+			if !ok {
+				break
+			}
+			add(after)
+			rest = after
+		}
 		if p, err := url.PathUnescape(raw); err == nil {
 			add(p)
 		}

@@ -44,6 +44,10 @@ func TestURL(t *testing.T) {
 		{"key=value, unquoted space", "host=h password=s3cr et99 dbname=db", []string{"s3cr et99"}, "host=h password=xxxxx dbname=db"},
 		{"key=value, unquoted space at the end", "host=h password=s3cr et99", []string{"s3cr et99"}, "host=h password=xxxxx"},
 		{"neither URL nor key=value (a password in the wrong place)", "s3cretPW", []string{"s3cretPW"}, "xxxxx"},
+		{"token parameter", "http://127.0.0.1:9090/?token=s3cr3tpw", []string{"s3cr3tpw"}, "http://127.0.0.1:9090/?token=xxxxx"},
+		{"api_key parameter", "http://prom:9090/?x=1&api_key=s3cr3tpw", []string{"s3cr3tpw"}, "http://prom:9090/?x=1&api_key=xxxxx"},
+		{"http user alone (a token)", "http://s3cr3tpw@127.0.0.1:9090", []string{"s3cr3tpw"}, "http://xxxxx@127.0.0.1:9090"},
+		{"database user alone is a role", "postgres://quotaplane_gateway@127.0.0.1/q", nil, "postgres://quotaplane_gateway@127.0.0.1/q"},
 		{"key=value, unterminated quote", "host=h password='s3cr et99 dbname=db", []string{"s3cr et99 dbname=db"}, "host=h password=xxxxx"},
 	}
 	for _, tt := range tests {
@@ -95,6 +99,9 @@ func TestSecretsAndString(t *testing.T) {
 		{"host=h password='s3 cr\\'et' dbname=db", []string{"'s3 cr\\'et'", "s3 cr'et"}},
 		{"redis://:s3cret@host:6379/0", []string{"s3cret"}},
 		{"http://host:9090", nil},
+		// pgx splits at the first '@' and quotes the rest as its host.
+		{"postgres://u:p@s3cr3tpw@127.0.0.1:1/x", []string{"p@s3cr3tpw", "s3cr3tpw"}},
+		{"http://127.0.0.1:1/?token=s3cr3tpw", []string{"s3cr3tpw"}},
 	} {
 		got := Secrets(tt.url)
 		for _, w := range tt.want {

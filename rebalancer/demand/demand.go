@@ -63,6 +63,42 @@ func (s Source) String() string {
 	return s.Region + "=" + redact.URL(s.URL)
 }
 
+// API is the Prometheus HTTP API at s, through hc (nil: the default client). Its errors
+// never show a secret of s.URL (a password, a token parameter: redact.Secrets): the HTTP
+// client's errors quote the request's URL, query string included. Only a URL that does
+// not parse fails, with an error that does not show it.
+func (s Source) API(hc *http.Client) (v1.API, error) {
+	c, err := api.NewClient(api.Config{Address: s.URL, Client: hc})
+	if err != nil {
+		return nil, fmt.Errorf("%w prometheus %q: not a client address", regions.ErrInvalid, s)
+	}
+	return v1.NewAPI(scrubbedClient{c, redact.Secrets(s.URL)}), nil
+}
+
+// scrubbedClient is a Prometheus client whose errors have the URL's secrets hidden.
+type scrubbedClient struct {
+	api.Client
+	secrets []string
+}
+
+func (c scrubbedClient) Do(ctx context.Context, req *http.Request) (*http.Response, []byte, error) {
+	resp, body, err := c.Client.Do(ctx, req)
+	if err != nil && len(c.secrets) > 0 {
+		err = scrubbedError{msg: redact.String(err.Error(), c.secrets), err: err}
+	}
+	return resp, body, err
+}
+
+// scrubbedError is err with its text scrubbed; errors.Is and As still see err (a
+// deadline, a cancellation).
+type scrubbedError struct {
+	msg string
+	err error
+}
+
+func (e scrubbedError) Error() string { return e.msg }
+func (e scrubbedError) Unwrap() error { return e.err }
+
 // checkURL checks that u is an http(s) URL with a host. Its error does not contain u: a
 // parse error is reduced to its detail, and to nothing when u holds credentials.
 func checkURL(u string) error {
@@ -243,11 +279,11 @@ func New(cfg Config) (*Reader, error) {
 		if err := checkURL(s.URL); err != nil {
 			return nil, fmt.Errorf("%w demand reader: prometheus %q: %w", regions.ErrInvalid, s, err)
 		}
-		c, err := api.NewClient(api.Config{Address: s.URL, Client: cfg.Client})
-		if err != nil { // a parse error, which checkURL has ruled out; it would show the URL
-			return nil, fmt.Errorf("%w demand reader: prometheus %q: not a client address", regions.ErrInvalid, s)
+		a, err := s.API(cfg.Client) // a parse error, which checkURL has ruled out
+		if err != nil {
+			return nil, fmt.Errorf("demand reader: %w", err)
 		}
-		r.sources = append(r.sources, source{Source: s, api: v1.NewAPI(c)})
+		r.sources = append(r.sources, source{Source: s, api: a})
 	}
 	return r, nil
 }

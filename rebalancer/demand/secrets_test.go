@@ -102,3 +102,40 @@ func TestReadWithCredentials(t *testing.T) {
 		noSecret(t, "Unreachable error", e.Error())
 	}
 }
+
+// TestAPIErrorsHideTheURLsSecrets: the HTTP client's errors quote the request URL, query
+// string included; through Source.API a token parameter or a user-alone token is hidden,
+// and the error still says what failed (a refused connection) and is still a deadline
+// when it was one.
+func TestAPIErrorsHideTheURLsSecrets(t *testing.T) {
+	t.Parallel()
+	for _, u := range []string{
+		"http://127.0.0.1:1/?token=" + secret,
+		"http://" + secret + "@127.0.0.1:1",
+		"http://u:" + secret + "@127.0.0.1:1",
+	} {
+		api, err := demand.Source{URL: u}.API(nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		_, _, _, err = api.Query(ctx, "up", time.Now())
+		cancel()
+		if err == nil {
+			t.Fatalf("%s: query of a closed port answered", u)
+		}
+		noSecret(t, "query error", err.Error())
+		if !strings.Contains(err.Error(), "connection refused") {
+			t.Errorf("%s: error %q does not say what failed", u, err)
+		}
+	}
+	api, err := demand.Source{URL: "http://127.0.0.1:1/?token=" + secret}.API(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, _, _, err := api.Query(ctx, "up", time.Now()); !errors.Is(err, context.Canceled) {
+		t.Errorf("a cancelled query: %v, want context.Canceled through the scrubbed error", err)
+	}
+}
