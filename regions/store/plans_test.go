@@ -230,3 +230,68 @@ func TestPlanRaiseMarkers(t *testing.T) {
 		t.Errorf("b unassigned from free (10) back to the defaults (20, r 5): %v, want {* b *} 0.5", m)
 	}
 }
+
+// TestPlanThousandTenants (issue 24): 1,000 tenants on pro; one change of pro's rule
+// changes what every one of them resolves to, in one transaction and one audit row (one
+// row of plan_rule: the tenants resolve through it), marked as a raise for each of them
+// in that transaction; a tenant's own rule wins over the plan's.
+func TestPlanThousandTenants(t *testing.T) {
+	t.Parallel()
+	s, _ := newStore(t)
+	ctx := WithAudit(context.Background(), "alice", "pro for everyone")
+	if err := s.SetPlanRule(ctx, planRule("pro", "*", 200, 100)); err != nil {
+		t.Fatal(err)
+	}
+	exec(t, s, `INSERT INTO tenant_plan (tenant_id, plan) SELECT 't' || i, 'pro' FROM generate_series(0, 999) i`)
+	if err := s.SetRule(ctx, regions.Rule{Tenant: "t7", Route: "*", Capacity: 5, RefillPerSecond: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := s.PlanTenants(ctx, "pro"); err != nil || n != 1000 {
+		t.Fatalf("PlanTenants = %d, %v", n, err)
+	}
+	check := func(capacity int64) {
+		t.Helper()
+		snap, err := s.Load(ctx, LoadOptions{WithoutKeys: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range 1000 {
+			tenant := fmt.Sprintf("t%d", i)
+			r := snap.Rule(tenant, "checkout")
+			want, plan := capacity, "pro"
+			if tenant == "t7" {
+				want, plan = 5, "" // its own rule wins
+			}
+			if r.Capacity != want || r.Plan != plan {
+				t.Fatalf("Rule(%s) = capacity %d plan %q, want %d %q", tenant, r.Capacity, r.Plan, want, plan)
+			}
+		}
+		if r := snap.Rule("other", "checkout"); r.Capacity != 20 || r.Plan != "" {
+			t.Fatalf("a tenant on no plan: %+v, want the default rule", r)
+		}
+	}
+	check(200)
+	exec(t, s, `DELETE FROM limit_raise`)
+	audits := count(t, s, `SELECT count(*) FROM audit_log`)
+
+	if err := s.SetPlanRule(WithAudit(context.Background(), "alice", "pro doubles"), planRule("pro", "*", 400, 200)); err != nil {
+		t.Fatal(err)
+	}
+	check(400)
+	if n := count(t, s, `SELECT count(*) FROM audit_log`) - audits; n != 1 {
+		t.Errorf("%d audit rows for one plan change, want 1", n)
+	}
+	if n := count(t, s, `SELECT count(*) FROM audit_log WHERE object = 'plan_rule' AND action = 'update' AND reason = 'pro doubles'
+		AND (old->>'capacity')::int = 200 AND (new->>'capacity')::int = 400`); n != 1 {
+		t.Errorf("the plan change's audit row: %d found", n)
+	}
+	if n := count(t, s, `SELECT count(*) FROM limit_raise WHERE route = '*' AND abs(ratio - 0.5) < 1e-9`); n != 999 {
+		t.Errorf("%d tenants marked with ratio 0.5, want 999 (every tenant of pro but t7)", n)
+	}
+	if n := count(t, s, `SELECT count(DISTINCT xid) FROM limit_raise`); n != 1 {
+		t.Errorf("raise markers from %d transactions, want 1", n)
+	}
+	if n := count(t, s, `SELECT count(*) FROM limit_raise WHERE tenant = 't7'`); n != 0 {
+		t.Errorf("t7, whose own rule wins, marked %d times", n)
+	}
+}
