@@ -82,7 +82,7 @@ func shortState(s string) string {
 const (
 	orderAddRegion = iota
 	orderRule
-	orderAddPlan      // plans before their rules, and before the tenants assigned to them
+	orderAddPlan // plans before their rules, and before the tenants assigned to them
 	orderPlanRule
 	orderTenantPlan
 	orderRemovePlan // after the tenants assigned to it have left
