@@ -111,6 +111,7 @@ and the rebalancer read too):
 		newRegionsCmd(a),
 		newKeysCmd(a),
 		newRulesCmd(a),
+		newPlansCmd(a),
 		newSharesCmd(a),
 		newStatusCmd(a),
 		newBucketCmd(a),

@@ -32,8 +32,10 @@ type Config struct {
 	// Plans are named sets of per-route rules (regions.Plan). A plan listed is described
 	// whole: its rules the file does not list are deleted with it. TenantPlans assign
 	// tenants to plans.
-	Plans       *[]regions.Plan
-	TenantPlans *[]regions.TenantPlan
+	// omitempty: the fingerprint (stateOf) of a configuration without them is what it
+	// was before plans.
+	Plans       *[]regions.Plan       `json:",omitempty"`
+	TenantPlans *[]regions.TenantPlan `json:",omitempty"`
 	Prune       Prune
 }
 
@@ -41,7 +43,8 @@ type Config struct {
 // revoked).
 type Prune struct {
 	Regions, Rules, Overrides, Keys bool
-	Plans, TenantPlans              bool
+	Plans                           bool `json:",omitempty"`
+	TenantPlans                     bool `json:",omitempty"`
 }
 
 // Override is the operator override of one scope: a share per region (every region, summing
