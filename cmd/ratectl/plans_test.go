@@ -167,3 +167,21 @@ tenant_plans:
 		t.Errorf("%d plans left, want 1", n)
 	}
 }
+
+// TestAuditPlans: ratectl audit names plan changes by plan, plan/route and tenant, with
+// the rule's numbers and the tenant's plan before and after.
+func TestAuditPlans(t *testing.T) {
+	t.Parallel()
+	c, _ := newDB(t)
+	c.ok("plans", "set", "pro", "--route", "*", "--capacity", "200", "--refill", "100", "--apply")
+	c.ok("plans", "set", "pro", "--route", "*", "--capacity", "400", "--apply")
+	c.ok("plans", "set", "free", "--route", "*", "--capacity", "10", "--refill", "1", "--apply")
+	c.ok("plans", "assign", "acme", "pro", "--apply")
+	c.ok("plans", "assign", "acme", "free", "--apply")
+	r := c.ok("audit")
+	for _, want := range []string{"plan_rule", "pro/*", "capacity 200, refill 100/s -> capacity 400, refill 100/s", "tenant_plan", "acme", "plan pro -> plan free"} {
+		if !strings.Contains(r.stdout, want) {
+			t.Errorf("audit: no %q in\n%s", want, r.stdout)
+		}
+	}
+}
