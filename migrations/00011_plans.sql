@@ -168,17 +168,19 @@ BEGIN
             array_agg(p.capacity::double precision))
         FROM (
             SELECT r.tenant_id AS tenant, r.route_id AS route, r.route_id AS own_route, r.capacity FROM new_rows r
-            UNION
+            UNION ALL
             SELECT r.tenant_id, o.route_id, r.route_id, r.capacity
                 FROM new_rows r JOIN rate_limit_rule o ON o.tenant_id = '*' AND o.route_id <> '*'
                 WHERE r.tenant_id <> '*' AND r.route_id = '*'
                   AND NOT EXISTS (SELECT 1 FROM rate_limit_rule m WHERE m.tenant_id = r.tenant_id AND m.route_id = o.route_id)
-            UNION
+            UNION ALL
+            -- The plan's routes the branch above has not listed already.
             SELECT r.tenant_id, pr.route_id, r.route_id, r.capacity
                 FROM new_rows r JOIN tenant_plan tp ON tp.tenant_id = r.tenant_id
                 JOIN plan_rule pr ON pr.plan = tp.plan AND pr.route_id <> '*'
                 WHERE r.route_id = '*'
                   AND NOT EXISTS (SELECT 1 FROM rate_limit_rule m WHERE m.tenant_id = r.tenant_id AND m.route_id = pr.route_id)
+                  AND NOT EXISTS (SELECT 1 FROM rate_limit_rule m WHERE m.tenant_id = '*' AND m.route_id = pr.route_id)
         ) p;
         RETURN NULL;
     END IF;
@@ -198,17 +200,18 @@ BEGIN
                 ) c ORDER BY c.o LIMIT 1), 0)))
     FROM (
         SELECT r.tenant_id AS tenant, r.route_id AS route, r.capacity FROM old_rows r
-        UNION
+        UNION ALL
         SELECT r.tenant_id, o.route_id, r.capacity
             FROM old_rows r JOIN rate_limit_rule o ON o.tenant_id = '*' AND o.route_id <> '*'
             WHERE r.tenant_id <> '*' AND r.route_id = '*'
               AND NOT EXISTS (SELECT 1 FROM rate_limit_rule m WHERE m.tenant_id = r.tenant_id AND m.route_id = o.route_id)
-        UNION
+        UNION ALL
         SELECT r.tenant_id, pr.route_id, r.capacity
             FROM old_rows r JOIN tenant_plan tp ON tp.tenant_id = r.tenant_id
             JOIN plan_rule pr ON pr.plan = tp.plan AND pr.route_id <> '*'
             WHERE r.route_id = '*'
               AND NOT EXISTS (SELECT 1 FROM rate_limit_rule m WHERE m.tenant_id = r.tenant_id AND m.route_id = pr.route_id)
+              AND NOT EXISTS (SELECT 1 FROM rate_limit_rule m WHERE m.tenant_id = '*' AND m.route_id = pr.route_id)
     ) p;
     RETURN NULL;
 END
