@@ -229,6 +229,17 @@ func TestPlanRaiseMarkers(t *testing.T) {
 	if m := marksOf(t, s); len(m) != 1 || !near(m["* b *"], 0.5) {
 		t.Errorf("b unassigned from free (10) back to the defaults (20, r 5): %v, want {* b *} 0.5", m)
 	}
+	// A plan's rule deleted so the plan's * applies: search 5 -> 300 for each tenant.
+	if err := s.SetPlanRule(ctx, planRule("pro", "search", 5, 1)); err != nil {
+		t.Fatal(err)
+	}
+	clear()
+	if err := s.DeletePlanRule(ctx, "pro", "search"); err != nil {
+		t.Fatal(err)
+	}
+	if m := marksOf(t, s); len(m) != 2 || !near(m["* a search"], 5.0/300) || !near(m["* own search"], 5.0/300) {
+		t.Errorf("pro/search (5) deleted under pro/* (300): %v, want {* a search} and {* own search} 5/300", m)
+	}
 }
 
 // TestPlanThousandTenants (issue 24): 1,000 tenants on pro; one change of pro's rule
