@@ -216,6 +216,10 @@ var downChecks = map[int64]func(ctx context.Context, db *sql.DB) ([]Refusal, err
 			"removes the append-only triggers of audit_log and region_share_history, the TRUNCATE refusals, the actor stamping and the component roles' grants: any role may then rewrite or erase the audit trail, and the component roles can no longer read or write"}), nil
 	},
 	10: noLoss, // statement-level raise triggers back to row-level ones
+	11: func(ctx context.Context, db *sql.DB) ([]Refusal, error) {
+		return dataLoss(ctx, db, "drops plan, plan_rule and tenant_plan (the tenants of a plan fall back to the default rules)",
+			[]counted{{"plan", "plans", ""}, {"plan_rule", "plan rules", ""}, {"tenant_plan", "tenant plan assignments", ""}})
+	},
 }
 
 func noLoss(context.Context, *sql.DB) ([]Refusal, error) { return nil, nil }

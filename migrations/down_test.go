@@ -80,8 +80,16 @@ func TestDownChecked(t *testing.T) {
 
 	exec(`INSERT INTO gateway_instance (id, region) VALUES ('gw-1', 'us-east')`)
 	exec(`INSERT INTO gateway_instance (id, region, stopped_at) VALUES ('gw-2', 'us-east', now())`)
-	refused(migrations.DownOptions{}, map[migrations.RefusalKind]string{migrations.RefusalLiveGateways: "gw-1 (us-east)"})
+	exec(`INSERT INTO plan (name) VALUES ('pro')`)
+	exec(`INSERT INTO plan_rule (plan, route_id, capacity, refill_per_second) VALUES ('pro', '*', 200, 100)`)
+	refused(migrations.DownOptions{}, map[migrations.RefusalKind]string{
+		migrations.RefusalLiveGateways: "gw-1 (us-east)",
+		migrations.RefusalDataLoss:     "1 plans, 1 plan rules",
+	})
 	exec(`UPDATE gateway_instance SET last_seen = now() - interval '1 minute' WHERE id = 'gw-1'`)
+	// 11: the plans would go.
+	refused(migrations.DownOptions{}, map[migrations.RefusalKind]string{migrations.RefusalDataLoss: "drops plan, plan_rule and tenant_plan"})
+	ok(migrations.DownOptions{AllowDataLoss: true})
 	ok(migrations.DownOptions{}) // 10: gw-1 is older than the TTL, gw-2 stopped
 	exec(`UPDATE gateway_instance SET last_seen = now() WHERE id = 'gw-1'`)
 

@@ -85,6 +85,9 @@ func TestPrivilegeMatrix(t *testing.T) {
 		`INSERT INTO region_share (scope, region, share, source) VALUES ('shop-a', 'us-east', 0.7, 'override'), ('shop-a', 'eu-west', 0.3, 'override')`,
 		`INSERT INTO region_share (scope, region, share, source, expires_at) VALUES ('shop-b', 'us-east', 0.2, 'override', now() - interval '1 minute')`,
 		`INSERT INTO gateway_instance (id, region) VALUES ('gw-1', 'us-east')`,
+		`INSERT INTO plan (name) VALUES ('pro'), ('free')`,
+		`INSERT INTO plan_rule (plan, route_id, capacity, refill_per_second) VALUES ('pro', '*', 200, 100)`,
+		`INSERT INTO tenant_plan (tenant_id, plan) VALUES ('shop-a', 'pro')`,
 	)
 	heartbeat := `INSERT INTO gateway_instance (id, region, last_seen, snapshot_xmin) VALUES ('gw-2', 'eu-west', now(), 5)
 		ON CONFLICT (id) DO UPDATE SET region = EXCLUDED.region, last_seen = now(), stopped_at = NULL, snapshot_xmin = EXCLUDED.snapshot_xmin`
@@ -92,6 +95,7 @@ func TestPrivilegeMatrix(t *testing.T) {
 		`UPDATE audit_log SET actor = 'nobody'`, `DELETE FROM audit_log`, `TRUNCATE audit_log`,
 		`UPDATE region_share_history SET actor = 'nobody'`, `DELETE FROM region_share_history`, `TRUNCATE region_share_history`,
 		`TRUNCATE rate_limit_rule`, `TRUNCATE api_key`, `TRUNCATE region CASCADE`, `TRUNCATE region_share`,
+		`TRUNCATE plan CASCADE`, `TRUNCATE plan_rule`, `TRUNCATE tenant_plan`,
 	}
 	type step struct{ role, sql, want string }
 	var steps []step
@@ -123,6 +127,13 @@ func TestPrivilegeMatrix(t *testing.T) {
 		step{"gateway", `INSERT INTO limit_raise (region, tenant, route, ratio, gate_ratio) VALUES ('*', 'x', '*', 0, 0)`, denied},
 		step{"gateway", `SELECT limit_raise_mark('*', 'x', '*', 0, 1)`, denied},
 		step{"gateway", `LOCK TABLE region IN SHARE MODE`, denied},
+		step{"gateway", `SELECT count(*) FROM plan`, allowed},
+		step{"gateway", `SELECT count(*) FROM plan_rule`, allowed},
+		step{"gateway", `SELECT count(*) FROM tenant_plan`, allowed},
+		step{"gateway", `INSERT INTO plan (name) VALUES ('x')`, denied},
+		step{"gateway", `UPDATE plan_rule SET capacity = 1000`, denied},
+		step{"gateway", `INSERT INTO tenant_plan (tenant_id, plan) VALUES ('x', 'pro')`, denied},
+		step{"gateway", `DELETE FROM tenant_plan`, denied},
 
 		// The rebalancer: its share rows under the lease, expired overrides, the lease.
 		step{"rebalancer", `SELECT epoch FROM rebalancer_lease WHERE id = 1 FOR SHARE`, allowed},
@@ -149,6 +160,12 @@ func TestPrivilegeMatrix(t *testing.T) {
 		step{"rebalancer", heartbeat, denied},
 		step{"rebalancer", `INSERT INTO region_share_history (scope, region, source, actor) VALUES ('*', 'us-east', 'rebalancer', 'x')`, denied},
 		step{"rebalancer", `INSERT INTO limit_raise (region, tenant, route, ratio, gate_ratio) VALUES ('*', 'x', '*', 0, 0)`, denied},
+		step{"rebalancer", `SELECT count(*) FROM plan`, allowed},
+		step{"rebalancer", `SELECT count(*) FROM plan_rule`, allowed},
+		step{"rebalancer", `SELECT count(*) FROM tenant_plan`, allowed},
+		step{"rebalancer", `INSERT INTO plan (name) VALUES ('x')`, denied},
+		step{"rebalancer", `UPDATE plan_rule SET capacity = 1000`, denied},
+		step{"rebalancer", `DELETE FROM tenant_plan`, denied},
 
 		// The operator: rules, keys, regions, shares; reads everything.
 		step{"operator", `INSERT INTO rate_limit_rule (tenant_id, route_id, capacity, refill_per_second) VALUES ('x', 'r', 1, 1)`, allowed},
@@ -173,6 +190,16 @@ func TestPrivilegeMatrix(t *testing.T) {
 		step{"operator", `UPDATE rebalancer_lease SET epoch = 0`, denied},
 		step{"operator", `INSERT INTO limit_raise (region, tenant, route, ratio, gate_ratio) VALUES ('*', 'x', '*', 0, 0)`, denied},
 		step{"operator", `SELECT limit_raise_mark('*', 'x', '*', 0, 1)`, denied},
+		step{"operator", `SELECT count(*) FROM plan`, allowed},
+		step{"operator", `INSERT INTO plan (name) VALUES ('team')`, allowed},
+		step{"operator", `INSERT INTO plan_rule (plan, route_id, capacity, refill_per_second) VALUES ('free', 'r', 5, 1)`, allowed},
+		step{"operator", `UPDATE plan_rule SET capacity = 300 WHERE plan = 'pro'`, allowed},
+		step{"operator", `DELETE FROM plan_rule WHERE plan = 'pro'`, allowed},
+		step{"operator", `INSERT INTO tenant_plan (tenant_id, plan) VALUES ('shop-b', 'free')`, allowed},
+		step{"operator", `UPDATE tenant_plan SET plan = 'free' WHERE tenant_id = 'shop-a'`, allowed},
+		step{"operator", `DELETE FROM tenant_plan WHERE tenant_id = 'shop-a'`, allowed},
+		step{"operator", `DELETE FROM plan WHERE name = 'free'`, allowed},
+		step{"operator", `SELECT limit_raise_plan_capacity('x', '*', 'pro', '{}')`, denied},
 	)
 	conns := map[string]*pgx.Conn{}
 	for role, u := range p.urls {

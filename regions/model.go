@@ -52,6 +52,8 @@ func ValidateIDOrWildcard(kind, id string) error {
 }
 
 // Rule is a tenant's token bucket for one route. Tenant or Route "*" make it a default.
+// A plan's rule (Plan set) has Tenant "*": it applies to every tenant of the plan, each
+// with buckets of its own (a plan is a template, never a shared bucket).
 type Rule struct {
 	Tenant string
 	Route  string
@@ -64,6 +66,24 @@ type Rule struct {
 	// Shards splits the bucket into that many sub-buckets (hot keys). >= 1.
 	Shards    int
 	UpdatedAt time.Time
+	// Plan is the plan whose rule this is; "" for a tenant's own rule or a default. Not
+	// a column of rate_limit_rule (db:"-"), and left out of JSON when empty, so the
+	// fingerprint of rules without plans is what it was.
+	Plan string `db:"-" json:",omitempty"`
+}
+
+// Plan is a named set of per-route rules that many tenants share (free, pro): a tenant
+// assigned to it gets the plan's rule for a route unless it has a rule of its own (the
+// order is Snapshot.Rule's). Rules have Plan set to Name and Tenant "*".
+type Plan struct {
+	Name  string
+	Rules []Rule
+}
+
+// TenantPlan assigns a tenant to a plan.
+type TenantPlan struct {
+	Tenant string
+	Plan   string
 }
 
 // MaxShards is the most sub-buckets a rule may be split into.
@@ -73,6 +93,14 @@ const MaxShards = 1024
 func (r Rule) Validate() error {
 	if err := ValidateIDOrWildcard("tenant", r.Tenant); err != nil {
 		return err
+	}
+	if r.Plan != "" {
+		if err := ValidateID("plan", r.Plan); err != nil {
+			return err
+		}
+		if r.Tenant != Wildcard {
+			return fmt.Errorf("%w rule of plan %s/%s: tenant %q: a plan's rule is for every tenant of the plan (*)", ErrInvalid, r.Plan, r.Route, r.Tenant)
+		}
 	}
 	if err := ValidateIDOrWildcard("route", r.Route); err != nil {
 		return err

@@ -13,7 +13,11 @@ type SnapshotData struct {
 	Regions []string
 	// Rules must include a default rule for tenant "*" and route "*".
 	Rules []Rule
-	Keys  []APIKey // revoked keys may be included; they never authenticate
+	// PlanRules are the plans' rules (Plan set, Tenant "*"), and TenantPlans the tenants
+	// assigned to plans (at most one each). A plan without rules needs no entry.
+	PlanRules   []Rule
+	TenantPlans []TenantPlan
+	Keys        []APIKey // revoked keys may be included; they never authenticate
 	// KeyTenants maps the hashes of valid keys to their tenants (already validated), for a
 	// store that streams millions of keys in bulk rather than through Keys; Keys are added
 	// to it. The map becomes the snapshot's: do not reuse it.
@@ -49,14 +53,17 @@ type SkippedRow struct {
 // behind an atomic pointer and answer every request from it; all methods are safe for
 // concurrent use and allocate nothing.
 type Snapshot struct {
-	regions  []string
-	rules    map[ruleKey]Rule
-	keys     map[KeyHash]string // hash -> tenant, valid keys only
-	shares   map[shareKey]Share
-	live     map[string]int
-	loadedAt time.Time
-	nRules   int
-	skipped  []SkippedRow
+	regions []string
+	rules   map[ruleKey]Rule
+	// planRules are keyed by {plan, route}; tenantPlan maps a tenant to its plan.
+	planRules  map[ruleKey]Rule
+	tenantPlan map[string]string
+	keys       map[KeyHash]string // hash -> tenant, valid keys only
+	shares     map[shareKey]Share
+	live       map[string]int
+	loadedAt   time.Time
+	nRules     int
+	skipped    []SkippedRow
 	// nextExpiry is the next instant (store clock) at which a time-bounded share changes
 	// state: it enters its transition (ExpiresAt - ExpiryGrace) or leaves it
 	// (ExpiresAt + ExpiryGrace). Zero: none.
@@ -151,6 +158,9 @@ func NewSnapshot(d SnapshotData) (*Snapshot, error) {
 	if _, ok := s.rules[ruleKey{Wildcard, Wildcard}]; !ok {
 		return nil, fmt.Errorf("snapshot: %w: no default rule for tenant * and route *", ErrInvalid)
 	}
+	if err := s.addPlans(d.PlanRules, d.TenantPlans); err != nil {
+		return nil, fmt.Errorf("snapshot: %w", err)
+	}
 	for _, k := range d.Keys {
 		if err := ValidateID("tenant", k.Tenant); err != nil {
 			return nil, fmt.Errorf("snapshot: key %d: %w", k.ID, err)
@@ -191,6 +201,42 @@ func NewSnapshot(d SnapshotData) (*Snapshot, error) {
 		}
 	}
 	return s, nil
+}
+
+// addPlans validates and indexes the plans' rules and the tenants' plans.
+func (s *Snapshot) addPlans(rules []Rule, tps []TenantPlan) error {
+	if len(rules) > 0 {
+		s.planRules = make(map[ruleKey]Rule, len(rules))
+	}
+	for _, r := range rules {
+		if r.Plan == "" {
+			return fmt.Errorf("%w: plan rule %s/%s names no plan", ErrInvalid, r.Tenant, r.Route)
+		}
+		if err := r.Validate(); err != nil {
+			return fmt.Errorf("plan %s: %w", r.Plan, err)
+		}
+		k := ruleKey{r.Plan, r.Route}
+		if _, dup := s.planRules[k]; dup {
+			return fmt.Errorf("%w: duplicate rule %s of plan %s", ErrInvalid, r.Route, r.Plan)
+		}
+		s.planRules[k] = r
+	}
+	if len(tps) > 0 {
+		s.tenantPlan = make(map[string]string, len(tps))
+	}
+	for _, tp := range tps {
+		if err := ValidateID("tenant", tp.Tenant); err != nil {
+			return fmt.Errorf("tenant plan: %w", err)
+		}
+		if err := ValidateID("plan", tp.Plan); err != nil {
+			return fmt.Errorf("plan of tenant %s: %w", tp.Tenant, err)
+		}
+		if _, dup := s.tenantPlan[tp.Tenant]; dup {
+			return fmt.Errorf("%w: tenant %s assigned two plans", ErrInvalid, tp.Tenant)
+		}
+		s.tenantPlan[tp.Tenant] = tp.Plan
+	}
+	return nil
 }
 
 // judge fills the share maps from rows (valid, without duplicates) as of store time at
@@ -282,16 +328,39 @@ func (s *Snapshot) Tenant(h KeyHash) (string, bool) {
 	return t, ok
 }
 
-// Rule resolves the rule for a request: tenant+route, else tenant+"*", else "*"+route,
-// else the default rule.
+// Rule resolves the rule for a request: tenant+route, else tenant+"*", else the
+// tenant's plan's rule for route, else its plan's for "*", else "*"+route, else the
+// default rule. A plan's rule comes back with Plan set; the caller's buckets stay the
+// tenant's own (they are keyed by the request's tenant, never the rule's).
 func (s *Snapshot) Rule(tenant, route string) Rule {
-	for _, k := range [...]ruleKey{{tenant, route}, {tenant, Wildcard}, {Wildcard, route}} {
-		if r, ok := s.rules[k]; ok {
+	if r, ok := s.rules[ruleKey{tenant, route}]; ok {
+		return r
+	}
+	if r, ok := s.rules[ruleKey{tenant, Wildcard}]; ok {
+		return r
+	}
+	if p, ok := s.tenantPlan[tenant]; ok {
+		if r, ok := s.planRules[ruleKey{p, route}]; ok {
+			return r
+		}
+		if r, ok := s.planRules[ruleKey{p, Wildcard}]; ok {
 			return r
 		}
 	}
+	if r, ok := s.rules[ruleKey{Wildcard, route}]; ok {
+		return r
+	}
 	return s.rules[ruleKey{Wildcard, Wildcard}]
 }
+
+// TenantPlan is tenant's plan, and false when it has none.
+func (s *Snapshot) TenantPlan(tenant string) (string, bool) {
+	p, ok := s.tenantPlan[tenant]
+	return p, ok
+}
+
+// PlanRuleCount is the number of plans' rules loaded.
+func (s *Snapshot) PlanRuleCount() int { return len(s.planRules) }
 
 // Share is region's share of tenant's rule for route. Overrides (most specific scope
 // first: tenant/route, tenant, "*") beat rebalancer values (most specific first); an

@@ -3,6 +3,7 @@ package regions
 import (
 	"errors"
 	"math"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -449,5 +450,88 @@ func TestPendingOnlyTheDecidingScope(t *testing.T) {
 	}
 	if ratio, pending := s.Pending("us-east", "sa", "r"); !pending || ratio != 0.9 {
 		t.Errorf("sa's own row raised: Pending = %v, %v; want 0.9, true", ratio, pending)
+	}
+}
+
+// TestRulePlans: a rule resolves tenant+route, tenant+*, plan+route, plan+*, *+route,
+// *+*; a plan's rule comes back with its plan named, and a tenant without a plan (or on
+// a plan without a rule that matches) skips the plan's steps.
+func TestRulePlans(t *testing.T) {
+	rule := func(tenant, route string, c int64) Rule {
+		return Rule{Tenant: tenant, Route: route, Capacity: c, RefillPerSecond: 1, Shards: 1}
+	}
+	plan := func(p, route string, c int64) Rule {
+		r := rule(Wildcard, route, c)
+		r.Plan = p
+		return r
+	}
+	s, err := NewSnapshot(SnapshotData{
+		Rules:       []Rule{rule("*", "*", 1), rule("*", "r", 2), rule("own", "r", 3), rule("wide", "*", 4)},
+		PlanRules:   []Rule{plan("pro", "*", 10), plan("pro", "search", 11), plan("free", "search", 12)},
+		TenantPlans: []TenantPlan{{"a", "pro"}, {"own", "pro"}, {"wide", "pro"}, {"f", "free"}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		tenant, route string
+		capacity      int64
+		plan          string
+	}{
+		{"own", "r", 3, ""},          // tenant+route
+		{"wide", "search", 4, ""},    // tenant+* beats the plan's route
+		{"a", "search", 11, "pro"},   // plan+route
+		{"a", "r", 10, "pro"},        // plan+* beats *+route
+		{"own", "search", 11, "pro"}, // no own rule for search
+		{"f", "search", 12, "free"},
+		{"f", "r", 2, ""},    // free has no rule for r nor *: *+route
+		{"f", "x", 1, ""},    // nor the default's
+		{"none", "r", 2, ""}, // no plan
+		{"none", "x", 1, ""},
+	} {
+		got := s.Rule(c.tenant, c.route)
+		if got.Capacity != c.capacity || got.Plan != c.plan {
+			t.Errorf("Rule(%s, %s) = capacity %d plan %q, want %d %q", c.tenant, c.route, got.Capacity, got.Plan, c.capacity, c.plan)
+		}
+	}
+	if p, ok := s.TenantPlan("a"); !ok || p != "pro" {
+		t.Errorf("TenantPlan(a) = %q, %v", p, ok)
+	}
+	if allocs := testing.AllocsPerRun(100, func() { s.Rule("a", "r") }); allocs != 0 {
+		t.Errorf("Rule through a plan allocates %v times", allocs)
+	}
+	for _, bad := range []SnapshotData{
+		{Rules: []Rule{rule("*", "*", 1)}, PlanRules: []Rule{rule("*", "x", 1)}},
+		{Rules: []Rule{rule("*", "*", 1)}, PlanRules: []Rule{plan("pro", "x", 1), plan("pro", "x", 2)}},
+		{Rules: []Rule{rule("*", "*", 1)}, PlanRules: []Rule{plan("bad plan", "x", 1)}},
+		{Rules: []Rule{rule("*", "*", 1)}, TenantPlans: []TenantPlan{{"a", "pro"}, {"a", "free"}}},
+		{Rules: []Rule{rule("*", "*", 1)}, TenantPlans: []TenantPlan{{"*", "pro"}}},
+	} {
+		if _, err := NewSnapshot(bad); !errors.Is(err, ErrInvalid) {
+			t.Errorf("NewSnapshot(%+v): %v, want ErrInvalid", bad, err)
+		}
+	}
+}
+
+// BenchmarkSnapshotRulePlan is the hot path's lookup for a tenant on a plan (compare
+// BenchmarkSnapshotHotPath, a tenant's own rule).
+func BenchmarkSnapshotRulePlan(b *testing.B) {
+	rules := []Rule{defaultRule()}
+	var tps []TenantPlan
+	for i := range 1000 {
+		tps = append(tps, TenantPlan{Tenant: "t" + strconv.Itoa(i), Plan: "pro"})
+	}
+	s, err := NewSnapshot(SnapshotData{
+		Regions:     []string{"us-east", "eu-west"},
+		Rules:       rules,
+		PlanRules:   []Rule{{Plan: "pro", Tenant: Wildcard, Route: Wildcard, Capacity: 200, RefillPerSecond: 100, Shards: 1}},
+		TenantPlans: tps,
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		s.RegionalRule("us-east", "t7", "r")
 	}
 }

@@ -435,7 +435,7 @@ func valueText(v store.ChangeValue) string {
 }
 
 // pruneUsage is the help of --prune.
-const pruneUsage = "delete (keys: revoke) what these sections of the file do not list: regions, rules, overrides, keys, or all (the sections present); repeat or comma-separate"
+const pruneUsage = "delete (keys: revoke) what these sections of the file do not list: regions, rules, overrides, keys, plans, tenant_plans, or all (the sections present); repeat or comma-separate"
 
 // setPrune sets cfg.Prune from --prune's values: each section named must be in the file,
 // and not empty.
@@ -443,7 +443,8 @@ func setPrune(cfg *store.Config, file string, kinds []string) error {
 	for _, k := range kinds {
 		switch k {
 		case "all":
-			cfg.Prune = store.Prune{Regions: cfg.Regions != nil, Rules: cfg.Rules != nil, Overrides: cfg.Overrides != nil, Keys: cfg.Keys != nil}
+			cfg.Prune = store.Prune{Regions: cfg.Regions != nil, Rules: cfg.Rules != nil, Overrides: cfg.Overrides != nil, Keys: cfg.Keys != nil,
+				Plans: cfg.Plans != nil, TenantPlans: cfg.TenantPlans != nil}
 			for _, p := range []struct {
 				on    bool
 				name  string
@@ -452,6 +453,8 @@ func setPrune(cfg *store.Config, file string, kinds []string) error {
 				{cfg.Prune.Regions, "regions", cfg.Regions != nil && len(*cfg.Regions) == 0},
 				{cfg.Prune.Overrides, "overrides", cfg.Overrides != nil && len(*cfg.Overrides) == 0},
 				{cfg.Prune.Keys, "keys", cfg.Keys != nil && len(*cfg.Keys) == 0},
+				{cfg.Prune.Plans, "plans", cfg.Plans != nil && len(*cfg.Plans) == 0},
+				{cfg.Prune.TenantPlans, "tenant_plans", cfg.TenantPlans != nil && len(*cfg.TenantPlans) == 0},
 			} {
 				if p.on && p.empty {
 					return usagef("--prune all: the %s section of %s is empty, and an empty section never deletes everything: drop it, or prune the others by name", p.name, file)
@@ -465,8 +468,12 @@ func setPrune(cfg *store.Config, file string, kinds []string) error {
 			cfg.Prune.Overrides = true
 		case "keys":
 			cfg.Prune.Keys = true
+		case "plans":
+			cfg.Prune.Plans = true
+		case "tenant_plans":
+			cfg.Prune.TenantPlans = true
 		default:
-			return usagef("--prune %q: want regions, rules, overrides, keys or all", k)
+			return usagef("--prune %q: want regions, rules, overrides, keys, plans, tenant_plans or all", k)
 		}
 	}
 	if err := cfg.Normalize(); err != nil {

@@ -469,7 +469,7 @@ func TestApplyPrune(t *testing.T) {
 	checkError(t, c.run("apply", "-f", empty, "--prune", "keys", "--apply"), exitUsage, "the keys section is empty, and an empty section never deletes everything", "")
 	checkError(t, c.run("apply", "-f", empty, "--prune", "all"), exitUsage, "the keys section of", "")
 	checkError(t, c.run("apply", "-f", empty, "--prune", "rules"), exitUsage, "there is no rules section to prune by", "")
-	checkError(t, c.run("diff", "-f", file, "--prune", "tenants"), exitUsage, `--prune "tenants": want regions, rules, overrides, keys or all`, "")
+	checkError(t, c.run("diff", "-f", file, "--prune", "tenants"), exitUsage, `--prune "tenants": want regions, rules, overrides, keys, plans, tenant_plans or all`, "")
 	if n := sqlInt(t, url, `SELECT count(*) FROM api_key WHERE revoked_at IS NULL`); n != 1 {
 		t.Errorf("%d valid keys after the refusals, want the file's one", n)
 	}

@@ -27,6 +27,10 @@ var auditFieldNames = map[string]map[string]string{
 	"rule":   {"tenant_id": "tenant", "route_id": "route"},
 	"key":    {"tenant_id": "tenant"},
 	"region": {"name": "region"},
+	// The plans' tables keep their names as objects (plan, plan_rule, tenant_plan).
+	"plan":        {"name": "plan"},
+	"plan_rule":   {"route_id": "route"},
+	"tenant_plan": {"tenant_id": "tenant"},
 }
 
 // cliRow is m with its fields renamed for object (auditFieldNames); m itself when it is
@@ -100,7 +104,7 @@ func newAuditCmd(a *app) *cobra.Command {
 	)
 	cmd := &cobra.Command{
 		Use:   "audit [--since 7d] [--by ACTOR] [-o json]",
-		Short: "Who changed which rule, key, region or override, when and why (every share change: ratectl shares history)",
+		Short: "Who changed which rule, plan, key, region or override, when and why (every share change: ratectl shares history)",
 		Args:  noArgs,
 		RunE: runE(func(cmd *cobra.Command, _ []string) error {
 			if limit <= 0 {
@@ -177,6 +181,7 @@ func oneLineText(s string) string { return strings.Join(strings.Fields(s), " ") 
 // auditRow is the columns of an audited row that the table shows.
 type auditRow struct {
 	Name     string   `json:"region"`
+	Plan     string   `json:"plan"`
 	Tenant   string   `json:"tenant"`
 	Route    string   `json:"route"`
 	Capacity *int64   `json:"capacity"`
@@ -205,6 +210,12 @@ func auditID(e store.AuditEntry) string {
 	switch e.Object {
 	case "rule":
 		return r.Tenant + "/" + r.Route
+	case "plan":
+		return r.Plan
+	case "plan_rule":
+		return r.Plan + "/" + r.Route
+	case "tenant_plan":
+		return r.Tenant
 	case "region":
 		return r.Name
 	case "override":
@@ -223,7 +234,11 @@ func auditDelta(e store.AuditEntry) string {
 	o, hasOld := parseAuditRow(e.Old)
 	n, hasNew := parseAuditRow(e.New)
 	switch e.Object {
-	case "rule":
+	case "tenant_plan":
+		if d := changed(hasOld, hasNew, o, n, func(r auditRow) string { return "plan " + r.Plan }); d != "" {
+			return d
+		}
+	case "rule", "plan_rule":
 		desc := func(r auditRow) string {
 			if r.Capacity == nil || r.Refill == nil {
 				return "?"

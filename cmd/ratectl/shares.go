@@ -142,7 +142,11 @@ func filterRoute(ls []limitRow, scope regions.Scope) []limitRow {
 func limitsTable(w io.Writer, ls []limitRow) {
 	row(w, "ROUTE", "RULE", "CAPACITY", "REFILL/S", "REGION", "SHARE", "SOURCE", "REGIONAL CAPACITY", "REGIONAL REFILL/S")
 	for _, l := range ls {
-		row(w, l.Route, l.RuleTenant+"/"+l.RuleRoute, strconv.FormatInt(l.Capacity, 10), rateCell(l.RefillPerSecond),
+		rule := l.RuleTenant + "/" + l.RuleRoute
+		if l.RulePlan != "" {
+			rule = "plan " + l.RulePlan + "/" + l.RuleRoute
+		}
+		row(w, l.Route, rule, strconv.FormatInt(l.Capacity, 10), rateCell(l.RefillPerSecond),
 			l.Region, shareCell(l.Share), l.Source, strconv.FormatInt(l.RegionalCapacity, 10), rateCell(l.RegionalRefillPerSec))
 	}
 }

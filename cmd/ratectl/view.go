@@ -16,11 +16,15 @@ type view struct {
 	tenant  string
 	regions []string
 	rules   []regions.Rule // the tenant's and the wildcard tenant's
-	shares  []regions.Share
-	insts   []regions.Instance
-	now     time.Time
-	snap    *regions.Snapshot
-	byKey   map[shareKey]regions.Share
+	// planRules are the rules of the tenant's plan, tenantPlans its assignment (none
+	// without a plan).
+	planRules   []regions.Rule
+	tenantPlans []regions.TenantPlan
+	shares      []regions.Share
+	insts       []regions.Instance
+	now         time.Time
+	snap        *regions.Snapshot
+	byKey       map[shareKey]regions.Share
 }
 
 type shareKey struct {
@@ -46,6 +50,26 @@ func (a *app) loadView(ctx context.Context, st *store.Store, tenant string) (*vi
 		}
 		rules = append(own, rules...)
 	}
+	var (
+		planRules   []regions.Rule
+		tenantPlans []regions.TenantPlan
+	)
+	if tenant != regions.Wildcard {
+		plan, err := st.TenantPlan(ctx, tenant)
+		if err != nil {
+			return nil, err
+		}
+		if plan != "" {
+			ps, err := st.Plans(ctx, plan)
+			if err != nil {
+				return nil, fmt.Errorf("list the rules of plan %s: %w", plan, err)
+			}
+			for _, p := range ps {
+				planRules = append(planRules, p.Rules...)
+			}
+			tenantPlans = []regions.TenantPlan{{Tenant: tenant, Plan: plan}}
+		}
+	}
 	shares, err := st.Shares(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("list shares: %w", err)
@@ -59,7 +83,7 @@ func (a *app) loadView(ctx context.Context, st *store.Store, tenant string) (*vi
 	if err != nil {
 		return nil, err
 	}
-	v := &view{tenant: tenant, regions: rs, rules: rules, shares: shares, insts: insts, now: now}
+	v := &view{tenant: tenant, regions: rs, rules: rules, planRules: planRules, tenantPlans: tenantPlans, shares: shares, insts: insts, now: now}
 	if err := v.build(); err != nil {
 		return nil, err
 	}
@@ -69,7 +93,7 @@ func (a *app) loadView(ctx context.Context, st *store.Store, tenant string) (*vi
 // build (re)builds the snapshot from the view's rows.
 func (v *view) build() error {
 	snap, err := regions.NewSnapshot(regions.SnapshotData{
-		Regions: v.regions, Rules: v.rules, Shares: v.shares, Instances: v.insts,
+		Regions: v.regions, Rules: v.rules, PlanRules: v.planRules, TenantPlans: v.tenantPlans, Shares: v.shares, Instances: v.insts,
 		InstanceTTL: liveInstanceTTL, LoadedAt: v.now,
 	})
 	if err != nil {
@@ -136,6 +160,9 @@ func (v *view) routes() []string {
 	for _, r := range v.rules {
 		set[r.Route] = true
 	}
+	for _, r := range v.planRules {
+		set[r.Route] = true
+	}
 	return sortedKeys(set) // "*" sorts before letters and digits
 }
 
@@ -146,6 +173,8 @@ type limitRow struct {
 	// RuleTenant and RuleRoute name the rule that applies (it may be a default).
 	RuleTenant string `json:"rule_tenant"`
 	RuleRoute  string `json:"rule_route"`
+	// RulePlan is the plan whose rule it is (RuleTenant is then "*"); absent otherwise.
+	RulePlan string `json:"rule_plan,omitempty"`
 	// Limit is that rule's bucket, before the region's share scales it.
 	regions.Limit
 	Region               string  `json:"region"`
@@ -164,7 +193,7 @@ func (v *view) limits() []limitRow {
 			rule, lim, _ := v.snap.RegionalRule(region, v.tenant, route)
 			e := v.effective(region, v.tenant, route)
 			out = append(out, limitRow{
-				Tenant: v.tenant, Route: route, RuleTenant: rule.Tenant, RuleRoute: rule.Route,
+				Tenant: v.tenant, Route: route, RuleTenant: rule.Tenant, RuleRoute: rule.Route, RulePlan: rule.Plan,
 				Limit:  regions.Limit{Capacity: rule.Capacity, RefillPerSecond: rule.RefillPerSecond},
 				Region: region, Share: e.share, Source: string(e.source), Scope: e.scope,
 				RegionalCapacity: lim.Capacity, RegionalRefillPerSec: sig(lim.RefillPerSecond),

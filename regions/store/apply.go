@@ -67,6 +67,10 @@ func (c Config) tables() []string {
 	if c.Keys != nil {
 		ts = append(ts, "api_key")
 	}
+	if c.Plans != nil || c.TenantPlans != nil {
+		// Each reads the other (a plan in use, an assignment's plan).
+		ts = append(ts, "plan", "plan_rule", "tenant_plan")
+	}
 	if len(ts) == 0 {
 		ts = []string{"region"} // nothing managed: the plan is empty; lock the least
 	}

@@ -247,3 +247,72 @@ func TestApplyState(t *testing.T) {
 		t.Errorf("ApplyState of a fresh plan: %d changes, %v; want 2 (a added, b deleted)", len(got), err)
 	}
 }
+
+// TestApplyPlans: the plans and tenant_plans sections add, change and (a listed plan's
+// rules left out, or with --prune) delete, in dependency order; Export returns what was
+// applied, and applying it again plans nothing; assigning a plan that will not exist is
+// refused, naming it.
+func TestApplyPlans(t *testing.T) {
+	t.Parallel()
+	s, _ := newStore(t)
+	ctx := context.Background()
+	want := Config{
+		Plans: ptr([]regions.Plan{
+			{Name: "pro", Rules: []regions.Rule{{Route: "*", Capacity: 200, RefillPerSecond: 100}, {Route: "search", Capacity: 20, RefillPerSecond: 1}}},
+			{Name: "free", Rules: []regions.Rule{{Route: "*", Capacity: 10, RefillPerSecond: 1}}},
+		}),
+		TenantPlans: ptr([]regions.TenantPlan{{Tenant: "acme", Plan: "pro"}, {Tenant: "bob", Plan: "free"}}),
+	}
+	changes, err := s.Apply(ctx, want, "alice", "plans.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, c := range changes {
+		got = append(got, string(c.Action)+" "+c.Object+" "+c.ID)
+	}
+	if w := "add plan free,add plan pro,add plan_rule free/*,add plan_rule pro/*,add plan_rule pro/search,add tenant_plan acme,add tenant_plan bob"; strings.Join(got, ",") != w {
+		t.Errorf("applied %s\nwant    %s", strings.Join(got, ","), w)
+	}
+	exp, err := s.Export(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ps := *exp.Plans; len(ps) != 2 || ps[1].Name != "pro" || len(ps[1].Rules) != 2 || ps[1].Rules[1].Capacity != 20 || len(*exp.TenantPlans) != 2 {
+		t.Fatalf("export %+v %+v", *exp.Plans, *exp.TenantPlans)
+	}
+	if again, err := s.Plan(ctx, exp); err != nil || len(again) != 0 {
+		t.Fatalf("plan of the export: %+v, %v; want no change", again, err)
+	}
+
+	// pro listed without its search rule and with * raised; bob moved; free pruned.
+	next := Config{
+		Plans:       ptr([]regions.Plan{{Name: "pro", Rules: []regions.Rule{{Route: "*", Capacity: 400, RefillPerSecond: 100}}}}),
+		TenantPlans: ptr([]regions.TenantPlan{{Tenant: "acme", Plan: "pro"}, {Tenant: "bob", Plan: "pro"}}),
+		Prune:       Prune{Plans: true},
+	}
+	changes, err = s.Apply(ctx, next, "alice", "plans.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got = nil
+	for _, c := range changes {
+		got = append(got, string(c.Action)+" "+c.Object+" "+c.ID)
+	}
+	if w := "change plan_rule pro/*,delete plan_rule pro/search,change tenant_plan bob,delete plan free"; strings.Join(got, ",") != w {
+		t.Errorf("applied %s\nwant    %s", strings.Join(got, ","), w)
+	}
+	if n := count(t, s, `SELECT count(*) FROM plan`); n != 1 {
+		t.Errorf("%d plans left, want 1", n)
+	}
+
+	// Refusals: an unknown plan; a plan pruned while a tenant stays on it.
+	_, err = s.Plan(ctx, Config{TenantPlans: ptr([]regions.TenantPlan{{Tenant: "carol", Plan: "gold"}})})
+	if !errors.Is(err, regions.ErrInvalid) || !strings.Contains(err.Error(), "tenant_plans carol: plan gold does not exist") {
+		t.Errorf("unknown plan: %v", err)
+	}
+	_, err = s.Plan(ctx, Config{Plans: ptr([]regions.Plan{{Name: "other"}}), Prune: Prune{Plans: true}})
+	if !errors.Is(err, regions.ErrInvalid) || !strings.Contains(err.Error(), "plan pro: removed, but tenant acme is assigned to it") {
+		t.Errorf("plan in use pruned: %v", err)
+	}
+}

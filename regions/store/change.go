@@ -23,14 +23,15 @@ const (
 )
 
 // Change is one planned write: one object added, changed or deleted, so one audit entry
-// (rules, keys, regions) or one history row per region (overrides). Its JSON is the plan
-// that `ratectl diff`, `apply` and `rules set` print with -o json: Old and New are the
-// object's values as numbers and lists (a *RuleValue, *OverrideValue or *KeyValue; a
-// region has none), absent for the side that does not exist.
+// (rules, keys, regions, plans) or one history row per region (overrides). Its JSON is
+// the plan that `ratectl diff`, `apply` and `rules set` print with -o json: Old and New
+// are the object's values as numbers and lists (a *RuleValue for a rule or a plan_rule,
+// *OverrideValue, *KeyValue or *TenantPlanValue; a region and a plan have none), absent
+// for the side that does not exist.
 type Change struct {
 	Action ChangeAction `json:"action"`
-	Object string       `json:"object"` // region, rule, override, key
-	ID     string       `json:"id"`     // region name, TENANT/ROUTE, scope, sha256:hex prefix
+	Object string       `json:"object"` // region, rule, override, key, plan, plan_rule, tenant_plan
+	ID     string       `json:"id"`     // region name, TENANT/ROUTE, scope, sha256:hex prefix, plan, PLAN/ROUTE, tenant
 	Old    ChangeValue  `json:"old,omitempty"`
 	New    ChangeValue  `json:"new,omitempty"`
 
@@ -126,3 +127,12 @@ func (v *KeyValue) String() string {
 	}
 	return fmt.Sprintf("tenant %s, label %q", v.Tenant, v.Label)
 }
+
+// TenantPlanValue is a tenant's plan in a Change.
+type TenantPlanValue struct {
+	Plan string `json:"plan"`
+}
+
+func (*TenantPlanValue) changeValue() {}
+
+func (v *TenantPlanValue) String() string { return "plan " + v.Plan }

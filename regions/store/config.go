@@ -29,13 +29,22 @@ type Config struct {
 	Rules     *[]regions.Rule
 	Overrides *[]Override
 	Keys      *[]KeySpec
-	Prune     Prune
+	// Plans are named sets of per-route rules (regions.Plan). A plan listed is described
+	// whole: its rules the file does not list are deleted with it. TenantPlans assign
+	// tenants to plans.
+	// omitempty: the fingerprint (stateOf) of a configuration without them is what it
+	// was before plans.
+	Plans       *[]regions.Plan       `json:",omitempty"`
+	TenantPlans *[]regions.TenantPlan `json:",omitempty"`
+	Prune       Prune
 }
 
 // Prune names the sections of a Config whose objects it does not list are deleted (keys
 // revoked).
 type Prune struct {
 	Regions, Rules, Overrides, Keys bool
+	Plans                           bool `json:",omitempty"`
+	TenantPlans                     bool `json:",omitempty"`
 }
 
 // Override is the operator override of one scope: a share per region (every region, summing
@@ -67,6 +76,8 @@ func (c *Config) Normalize() error {
 		{c.Prune.Rules, "rules", sectionLen(c.Rules)},
 		{c.Prune.Overrides, "overrides", sectionLen(c.Overrides)},
 		{c.Prune.Keys, "keys", sectionLen(c.Keys)},
+		{c.Prune.Plans, "plans", sectionLen(c.Plans)},
+		{c.Prune.TenantPlans, "tenant_plans", sectionLen(c.TenantPlans)},
 	} {
 		switch {
 		case p.on && p.n < 0:
@@ -157,7 +168,66 @@ func (c *Config) Normalize() error {
 			return cmp.Or(cmp.Compare(a.Tenant, b.Tenant), cmp.Compare(hex.EncodeToString(a.Hash[:]), hex.EncodeToString(b.Hash[:])))
 		})
 	}
+	errs = append(errs, c.normalizePlans()...)
 	return errors.Join(errs...)
+}
+
+// normalizePlans validates and sorts the plans and tenant_plans sections: plan names and
+// routes once each, every rule valid (Plan set to its plan's name, Tenant "*").
+func (c *Config) normalizePlans() []error {
+	var errs []error
+	if c.Plans != nil {
+		seen := map[string]bool{}
+		for i := range *c.Plans {
+			p := &(*c.Plans)[i]
+			if err := regions.ValidateID("plan", p.Name); err != nil {
+				errs = append(errs, fmt.Errorf("plans: %w", err))
+				continue
+			}
+			if seen[p.Name] {
+				errs = append(errs, fmt.Errorf("%w plans: %s listed twice", regions.ErrInvalid, p.Name))
+			}
+			seen[p.Name] = true
+			if p.Rules == nil {
+				p.Rules = []regions.Rule{}
+			}
+			routes := map[string]bool{}
+			for j := range p.Rules {
+				r := &p.Rules[j]
+				r.Plan, r.Tenant, r.UpdatedAt = p.Name, regions.Wildcard, time.Time{}
+				if r.Shards == 0 {
+					r.Shards = 1
+				}
+				if err := r.Validate(); err != nil {
+					errs = append(errs, fmt.Errorf("plans %s route %s: %w", p.Name, r.Route, err))
+				}
+				if routes[r.Route] {
+					errs = append(errs, fmt.Errorf("%w plans %s: route %s listed twice", regions.ErrInvalid, p.Name, r.Route))
+				}
+				routes[r.Route] = true
+			}
+			slices.SortFunc(p.Rules, func(a, b regions.Rule) int { return cmp.Compare(a.Route, b.Route) })
+		}
+		slices.SortFunc(*c.Plans, func(a, b regions.Plan) int { return cmp.Compare(a.Name, b.Name) })
+	}
+	if c.TenantPlans != nil {
+		seen := map[string]bool{}
+		for _, tp := range *c.TenantPlans {
+			if err := regions.ValidateID("tenant", tp.Tenant); err != nil {
+				errs = append(errs, fmt.Errorf("tenant_plans: %w", err))
+				continue
+			}
+			if err := regions.ValidateID("plan", tp.Plan); err != nil {
+				errs = append(errs, fmt.Errorf("tenant_plans %s: %w", tp.Tenant, err))
+			}
+			if seen[tp.Tenant] {
+				errs = append(errs, fmt.Errorf("%w tenant_plans: tenant %s listed twice (a tenant has one plan)", regions.ErrInvalid, tp.Tenant))
+			}
+			seen[tp.Tenant] = true
+		}
+		slices.SortFunc(*c.TenantPlans, func(a, b regions.TenantPlan) int { return cmp.Compare(a.Tenant, b.Tenant) })
+	}
+	return errs
 }
 
 // sectionLen is the length of a section, -1 when absent.
@@ -184,7 +254,7 @@ type querier interface {
 
 // Export reads the whole configuration, every section present: regions, rules, operator
 // overrides in force (an expired one is over, though its rows stay until the rebalancer
-// deletes them) and the unrevoked keys. Apply of the result plans no change.
+// deletes them), the unrevoked keys, the plans and the tenants' plans. Apply of the result plans no change.
 func (s *Store) Export(ctx context.Context) (Config, error) {
 	c, _, err := readConfig(ctx, s.pool)
 	if err != nil {
@@ -247,7 +317,20 @@ func readConfig(ctx context.Context, q querier) (Config, time.Time, error) {
 	if err != nil {
 		return Config{}, now, fmt.Errorf("read keys: %w", err)
 	}
-	c := Config{Regions: &names, Rules: &rules, Overrides: &overrides, Keys: &keys}
+	plans, err := readPlans(ctx, q, "")
+	if err != nil {
+		return Config{}, now, err
+	}
+	for i := range plans {
+		for j := range plans[i].Rules {
+			plans[i].Rules[j].UpdatedAt = time.Time{}
+		}
+	}
+	tenantPlans, err := readTenantPlans(ctx, q)
+	if err != nil {
+		return Config{}, now, err
+	}
+	c := Config{Regions: &names, Rules: &rules, Overrides: &overrides, Keys: &keys, Plans: &plans, TenantPlans: &tenantPlans}
 	if err := c.Normalize(); err != nil {
 		// Only an incomplete database gets here (no default rule); report, do not hide.
 		return c, now, fmt.Errorf("the stored configuration is not valid: %w", err)

@@ -76,6 +76,29 @@ type limitsFile struct {
 	Rules     *[]ruleYAML     `yaml:"rules,omitempty" json:"rules,omitempty"`
 	Overrides *[]overrideYAML `yaml:"overrides,omitempty" json:"overrides,omitempty"`
 	Keys      *[]keyYAML      `yaml:"keys,omitempty" json:"keys,omitempty"`
+	// Plans and the tenants assigned to them (regions.Plan): a plan listed is described
+	// whole, its rules the file leaves out are deleted.
+	Plans       *[]planYAML       `yaml:"plans,omitempty" json:"plans,omitempty"`
+	TenantPlans *[]tenantPlanYAML `yaml:"tenant_plans,omitempty" json:"tenant_plans,omitempty"`
+}
+
+type planYAML struct {
+	Name  string         `yaml:"name" json:"name"`
+	Rules []planRuleYAML `yaml:"rules" json:"rules"`
+}
+
+// planRuleYAML is a rule of a plan: a rule without a tenant (every tenant of the plan).
+type planRuleYAML struct {
+	Route           string  `yaml:"route" json:"route"`
+	Capacity        int64   `yaml:"capacity" json:"capacity"`
+	RefillPerSecond float64 `yaml:"refill_per_second" json:"refill_per_second"`
+	Shadow          bool    `yaml:"shadow,omitempty" json:"shadow,omitempty"`
+	Shards          int     `yaml:"shards,omitempty" json:"shards,omitempty"`
+}
+
+type tenantPlanYAML struct {
+	Tenant string `yaml:"tenant" json:"tenant"`
+	Plan   string `yaml:"plan" json:"plan"`
 }
 
 type ruleYAML struct {
@@ -146,6 +169,25 @@ func (f limitsFile) config() (Config, error) {
 		}
 		c.Keys = &ks
 	}
+	if f.Plans != nil {
+		ps := []regions.Plan{}
+		for _, p := range *f.Plans {
+			rs := []regions.Rule{}
+			for _, r := range p.Rules {
+				rs = append(rs, regions.Rule{Plan: p.Name, Tenant: regions.Wildcard, Route: r.Route, Capacity: r.Capacity,
+					RefillPerSecond: r.RefillPerSecond, Shadow: r.Shadow, Shards: r.Shards})
+			}
+			ps = append(ps, regions.Plan{Name: p.Name, Rules: rs})
+		}
+		c.Plans = &ps
+	}
+	if f.TenantPlans != nil {
+		tps := []regions.TenantPlan{}
+		for _, tp := range *f.TenantPlans {
+			tps = append(tps, regions.TenantPlan{Tenant: tp.Tenant, Plan: tp.Plan})
+		}
+		c.TenantPlans = &tps
+	}
 	return c, nil
 }
 
@@ -201,6 +243,28 @@ func toLimitsFile(cfg Config) limitsFile {
 		}
 		f.Keys = &ks
 	}
+	if cfg.Plans != nil {
+		ps := []planYAML{}
+		for _, p := range *cfg.Plans {
+			y := planYAML{Name: p.Name, Rules: []planRuleYAML{}}
+			for _, r := range p.Rules {
+				ry := planRuleYAML{Route: r.Route, Capacity: r.Capacity, RefillPerSecond: r.RefillPerSecond, Shadow: r.Shadow}
+				if r.Shards != 1 {
+					ry.Shards = r.Shards
+				}
+				y.Rules = append(y.Rules, ry)
+			}
+			ps = append(ps, y)
+		}
+		f.Plans = &ps
+	}
+	if cfg.TenantPlans != nil {
+		tps := []tenantPlanYAML{}
+		for _, tp := range *cfg.TenantPlans {
+			tps = append(tps, tenantPlanYAML{Tenant: tp.Tenant, Plan: tp.Plan})
+		}
+		f.TenantPlans = &tps
+	}
 	return f
 }
 
@@ -229,6 +293,10 @@ var limitsSchema = map[string]map[string]fieldKind{
 	"rules":     {"tenant": kindString, "route": kindString, "capacity": kindInt, "shards": kindInt},
 	"overrides": {"scope": kindString, "expires_at": kindString, "reason": kindString},
 	"keys":      {"sha256": kindString, "tenant": kindString, "label": kindString},
+	"plans":     {"name": kindString},
+	// The entries of a plan's rules list.
+	"plans.rules":  {"route": kindString, "capacity": kindInt, "shards": kindInt},
+	"tenant_plans": {"tenant": kindString, "plan": kindString},
 }
 
 // decodeLimits decodes a limits file strictly, and stops when ctx ends (SIGTERM, the
@@ -440,6 +508,11 @@ func (w *nodeWalk) checkTypes(body ast.Node) error {
 						return err
 					}
 				}
+				if name == "plans" && key == "rules" {
+					if err := w.checkEntries(kv.Value, path+".rules", limitsSchema["plans.rules"]); err != nil {
+						return err
+					}
+				}
 				if name == "overrides" && key == "shares" {
 					if shares, ok := w.resolve(kv.Value).(*ast.MappingNode); ok {
 						for _, sh := range shares.Values {
@@ -448,6 +521,29 @@ func (w *nodeWalk) checkTypes(body ast.Node) error {
 							}
 						}
 					}
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// checkEntries checks the known fields of each entry of the list n (path names it).
+func (w *nodeWalk) checkEntries(n ast.Node, path string, fields map[string]fieldKind) error {
+	list, ok := w.resolve(n).(*ast.SequenceNode)
+	if !ok {
+		return nil // the decoder says what is wrong
+	}
+	for i, e := range list.Values {
+		entry, ok := w.resolve(e).(*ast.MappingNode)
+		if !ok {
+			continue
+		}
+		for _, kv := range entry.Values {
+			key := kv.Key.GetToken().Value
+			if kind, ok := fields[key]; ok {
+				if err := w.checkScalar(kv.Value, fmt.Sprintf("%s[%d].%s", path, i, key), kind); err != nil {
+					return err
 				}
 			}
 		}

@@ -37,6 +37,16 @@ func TestParseLimitsRefuses(t *testing.T) {
 		{"bad hash", "keys:\n  - {sha256: abc, tenant: a}\n", "want 64 hex digits"},
 		{"bad expiry", "regions: [a]\noverrides:\n  - {scope: '*', shares: {a: 1}, reason: x, expires_at: tomorrow}\n", "want an RFC 3339 time"},
 		{"hostile id", "regions: [\"a'; DROP TABLE region; --\"]\n", "invalid"},
+		{"plan rule capacity", "plans:\n  - name: pro\n    rules:\n      - {route: '*', capacity: 2.5, refill_per_second: 1}\n", `line 4: plans[0].rules[0].capacity: 2.5 is not a whole number`},
+		{"plan route number", "plans:\n  - name: pro\n    rules:\n      - {route: 1.10, capacity: 2, refill_per_second: 1}\n", `plans[0].rules[0].route: 1.10 is read by YAML as a number`},
+		{"plan name number", "plans:\n  - {name: 42, rules: []}\n", `plans[0].name: 42 is read by YAML as a number`},
+		{"plan rule tenant", "plans:\n  - name: pro\n    rules:\n      - {tenant: a, route: '*', capacity: 2, refill_per_second: 1}\n", `unknown field "tenant"`},
+		{"plan twice", "plans:\n  - {name: pro, rules: []}\n  - {name: pro, rules: []}\n", "plans: pro listed twice"},
+		{"plan route twice", "plans:\n  - name: pro\n    rules:\n      - {route: '*', capacity: 2, refill_per_second: 1}\n      - {route: '*', capacity: 3, refill_per_second: 1}\n", "plans pro: route * listed twice"},
+		{"plan bad rule", "plans:\n  - name: pro\n    rules:\n      - {route: '*', capacity: 0, refill_per_second: 1}\n", "plans pro route *:"},
+		{"tenant plan number", "tenant_plans:\n  - {tenant: 7, plan: pro}\n", `tenant_plans[0].tenant: 7 is read by YAML as a number`},
+		{"tenant two plans", "tenant_plans:\n  - {tenant: a, plan: pro}\n  - {tenant: a, plan: free}\n", "tenant a listed twice"},
+		{"tenant plan wildcard", "tenant_plans:\n  - {tenant: '*', plan: pro}\n", "tenant_plans:"},
 		{"too large", "regions: [a]\n" + strings.Repeat(" ", MaxLimitsSize), fmt.Sprintf("larger than %d bytes", MaxLimitsSize)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -131,6 +141,14 @@ func TestMarshalLimitsRoundTrip(t *testing.T) {
 			Reason:    "migration",
 		}},
 		Keys: &[]KeySpec{{Hash: hash, Tenant: "shop-a", Label: "ci"}},
+		Plans: &[]regions.Plan{
+			{Name: "pro", Rules: []regions.Rule{
+				{Route: "*", Capacity: 200, RefillPerSecond: 100},
+				{Route: "search", Capacity: 20, RefillPerSecond: 0.5, Shadow: true, Shards: 2},
+			}},
+			{Name: "empty"},
+		},
+		TenantPlans: &[]regions.TenantPlan{{Tenant: "shop-b", Plan: "pro"}, {Tenant: "shop-a", Plan: "empty"}},
 	}
 	if err := c.Normalize(); err != nil {
 		t.Fatal(err)
@@ -153,7 +171,7 @@ func TestMarshalLimitsRoundTrip(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if got, err := ParseLimits(context.Background(), rulesOnly); err != nil || got.Regions != nil || got.Overrides != nil || got.Keys != nil {
+			if got, err := ParseLimits(context.Background(), rulesOnly); err != nil || got.Regions != nil || got.Overrides != nil || got.Keys != nil || got.Plans != nil || got.TenantPlans != nil {
 				t.Errorf("rules only: %+v, %v; want the other sections absent:\n%s", got, err, rulesOnly)
 			}
 		})

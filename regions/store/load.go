@@ -66,10 +66,45 @@ const (
 	TableRule   = "rate_limit_rule"
 	TableKey    = "api_key"
 	TableShare  = "region_share"
+	// The plans' tables (migration 00011).
+	TablePlanRule   = "plan_rule"
+	TableTenantPlan = "tenant_plan"
 )
 
 // SkippedTables are the tables a load may skip rows of (metric labels).
-var SkippedTables = []string{TableRegion, TableRule, TableKey, TableShare}
+var SkippedTables = []string{TableRegion, TableRule, TableKey, TableShare, TablePlanRule, TableTenantPlan}
+
+// loadPlans reads the plans' rules and the tenants' plans into d, leaving out (skip) the
+// rows the model refuses.
+func loadPlans(ctx context.Context, tx pgx.Tx, d *regions.SnapshotData, skip func(table, id string, err error)) error {
+	rules, err := readPlanRules(ctx, tx, "")
+	if err != nil {
+		return err
+	}
+	for _, r := range rules {
+		if err := r.Validate(); err != nil {
+			skip(TablePlanRule, r.Plan+"/"+r.Route, err)
+			continue
+		}
+		d.PlanRules = append(d.PlanRules, r)
+	}
+	tps, err := readTenantPlans(ctx, tx)
+	if err != nil {
+		return err
+	}
+	for _, tp := range tps {
+		err := regions.ValidateID("tenant", tp.Tenant)
+		if err == nil {
+			err = regions.ValidateID("plan", tp.Plan)
+		}
+		if err != nil {
+			skip(TableTenantPlan, tp.Tenant, err)
+			continue
+		}
+		d.TenantPlans = append(d.TenantPlans, tp)
+	}
+	return nil
+}
 
 // loadData reads everything but the keys into d, and returns the valid keys as a map.
 func loadData(ctx context.Context, tx pgx.Tx, o LoadOptions, d *regions.SnapshotData) (map[regions.KeyHash]string, error) {
@@ -108,6 +143,9 @@ func loadData(ctx context.Context, tx pgx.Tx, o LoadOptions, d *regions.Snapshot
 			continue
 		}
 		d.Rules = append(d.Rules, r)
+	}
+	if err := loadPlans(ctx, tx, d, skip); err != nil {
+		return nil, err
 	}
 	var keys map[regions.KeyHash]string
 	if !o.WithoutKeys {

@@ -59,6 +59,9 @@ func stateOf(cur, desired Config) string {
 	if desired.Keys != nil {
 		v.Keys = cur.Keys
 	}
+	if desired.Plans != nil || desired.TenantPlans != nil {
+		v.Plans, v.TenantPlans = cur.Plans, cur.TenantPlans
+	}
 	b, err := json.Marshal(v) // sorted lists (Normalize) and map keys: deterministic
 	if err != nil {
 		panic(fmt.Sprintf("store: marshal a configuration: %v", err)) // plain values only
@@ -79,6 +82,10 @@ func shortState(s string) string {
 const (
 	orderAddRegion = iota
 	orderRule
+	orderAddPlan // plans before their rules, and before the tenants assigned to them
+	orderPlanRule
+	orderTenantPlan
+	orderRemovePlan // after the tenants assigned to it have left
 	orderOverride
 	orderKey
 	orderRemoveRegion
@@ -124,6 +131,13 @@ func plan(cur, desired Config, now time.Time) ([]Change, error) {
 				}
 			}
 		}
+	}
+	if desired.Plans != nil || desired.TenantPlans != nil {
+		ps, err := planPlanSections(cur, desired)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, ps...)
 	}
 	if desired.Keys != nil {
 		ks, err := planKeys(*cur.Keys, *desired.Keys, desired.Prune.Keys)
@@ -310,4 +324,124 @@ func planKeys(cur, want []KeySpec, prune bool) ([]Change, error) {
 			}})
 	}
 	return out, nil
+}
+
+// planPlanSections plans the plans and tenant_plans sections of desired against cur,
+// and refuses a result in which a tenant is assigned to a plan that does not exist (one
+// the file removes, or one never made).
+func planPlanSections(cur, desired Config) ([]Change, error) {
+	var out []Change
+	plans := *cur.Plans
+	if desired.Plans != nil {
+		out = append(out, planPlans(*cur.Plans, *desired.Plans, desired.Prune.Plans)...)
+		plans = kept(*cur.Plans, *desired.Plans, desired.Prune.Plans, func(p regions.Plan) string { return p.Name })
+	}
+	tps := *cur.TenantPlans
+	if desired.TenantPlans != nil {
+		out = append(out, planTenantPlans(*cur.TenantPlans, *desired.TenantPlans, desired.Prune.TenantPlans)...)
+		tps = kept(*cur.TenantPlans, *desired.TenantPlans, desired.Prune.TenantPlans, func(tp regions.TenantPlan) string { return tp.Tenant })
+	}
+	exists := map[string]bool{}
+	for _, p := range plans {
+		exists[p.Name] = true
+	}
+	had := map[string]bool{}
+	for _, p := range *cur.Plans {
+		had[p.Name] = true
+	}
+	for _, tp := range tps {
+		switch {
+		case exists[tp.Plan]:
+		case had[tp.Plan]:
+			return nil, fmt.Errorf("%w plan %s: removed, but tenant %s is assigned to it (assign the tenant another plan, or unassign it, in tenant_plans)", regions.ErrInvalid, tp.Plan, tp.Tenant)
+		default:
+			return nil, fmt.Errorf("%w tenant_plans %s: plan %s does not exist (add it to plans)", regions.ErrInvalid, tp.Tenant, tp.Plan)
+		}
+	}
+	return out, nil
+}
+
+// planPlans: a plan listed is described whole (its rules the file does not list are
+// deleted); a plan not listed is deleted, its rules with it, only when pruned.
+func planPlans(cur, want []regions.Plan, prune bool) []Change {
+	have := map[string]regions.Plan{}
+	for _, p := range cur {
+		have[p.Name] = p
+	}
+	var out []Change
+	for _, p := range want {
+		old, ok := have[p.Name]
+		delete(have, p.Name)
+		if !ok {
+			name := p.Name
+			out = append(out, Change{Action: ActionAdd, Object: "plan", ID: name, order: orderAddPlan,
+				apply: func(ctx context.Context, tx pgx.Tx) error { return insertPlan(ctx, tx, name) }})
+		}
+		out = append(out, planPlanRules(old.Rules, p.Rules)...)
+	}
+	if !prune {
+		return out
+	}
+	for _, name := range slices.Sorted(maps.Keys(have)) {
+		out = append(out, Change{Action: ActionDelete, Object: "plan", ID: name, order: orderRemovePlan,
+			apply: func(ctx context.Context, tx pgx.Tx) error { return deletePlan(ctx, tx, name) }})
+	}
+	return out
+}
+
+// planPlanRules is the changes that make one plan's rules cur into want.
+func planPlanRules(cur, want []regions.Rule) []Change {
+	have := map[string]regions.Rule{}
+	for _, r := range cur {
+		have[r.Route] = r
+	}
+	var out []Change
+	for _, r := range want {
+		old, ok := have[r.Route]
+		delete(have, r.Route)
+		if ok && old == r {
+			continue
+		}
+		c := Change{Action: ActionAdd, Object: "plan_rule", ID: r.Plan + "/" + r.Route, New: RuleValueOf(r), order: orderPlanRule,
+			apply: func(ctx context.Context, tx pgx.Tx) error { return upsertPlanRule(ctx, tx, r) }}
+		if ok {
+			c.Action, c.Old = ActionChange, RuleValueOf(old)
+		}
+		out = append(out, c)
+	}
+	for _, route := range slices.Sorted(maps.Keys(have)) {
+		r := have[route]
+		out = append(out, Change{Action: ActionDelete, Object: "plan_rule", ID: r.Plan + "/" + r.Route, Old: RuleValueOf(r), order: orderPlanRule,
+			apply: func(ctx context.Context, tx pgx.Tx) error { return deletePlanRule(ctx, tx, r.Plan, r.Route) }})
+	}
+	return out
+}
+
+func planTenantPlans(cur, want []regions.TenantPlan, prune bool) []Change {
+	have := map[string]string{}
+	for _, tp := range cur {
+		have[tp.Tenant] = tp.Plan
+	}
+	var out []Change
+	for _, tp := range want {
+		old, ok := have[tp.Tenant]
+		delete(have, tp.Tenant)
+		if ok && old == tp.Plan {
+			continue
+		}
+		c := Change{Action: ActionAdd, Object: "tenant_plan", ID: tp.Tenant, New: &TenantPlanValue{Plan: tp.Plan}, order: orderTenantPlan,
+			apply: func(ctx context.Context, tx pgx.Tx) error { return assignPlan(ctx, tx, tp.Tenant, tp.Plan) }}
+		if ok {
+			c.Action, c.Old = ActionChange, &TenantPlanValue{Plan: old}
+		}
+		out = append(out, c)
+	}
+	if !prune {
+		return out
+	}
+	for _, tenant := range slices.Sorted(maps.Keys(have)) {
+		out = append(out, Change{Action: ActionDelete, Object: "tenant_plan", ID: tenant, Old: &TenantPlanValue{Plan: have[tenant]}, order: orderTenantPlan,
+			apply: func(ctx context.Context, tx pgx.Tx) error { return unassignPlan(ctx, tx, tenant) }})
+	}
+	return out
 }
