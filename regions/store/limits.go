@@ -1,17 +1,22 @@
 package store
 
 import (
+	"bytes"
+	"cmp"
 	"context"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/goccy/go-yaml"
 	"github.com/goccy/go-yaml/ast"
 	"github.com/goccy/go-yaml/parser"
+	"github.com/goccy/go-yaml/token"
 
 	"github.com/quotaplane/quotaplane/regions"
 )
@@ -51,7 +56,49 @@ func MarshalLimits(c Config) ([]byte, error) {
 	if err != nil {
 		return nil, fmt.Errorf("marshal limits: %w", err)
 	}
-	return b, nil
+	return quoteNonFinite(b)
+}
+
+// quoteNonFinite quotes every scalar of b that YAML reads as infinity or NaN. The
+// encoder quotes an id that looks like a number (0042, 1.10) but not one spelled .inf,
+// -.inf or .nan, valid ids that ParseLimits would then refuse as numbers, and no field of
+// the file holds a non-finite number. The nodes' lines and columns say where.
+func quoteNonFinite(b []byte) ([]byte, error) {
+	f, err := parser.ParseBytes(b, 0)
+	if err != nil {
+		return nil, fmt.Errorf("marshal limits: read back: %w", err)
+	}
+	var at nonFinite
+	for _, d := range f.Docs {
+		ast.Walk(&at, d)
+	}
+	if len(at) == 0 {
+		return b, nil
+	}
+	slices.SortFunc(at, func(x, y *token.Token) int {
+		return cmp.Or(cmp.Compare(x.Position.Line, y.Position.Line), cmp.Compare(x.Position.Column, y.Position.Column))
+	})
+	lines := bytes.SplitAfter(b, []byte("\n"))
+	for i := len(at) - 1; i >= 0; i-- { // last first, so earlier columns stay put
+		p := at[i].Position
+		l, c := p.Line-1, p.Column-1
+		if l < 0 || l >= len(lines) || c < 0 || c+len(at[i].Value) > len(lines[l]) || string(lines[l][c:c+len(at[i].Value)]) != at[i].Value {
+			return nil, fmt.Errorf("marshal limits: cannot quote %q at line %d", at[i].Value, p.Line)
+		}
+		lines[l] = slices.Concat(lines[l][:c], []byte(strconv.Quote(at[i].Value)), lines[l][c+len(at[i].Value):])
+	}
+	return bytes.Join(lines, nil), nil
+}
+
+// nonFinite collects the tokens of infinity and NaN scalars.
+type nonFinite []*token.Token
+
+func (v *nonFinite) Visit(n ast.Node) ast.Visitor {
+	switch n.(type) {
+	case *ast.InfinityNode, *ast.NanNode:
+		*v = append(*v, n.GetToken())
+	}
+	return v
 }
 
 // MarshalLimitsJSON is the document of MarshalLimits as JSON (the same field names),

@@ -224,3 +224,38 @@ func FuzzParseLimits(f *testing.F) {
 		}
 	})
 }
+
+// TestMarshalLimitsQuotesNonFiniteIDs: ids YAML would read as infinity or NaN (.inf,
+// -.inf, .NaN: valid ids) are written quoted, as values and as map keys, so what export
+// writes apply -f reads back.
+func TestMarshalLimitsQuotesNonFiniteIDs(t *testing.T) {
+	t.Parallel()
+	c := Config{
+		Regions: &[]string{".inf", "-.inf", ".nan", ".NaN", ".INF", "eu-west"},
+		Rules: &[]regions.Rule{
+			{Tenant: "*", Route: "*", Capacity: 10, RefillPerSecond: 2, Shards: 1},
+			{Tenant: ".nan", Route: ".Inf", Capacity: 7, RefillPerSecond: 0.5, Shards: 1},
+		},
+		Overrides: &[]Override{{
+			Scope:  regions.Scope{Tenant: "-.inf", Route: "*"},
+			Shares: map[string]float64{".inf": 0.25, "-.inf": 0.25, ".nan": 0.25, ".NaN": 0, ".INF": 0, "eu-west": 0.25},
+			Reason: ".inf",
+		}},
+		Plans:       &[]regions.Plan{{Name: ".NAN", Rules: []regions.Rule{{Route: ".nan", Capacity: 5, RefillPerSecond: 1}}}},
+		TenantPlans: &[]regions.TenantPlan{{Tenant: ".inf", Plan: ".NAN"}},
+	}
+	if err := c.Normalize(); err != nil {
+		t.Fatal(err)
+	}
+	b, err := MarshalLimits(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	back, err := ParseLimits(context.Background(), b)
+	if err != nil {
+		t.Fatalf("ParseLimits of what MarshalLimits wrote: %v\n%s", err, b)
+	}
+	if !reflect.DeepEqual(back, c) {
+		t.Errorf("round trip:\n got %+v\nwant %+v\n%s", back, c, b)
+	}
+}
