@@ -117,6 +117,9 @@ func queries(o Options, region string) []query {
 	qs := []query{
 		{"offered", OfferedQuery(o.Window, region, o.Tenant), func(r *Region, s *model.Sample) {
 			var add demand.Rates
+			if s.Value < 0 || s.Value > maxFigure {
+				return
+			}
 			if !add.Add(string(s.Metric["decision"]), float64(s.Value)) {
 				return
 			}
@@ -132,15 +135,25 @@ func queries(o Options, region string) []query {
 			r.Fallback = &b
 		}},
 		{"gateways", `max by (region) (` + InstancesMetric + sel + `)`, func(r *Region, s *model.Sample) {
+			if s.Value < 0 || s.Value > maxFigure {
+				return
+			}
 			n := int(math.Round(float64(s.Value)))
 			r.Gateways = &n
 		}},
 		{"reload", `time() - min by (region) (` + ReloadMetric + sel + `)`, func(r *Region, s *model.Sample) {
 			v := float64(s.Value)
+			if v < -maxFigure || v > maxFigure {
+				return
+			}
+			v = max(v, 0) // a gateway's clock ahead of Prometheus's
 			r.ReloadAge = &v
 		}},
 		{"share", ShareQuery(region, o.Tenant), func(r *Region, s *model.Sample) {
 			v := float64(s.Value)
+			if v < 0 || v > 1 {
+				return
+			}
 			r.Share = &v
 		}},
 	}
@@ -258,3 +271,9 @@ func readSource(ctx context.Context, src Source, o Options) (map[string]Region, 
 }
 
 func finite(v float64) bool { return !math.IsNaN(v) && !math.IsInf(v, 0) }
+
+// maxFigure bounds every figure read (a rate, a gateway count, an age in seconds): a
+// sample beyond it, or a negative count, rate or share, is a broken exporter or
+// Prometheus, shown as no data rather than as -9223372036854775808 gateways or a share
+// that JSON cannot hold.
+const maxFigure = 1e12

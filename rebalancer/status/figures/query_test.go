@@ -4,6 +4,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/common/model"
+
 	"github.com/quotaplane/quotaplane/rebalancer/demand"
 )
 
@@ -61,5 +63,24 @@ func TestQueries(t *testing.T) {
 	// The offered query is the rebalancer's own, so the readers agree on offered demand.
 	if got, want := OfferedQuery(time.Minute, "us-east", ""), demand.RegionOfferedQuery(time.Minute, "us-east"); got != want {
 		t.Errorf("OfferedQuery %s, want demand's %s", got, want)
+	}
+}
+
+// TestQueriesIgnoreImpossibleSamples: a negative or huge gateway count, rate, share or
+// age (a broken exporter) is no data, never -9223372036854775808 gateways or a share
+// JSON cannot hold; a reload age a little below 0 (clock skew) reads 0.
+func TestQueriesIgnoreImpossibleSamples(t *testing.T) {
+	t.Parallel()
+	for _, v := range []float64{-1e308, 1e308, -1} {
+		var r Region
+		for _, q := range queries(Options{Window: time.Minute}, "") {
+			q.fill(&r, &model.Sample{Metric: model.Metric{"decision": "allowed"}, Value: model.SampleValue(v)})
+		}
+		if r.Rates != nil || r.Gateways != nil || r.Share != nil || (r.ReloadAge != nil && v != -1) {
+			t.Errorf("sample %v: rates %v gateways %v share %v age %v", v, r.Rates, r.Gateways, r.Share, r.ReloadAge)
+		}
+		if v == -1 && (r.ReloadAge == nil || *r.ReloadAge != 0) {
+			t.Errorf("reload age of -1 s: %v, want 0", r.ReloadAge)
+		}
 	}
 }
