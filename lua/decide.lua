@@ -82,11 +82,23 @@ while pos <= len do
       cap = -2 - cap
     end
     local key = KEYS[k + j / 6 + 1]
+    -- GET: the bucket's one read (pcall: the old storage's WRONGTYPE comes back as a table).
     local v, t, has, dirty, charged = pcall('GET', key), c, false, false, 0
     if v then
       local c0, r0
       if type(v) == 'table' then
-        t, c0, r0 = read_old(key) -- WRONGTYPE: the hash of the previous storage
+        -- WRONGTYPE: the hash of the previous storage (state.lua), read once with HMGET
+        -- and refilled to now; the write below replaces it.
+        local h, ts = call('HMGET', key, 'tokens', 'ts', 'c', 'r')
+        t, ts, c0, r0 = tonumber(h[1]), tonumber(h[2]), tonumber(h[3]), tonumber(h[4])
+        if t and ts and c0 and r0 then
+          local el = (now_s * 1000000 + now_us) - ts
+          if el > 0 then
+            t = math.min(t + el * r0 / 1000000, math.max(t, c0))
+          end
+        else
+          t = nil
+        end
       else
         local full_s, full_us
         full_s, full_us, c0, r0 = unpack(FORMAT, v)
@@ -183,6 +195,7 @@ while pos <= len do
       if ttl > MAX_WAIT_MS then
         ttl = MAX_WAIT_MS
       end
+      -- PSETEX: the bucket's one write, only when it changed; the TTL lets an idle bucket go.
       call('PSETEX', KEYS[k + j / 6 + 1], ttl, pack(FORMAT, now_s + whole, total - whole * 1000000, c, r))
     end
     local left = t + EPS

@@ -14,7 +14,28 @@ end
 if not (r and r > 0 and r <= MAX_REFILL) then
   return redis.error_reply('QPINVALID refill per second must be a number > 0 and <= 1e12, got ' .. tostring(ARGV[2]))
 end
-local t, c0, r0 = read(KEYS[1])
+local v, t, c0, r0 = pcall('GET', KEYS[1]) -- WRONGTYPE comes back as a table, not as a failure
+if type(v) == 'table' then -- the hash of the previous storage (state.lua)
+  local h = call('HMGET', KEYS[1], 'tokens', 'ts', 'c', 'r')
+  local ts
+  t, ts, c0, r0 = tonumber(h[1]), tonumber(h[2]), tonumber(h[3]), tonumber(h[4])
+  if t and ts and c0 and r0 then
+    local el = (now_s * 1000000 + now_us) - ts
+    if el > 0 then
+      t = math.min(t + el * r0 / 1000000, math.max(t, c0))
+    end
+  else
+    t = nil
+  end
+elseif v then
+  local full_s, full_us
+  full_s, full_us, c0, r0 = unpack(FORMAT, v)
+  local d = (full_s - now_s) * 1000000 + (full_us - now_us) -- us until full
+  t = c0
+  if d > 0 then
+    t = c0 - d * r0 / 1000000
+  end
+end
 local exists, sc, sr = 0, '', ''
 if t == nil then
   t = c

@@ -30,36 +30,12 @@ local unpack, pack, call, pcall = struct.unpack, struct.pack, redis.call, redis.
 local clock = call('TIME')
 local now_s, now_us = tonumber(clock[1]), tonumber(clock[2])
 
--- read_old reads a bucket left by the earlier storage, a hash {tokens, ts, c, r} (GET
--- says WRONGTYPE), as (tokens now, c, r), or nil; the next write replaces it.
-local function read_old(key)
-  local h = call('HMGET', key, 'tokens', 'ts', 'c', 'r')
-  local t, ts, c, r = tonumber(h[1]), tonumber(h[2]), tonumber(h[3]), tonumber(h[4])
-  if t == nil or ts == nil or c == nil or r == nil then
-    return nil
-  end
-  local el = (now_s * 1000000 + now_us) - ts
-  if el > 0 then
-    t = math.min(t + el * r / 1000000, math.max(t, c))
-  end
-  return t, c, r
-end
-
--- read returns the stored bucket at key as (tokens now, c, r), or nil when it is missing
--- (for inspect.lua; decide.lua has the same lines inline).
-local function read(key)
-  local v = pcall('GET', key) -- WRONGTYPE comes back as a table, not as a failure
-  if not v then
-    return nil
-  elseif type(v) == 'table' then
-    return read_old(key)
-  end
-  local full_s, full_us, c, r = unpack(FORMAT, v)
-  local d = (full_s - now_s) * 1000000 + (full_us - now_us) -- us until full
-  if d <= 0 then
-    return c, c, r
-  end
-  return c - d * r / 1000000, c, r
-end
+-- The storage before this one, still read so a rolling upgrade hands out no fresh bucket:
+-- a hash {tokens, ts (us), c, r}; GET says WRONGTYPE, HMGET reads it, the next write
+-- replaces it. Each script reads it inline where GET comes back as a table.
+--
+-- No function is defined here: the whole chunk runs on every call, and each `local
+-- function` would allocate a closure per call on the decide path for a read that almost
+-- never happens.
 
 -- (end of state.lua)
