@@ -37,7 +37,7 @@ func ourBatchOf(name string, n int) scriptCall {
 			var b lua.Batch
 			for range n {
 				key := lua.Keys{}.Bucket(strconv.Itoa(r.IntN(keys)), "create-order")
-				b.Add(lua.Decision{Op: lua.OpTake, N: 1, Buckets: []lua.Bucket{{Key: key, Capacity: ceilingRule, Refill: ceilingRule, Cap: lua.NoCap}}})
+				b.Add(lua.Decision{Op: lua.OpTake, N: 1, Buckets: []lua.Bucket{{Key: key, Capacity: ceilingCapacity, Refill: ceilingRefill, Cap: lua.NoCap}}})
 			}
 			ks, arg := b.Args()
 			return slices.Clone(ks), slices.Clone(arg)
