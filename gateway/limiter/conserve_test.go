@@ -110,3 +110,29 @@ func TestRuleRaisedAfterIdle(t *testing.T) {
 		t.Fatalf("admitted %d after the rule was raised to 1000 past the old TTL, want at most %.1f", n, bound)
 	}
 }
+
+// TestRaiseAfterUnseenLoweringHoldsTheStoredBucket: a stored bucket written under 50
+// (about 48 tokens left) whose rule is lowered to 4 while nothing calls it (so Redis
+// still holds the bucket of 50), then raised to 100 (ratio 4/100): the raise must hold
+// the stored bucket to the old limit (4) plus the new refill since, as it holds a missing
+// one. Without the cap on stored buckets, the first calls find the tokens of 50: 48
+// admitted (a black-box attack on plans found it through a plan change).
+func TestRaiseAfterUnseenLoweringHoldsTheStoredBucket(t *testing.T) {
+	p := testenv.Redis(t)
+	l := newTestRedis(t, newClient(t, p), Options{Timeout: time.Second})
+	r := Request{Tenant: "t", Route: "r", Limit: regions.Limit{Capacity: 50, RefillPerSecond: 0.05}}
+	if n := decideN(t, l, r, 2); n != 2 {
+		t.Fatalf("admitted %d of 2 under the rule of 50", n)
+	}
+	big := Request{Tenant: "t", Route: "r", Limit: regions.Limit{Capacity: 100, RefillPerSecond: 1}}
+	start := time.Now()
+	n := 0
+	for range 100 {
+		if mustDecide(t, l, raisedSince(big, start, 4.0/100)).Allowed {
+			n++
+		}
+	}
+	if bound := 4 + big.Limit.RefillPerSecond*time.Since(start).Seconds() + 1; float64(n) > bound {
+		t.Fatalf("admitted %d after 50 -> 4 (unseen) -> 100, want at most %.1f", n, bound)
+	}
+}

@@ -97,14 +97,25 @@ type Request struct {
 	// RaisedAgo, when > 0, says the tenant's limit may have been raised that long ago
 	// (regions.Snapshot.Raise: a larger rule or share, a rule or share added or removed,
 	// more shards), and RaiseRatio is the old capacity over the new (0 when unknown).
-	// Until one fill time has passed, a missing bucket of the request holds at most
-	// RaiseRatio x its capacity plus its refill over RaisedAgo, so a bucket that expired
-	// full under the old limit does not come back full at the new one (a stored one
-	// carries its tokens through the change exactly). A shard other than shard 0 is held
-	// to that as a new one (ratio 0) even when it is stored, so one left over from an
-	// earlier layout, which refilled while unused, does not come back full either.
+	// Until one fill time has passed, a bucket of the request, missing or stored, holds at
+	// most RaiseRatio x its capacity plus its refill over RaisedAgo, so a bucket that
+	// expired full under the old limit does not come back full at the new one, nor does
+	// one stored under a larger rule before a lowering no call saw (a stored one converted
+	// from the old limit holds no more anyway). A shard other than shard 0 is held to that
+	// as a new one (ratio 0), so one left over from an earlier layout, which refilled while
+	// unused, does not come back full either.
 	RaisedAgo  time.Duration
 	RaiseRatio float64
+}
+
+// bucket is the bucket at key of shard shard of lim, held by capFor: the cap holds it
+// missing or stored (lua.Bucket.CapAll). A stored bucket converted from the rule it was
+// written under holds no more than the old limit anyway; one written under a larger rule
+// before a lowering nobody called it under (50, then 4 unseen, then 100) would otherwise
+// keep the tokens of 50 through the raise.
+func (r Request) bucket(key string, lim regions.Limit, shard int) lua.Bucket {
+	c := r.capFor(lim, shard)
+	return lua.Bucket{Key: key, Capacity: lim.Capacity, Refill: lim.RefillPerSecond, Cap: c, CapAll: c >= 0}
 }
 
 // capFor is the most a bucket of lim (shard i of a sharded rule; 0 for any other) may

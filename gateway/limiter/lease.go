@@ -435,7 +435,7 @@ func (l *Redis) leaseCall(ctx context.Context, r Request, want int64, shards int
 	key := l.keys.Shard(r.Tenant, r.Route, first)
 	id := []bucketID{{tenant: r.Tenant, route: r.Route}}
 	l.m.leaseCalls.Inc()
-	out, ok, _ := l.callCharging(ctx, lua.OpLease, want, []lua.Bucket{{Key: key, Capacity: lim.Capacity, Refill: lim.RefillPerSecond, Cap: r.capFor(lim, first), CapAll: first > 0}}, id, r)
+	out, ok, _ := l.callCharging(ctx, lua.OpLease, want, []lua.Bucket{r.bucket(key, lim, first)}, id, r)
 	lr := leaseResult{answered: ok, granted: out.Granted, calls: 1, key: key, lim: lim, res: out}
 	if !ok {
 		return lr
@@ -446,7 +446,7 @@ func (l *Redis) leaseCall(ctx context.Context, r Request, want int64, shards int
 		lim2 := r.Limit.Shard(shards, second)
 		key2 := l.keys.Shard(r.Tenant, r.Route, second)
 		l.m.leaseCalls.Inc()
-		out2, ok2, _ := l.callCharging(ctx, lua.OpLease, want-lr.granted, []lua.Bucket{{Key: key2, Capacity: lim2.Capacity, Refill: lim2.RefillPerSecond, Cap: r.capFor(lim2, second), CapAll: second > 0}}, id, r)
+		out2, ok2, _ := l.callCharging(ctx, lua.OpLease, want-lr.granted, []lua.Bucket{r.bucket(key2, lim2, second)}, id, r)
 		if ok2 {
 			lr.calls++
 			if lr.granted == 0 || out2.Granted > 0 {

@@ -196,12 +196,12 @@ func (l *Redis) take(ctx context.Context, r Request, cost int64, i, k int) (Deci
 	lim := r.Limit.Shard(k, i)
 	var bs [2]lua.Bucket
 	var ids [2]bucketID
-	bs[0] = lua.Bucket{Key: l.keys.Shard(r.Tenant, r.Route, i), Capacity: lim.Capacity, Refill: lim.RefillPerSecond, Cap: r.capFor(lim, i), CapAll: i > 0}
+	bs[0] = r.bucket(l.keys.Shard(r.Tenant, r.Route, i), lim, i)
 	ids[0] = bucketID{tenant: r.Tenant, route: r.Route}
 	n := 1
 	if r.Value != "" {
 		v := r.ValueLimit
-		bs[1] = lua.Bucket{Key: l.keys.Value(r.Tenant, r.Route, r.Value), Capacity: v.Capacity, Refill: v.RefillPerSecond, Cap: r.capFor(v, 0)}
+		bs[1] = r.bucket(l.keys.Value(r.Tenant, r.Route, r.Value), v, 0)
 		ids[1] = bucketID{r.Tenant, r.Route, r.Value}
 		n = 2
 	}
