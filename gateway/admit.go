@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode"
 
 	"github.com/quotaplane/quotaplane/gateway/limiter"
 	"github.com/quotaplane/quotaplane/regions"
@@ -198,21 +199,31 @@ func (lb limitBy) valueOf(c *claim) (string, refusal) {
 // normalValue is the declared rule every spelling of a limit_by value goes through, so
 // that one value is one key: surrounding spaces and tabs trimmed, inner runs of them one
 // space, case folded with limit_by_case: fold. A value that reads as a list or carries
-// parameters (',', ';'), is quoted ('"') or holds a control character is refused: an
-// application may take "acme, x", "acme;v=1" or "\"acme\"" for acme, and each would be
-// a bucket of its own. The result is at most limiter.MaxValueLen bytes.
+// parameters (',', ';'), is quoted ('"') or holds a control character (C0 or C1, such as
+// NEL) or a space other than ' ' and tab (NBSP, U+2003) is refused: an application may
+// take "acme, x", "acme;v=1", "\"acme\"" or "acme\u00a0" for acme, and each would be a
+// bucket of its own. The result is at most limiter.MaxValueLen bytes.
 func normalValue(v string, fold bool) (string, bool) {
 	v = trimOWS(v)
 	if v == "" || len(v) > limiter.MaxValueLen {
 		return "", false
 	}
-	clean := true
+	clean, ascii := true, true
 	for i := 0; i < len(v); i++ {
 		switch c := v[i]; {
 		case c == ',' || c == ';' || c == '"' || c == 0x7f || c < 0x20 && c != '\t':
 			return "", false
 		case c == '\t' || c == ' ' && i > 0 && v[i-1] == ' ':
 			clean = false
+		case c >= 0x80:
+			ascii = false
+		}
+	}
+	if !ascii {
+		for _, r := range v {
+			if r >= 0x80 && (unicode.IsControl(r) || unicode.IsSpace(r)) {
+				return "", false
+			}
 		}
 	}
 	if !clean {
