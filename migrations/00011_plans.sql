@@ -342,6 +342,32 @@ CREATE TRIGGER tenant_plan_raise_update AFTER UPDATE ON tenant_plan
 CREATE TRIGGER tenant_plan_raise_delete AFTER DELETE ON tenant_plan
     REFERENCING OLD TABLE AS old_rows FOR EACH STATEMENT EXECUTE FUNCTION limit_raise_tenant_plan();
 
+-- Writers of the rules, the plans' rules and the plan assignments queue on one
+-- transaction-level advisory lock, taken before each statement: a statement's raise
+-- markers are computed from the rules as the writer before it committed, not from a
+-- snapshot that misses a concurrent change (two writers marking against each other's old
+-- rules could each miss the other's raise). The AFTER statement triggers' queries take a
+-- new snapshot (READ COMMITTED, the isolation every writer here uses) once the lock is
+-- held. Key 1366322290 = 0x51706c72 ("Qplr"); the migrator's lock (migrations.lockID)
+-- and the rebalancer's (rebalancer/job.DefaultLockKey) are others.
+-- +goose StatementBegin
+CREATE FUNCTION limit_raise_lock() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_advisory_xact_lock(1366322290);
+    RETURN NULL;
+END
+$$;
+-- +goose StatementEnd
+
+CREATE TRIGGER rate_limit_rule_raise_lock BEFORE INSERT OR UPDATE OR DELETE ON rate_limit_rule
+    FOR EACH STATEMENT EXECUTE FUNCTION limit_raise_lock();
+CREATE TRIGGER plan_raise_lock BEFORE INSERT OR UPDATE OR DELETE ON plan
+    FOR EACH STATEMENT EXECUTE FUNCTION limit_raise_lock();
+CREATE TRIGGER plan_rule_raise_lock BEFORE INSERT OR UPDATE OR DELETE ON plan_rule
+    FOR EACH STATEMENT EXECUTE FUNCTION limit_raise_lock();
+CREATE TRIGGER tenant_plan_raise_lock BEFORE INSERT OR UPDATE OR DELETE ON tenant_plan
+    FOR EACH STATEMENT EXECUTE FUNCTION limit_raise_lock();
+
 -- As 00009 left the others: the writing triggers run as the owner with a fixed
 -- search_path; helpers not for PUBLIC.
 -- +goose StatementBegin
@@ -349,10 +375,11 @@ DO $$
 DECLARE
     f text;
 BEGIN
-    FOREACH f IN ARRAY ARRAY['limit_raise_rule()', 'limit_raise_plan_rule()', 'limit_raise_tenant_plan()'] LOOP
+    FOREACH f IN ARRAY ARRAY['limit_raise_rule()', 'limit_raise_plan_rule()', 'limit_raise_tenant_plan()',
+        'limit_raise_lock()'] LOOP
         EXECUTE format('ALTER FUNCTION %s SECURITY DEFINER SET search_path = %I, pg_temp', f, current_schema());
     END LOOP;
-    FOREACH f IN ARRAY ARRAY['limit_raise_plan_rule()', 'limit_raise_tenant_plan()',
+    FOREACH f IN ARRAY ARRAY['limit_raise_plan_rule()', 'limit_raise_tenant_plan()', 'limit_raise_lock()',
         'limit_raise_plan_capacity(text, text, text, plan_rule[])', 'limit_raise_rule_capacity(text, text, text, text)',
         'limit_raise_pair(double precision, integer, double precision, integer)'] LOOP
         EXECUTE format('REVOKE EXECUTE ON FUNCTION %s FROM PUBLIC', f);
@@ -365,6 +392,11 @@ GRANT SELECT ON plan, plan_rule, tenant_plan TO quotaplane_gateway, quotaplane_r
 GRANT INSERT, UPDATE, DELETE ON plan, plan_rule, tenant_plan TO quotaplane_operator;
 
 -- +goose Down
+DROP TRIGGER tenant_plan_raise_lock ON tenant_plan;
+DROP TRIGGER plan_rule_raise_lock ON plan_rule;
+DROP TRIGGER plan_raise_lock ON plan;
+DROP TRIGGER rate_limit_rule_raise_lock ON rate_limit_rule;
+DROP FUNCTION limit_raise_lock();
 DROP TRIGGER tenant_plan_raise_delete ON tenant_plan;
 DROP TRIGGER tenant_plan_raise_update ON tenant_plan;
 DROP TRIGGER tenant_plan_raise_insert ON tenant_plan;

@@ -387,3 +387,48 @@ func TestPlanShardsRaiseMarkers(t *testing.T) {
 		t.Errorf("f1/orders of 2 shards added over f1/*: %v, want {* sh3 orders} 1-1e-9 only", m)
 	}
 }
+
+// TestPlanWritersSerialised (B3): writers of the rules, plan rules and plan assignments
+// queue on one advisory lock, so a statement's raise markers are computed against what
+// the writer before it committed: a tenant assigned pro while pro's * is being raised
+// 50 -> 500 waits, and is marked against 500 (20/500), not the 50 it would have read.
+func TestPlanWritersSerialised(t *testing.T) {
+	t.Parallel()
+	s, _ := newStore(t)
+	ctx := WithAudit(context.Background(), "test", "serialised")
+	if err := s.SetPlanRule(ctx, planRule("pro", "*", 50, 10)); err != nil {
+		t.Fatal(err)
+	}
+	exec(t, s, `DELETE FROM limit_raise`)
+
+	tx, err := s.Pool().Begin(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(context.Background())
+	if _, err := tx.Exec(context.Background(), `UPDATE plan_rule SET capacity = 500 WHERE plan = 'pro' AND route_id = '*'`); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	var insertErr error
+	go func() {
+		defer close(done)
+		_, insertErr = s.Pool().Exec(context.Background(), `INSERT INTO tenant_plan (tenant_id, plan) VALUES ('newt2', 'pro')`)
+	}()
+	waitBlockedOrDone(t, s, done)
+	select {
+	case <-done:
+		t.Error("the assignment did not wait for the plan rule's writer")
+	default:
+	}
+	if err := tx.Commit(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	<-done
+	if insertErr != nil {
+		t.Fatal(insertErr)
+	}
+	if m := marksOf(t, s); len(m) != 1 || m["* newt2 *"] > 20.0/500+1e-6 {
+		t.Errorf("newt2 assigned pro while pro/* went 50 -> 500: %v, want {* newt2 *} 0.04", m)
+	}
+}
