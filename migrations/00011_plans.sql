@@ -392,6 +392,9 @@ GRANT SELECT ON plan, plan_rule, tenant_plan TO quotaplane_gateway, quotaplane_r
 GRANT INSERT, UPDATE, DELETE ON plan, plan_rule, tenant_plan TO quotaplane_operator;
 
 -- +goose Down
+-- Unassign every tenant while the raise triggers are still here: a tenant whose plan was
+-- smaller than the rules it falls back to is marked, as an unassignment is.
+DELETE FROM tenant_plan;
 DROP TRIGGER tenant_plan_raise_lock ON tenant_plan;
 DROP TRIGGER plan_rule_raise_lock ON plan_rule;
 DROP TRIGGER plan_raise_lock ON plan;
