@@ -90,6 +90,9 @@ func TestPlans(t *testing.T) {
 	if !strings.Contains(r.stdout, "- plan_rule pro/search") || sqlInt(t, url, `SELECT count(*) FROM plan_rule WHERE plan = 'pro'`) != 1 {
 		t.Errorf("plans delete --route:\n%s", r.stdout)
 	}
+	if n := strings.Count(r.stderr, "WARNING: plan pro:"); n != 1 {
+		t.Errorf("plans delete --route --apply warned %d times, want once: %q", n, r.stderr)
+	}
 	c.ok("plans", "unassign", "acme", "--apply")
 	if n := sqlInt(t, url, `SELECT count(*) FROM tenant_plan WHERE tenant_id = 'acme'`); n != 0 {
 		t.Errorf("acme still on a plan")
