@@ -24,7 +24,9 @@
 --   * a tenant's own rule added or deleted (limit_raise_rule): now compared with the rule
 --     that applies with plans, and for tenant+* the routes of its plan's rules too.
 -- A pair whose rule did not change (a tenant's own rule still wins) compares equal and
--- is not marked.
+-- is not marked. Where the capacity is not raised but the rule that applies has more
+-- shards, the pair is marked 1 - 1e-9 over 1 (limit_raise_pair), as 00010 marks a rule
+-- updated to more shards: the new shards start from their refill, not full.
 --
 -- Like the other configuration tables: audited (audit_log), notified, TRUNCATE refused;
 -- the gateway and the rebalancer read them, the operator writes them.
@@ -104,22 +106,36 @@ RETURNS double precision LANGUAGE sql STABLE AS $$
 $$;
 -- +goose StatementEnd
 
--- The capacity that applies to (tenant, route) were the tenant on plan p_plan (NULL:
--- none) and the plans' rules p_rules: how a statement found the plans, or left them.
+-- The capacity and shards of the rule that applies to (tenant, route) were the tenant on
+-- plan p_plan (NULL: none) and the plans' rules p_rules: how a statement found the plans,
+-- or left them. No row: no rule applies.
 -- +goose StatementBegin
 CREATE FUNCTION limit_raise_plan_capacity(p_tenant text, p_route text, p_plan text, p_rules plan_rule[])
-RETURNS double precision LANGUAGE sql STABLE AS $$
-    SELECT c.cap FROM (
+RETURNS TABLE (capacity double precision, shards integer) LANGUAGE sql STABLE AS $$
+    SELECT c.cap, c.shards FROM (
         SELECT CASE WHEN r.tenant_id = p_tenant AND r.route_id = p_route THEN 0
                     WHEN r.tenant_id = p_tenant THEN 1 WHEN r.route_id = p_route THEN 4 ELSE 5 END AS o,
-               r.capacity::double precision AS cap
+               r.capacity::double precision AS cap, r.shards
             FROM rate_limit_rule r
             WHERE (r.tenant_id, r.route_id) IN ((p_tenant, p_route), (p_tenant, '*'), ('*', p_route), ('*', '*'))
         UNION ALL
-        SELECT CASE WHEN pr.route_id = p_route THEN 2 ELSE 3 END, pr.capacity::double precision
+        SELECT CASE WHEN pr.route_id = p_route THEN 2 ELSE 3 END, pr.capacity::double precision, pr.shards
             FROM unnest(p_rules) pr
             WHERE pr.plan = p_plan AND pr.route_id IN (p_route, '*')
     ) c ORDER BY c.o LIMIT 1
+$$;
+-- +goose StatementEnd
+
+-- The pair limit_raise_mark_many is given for a rule that applied before (capacity
+-- p_bcap, p_bshards; NULL: none) and one after: the capacities, or where the capacity is
+-- not raised but the shards grow, 1 - 1e-9 over 1 (as limit_raise_rule's UPDATE: the
+-- new shards start from their refill). Inlined by the planner (one SELECT, no FROM).
+-- +goose StatementBegin
+CREATE FUNCTION limit_raise_pair(p_bcap double precision, p_bshards integer, p_acap double precision, p_ashards integer)
+RETURNS double precision[] LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE WHEN coalesce(p_acap, 0) <= coalesce(p_bcap, 0) AND p_ashards > p_bshards
+                THEN ARRAY[1 - 1e-9, 1]::double precision[]
+                ELSE ARRAY[coalesce(p_bcap, 0), coalesce(p_acap, 0)] END
 $$;
 -- +goose StatementEnd
 
@@ -151,76 +167,83 @@ BEGIN
         RETURN NULL;
     END IF;
     IF TG_OP = 'INSERT' THEN
-        PERFORM limit_raise_mark_many('*', array_agg(p.tenant), array_agg(p.route),
-            array_agg(coalesce((
-                SELECT c.cap FROM (
+        PERFORM limit_raise_mark_many('*', array_agg(m.tenant), array_agg(m.route), array_agg(m.pair[1]), array_agg(m.pair[2]))
+        FROM (
+            SELECT p.tenant, p.route, limit_raise_pair(b.cap, b.shards, p.capacity::double precision, p.shards) AS pair
+            FROM (
+                SELECT r.tenant_id AS tenant, r.route_id AS route, r.route_id AS own_route, r.capacity, r.shards FROM new_rows r
+                UNION ALL
+                SELECT r.tenant_id, o.route_id, r.route_id, r.capacity, r.shards
+                    FROM new_rows r JOIN rate_limit_rule o ON o.tenant_id = '*' AND o.route_id <> '*'
+                    WHERE r.tenant_id <> '*' AND r.route_id = '*'
+                      AND NOT EXISTS (SELECT 1 FROM rate_limit_rule m WHERE m.tenant_id = r.tenant_id AND m.route_id = o.route_id)
+                UNION ALL
+                -- The plan's routes the branch above has not listed already.
+                SELECT r.tenant_id, pr.route_id, r.route_id, r.capacity, r.shards
+                    FROM new_rows r JOIN tenant_plan tp ON tp.tenant_id = r.tenant_id
+                    JOIN plan_rule pr ON pr.plan = tp.plan AND pr.route_id <> '*'
+                    WHERE r.route_id = '*'
+                      AND NOT EXISTS (SELECT 1 FROM rate_limit_rule m WHERE m.tenant_id = r.tenant_id AND m.route_id = pr.route_id)
+                      AND NOT EXISTS (SELECT 1 FROM rate_limit_rule m WHERE m.tenant_id = '*' AND m.route_id = pr.route_id)
+            ) p
+            LEFT JOIN LATERAL (
+                SELECT c.cap, c.shards FROM (
                     SELECT CASE WHEN r.tenant_id = p.tenant AND r.route_id = p.route THEN 0
                                 WHEN r.tenant_id = p.tenant THEN 1 WHEN r.route_id = p.route THEN 4 ELSE 5 END AS o,
-                           r.capacity::double precision AS cap
+                           r.capacity::double precision AS cap, r.shards
                         FROM rate_limit_rule r
                         WHERE (r.tenant_id, r.route_id) IN ((p.tenant, p.route), (p.tenant, '*'), ('*', p.route), ('*', '*'))
                           AND NOT (r.tenant_id = p.tenant AND r.route_id = p.own_route)
                     UNION ALL
-                    SELECT CASE WHEN pr.route_id = p.route THEN 2 ELSE 3 END, pr.capacity::double precision
+                    SELECT CASE WHEN pr.route_id = p.route THEN 2 ELSE 3 END, pr.capacity::double precision, pr.shards
                         FROM tenant_plan tp JOIN plan_rule pr ON pr.plan = tp.plan
                         WHERE tp.tenant_id = p.tenant AND pr.route_id IN (p.route, '*')
-                ) c ORDER BY c.o LIMIT 1), 0)),
-            array_agg(p.capacity::double precision))
+                ) c ORDER BY c.o LIMIT 1
+            ) b ON true
+        ) m;
+        RETURN NULL;
+    END IF;
+    -- DELETE: before, the row won for every pair; now the best remaining rule applies.
+    PERFORM limit_raise_mark_many('*', array_agg(m.tenant), array_agg(m.route), array_agg(m.pair[1]), array_agg(m.pair[2]))
+    FROM (
+        SELECT p.tenant, p.route, limit_raise_pair(p.capacity::double precision, p.shards, b.cap, b.shards) AS pair
         FROM (
-            SELECT r.tenant_id AS tenant, r.route_id AS route, r.route_id AS own_route, r.capacity FROM new_rows r
+            SELECT r.tenant_id AS tenant, r.route_id AS route, r.capacity, r.shards FROM old_rows r
             UNION ALL
-            SELECT r.tenant_id, o.route_id, r.route_id, r.capacity
-                FROM new_rows r JOIN rate_limit_rule o ON o.tenant_id = '*' AND o.route_id <> '*'
+            SELECT r.tenant_id, o.route_id, r.capacity, r.shards
+                FROM old_rows r JOIN rate_limit_rule o ON o.tenant_id = '*' AND o.route_id <> '*'
                 WHERE r.tenant_id <> '*' AND r.route_id = '*'
                   AND NOT EXISTS (SELECT 1 FROM rate_limit_rule m WHERE m.tenant_id = r.tenant_id AND m.route_id = o.route_id)
             UNION ALL
-            -- The plan's routes the branch above has not listed already.
-            SELECT r.tenant_id, pr.route_id, r.route_id, r.capacity
-                FROM new_rows r JOIN tenant_plan tp ON tp.tenant_id = r.tenant_id
+            SELECT r.tenant_id, pr.route_id, r.capacity, r.shards
+                FROM old_rows r JOIN tenant_plan tp ON tp.tenant_id = r.tenant_id
                 JOIN plan_rule pr ON pr.plan = tp.plan AND pr.route_id <> '*'
                 WHERE r.route_id = '*'
                   AND NOT EXISTS (SELECT 1 FROM rate_limit_rule m WHERE m.tenant_id = r.tenant_id AND m.route_id = pr.route_id)
                   AND NOT EXISTS (SELECT 1 FROM rate_limit_rule m WHERE m.tenant_id = '*' AND m.route_id = pr.route_id)
-        ) p;
-        RETURN NULL;
-    END IF;
-    -- DELETE: before, the row won for every pair; now the best remaining rule applies.
-    PERFORM limit_raise_mark_many('*', array_agg(p.tenant), array_agg(p.route), array_agg(p.capacity::double precision),
-        array_agg(coalesce((
-                SELECT c.cap FROM (
-                    SELECT CASE WHEN r.tenant_id = p.tenant AND r.route_id = p.route THEN 0
-                                WHEN r.tenant_id = p.tenant THEN 1 WHEN r.route_id = p.route THEN 4 ELSE 5 END AS o,
-                           r.capacity::double precision AS cap
-                        FROM rate_limit_rule r
-                        WHERE (r.tenant_id, r.route_id) IN ((p.tenant, p.route), (p.tenant, '*'), ('*', p.route), ('*', '*'))
-                    UNION ALL
-                    SELECT CASE WHEN pr.route_id = p.route THEN 2 ELSE 3 END, pr.capacity::double precision
-                        FROM tenant_plan tp JOIN plan_rule pr ON pr.plan = tp.plan
-                        WHERE tp.tenant_id = p.tenant AND pr.route_id IN (p.route, '*')
-                ) c ORDER BY c.o LIMIT 1), 0)))
-    FROM (
-        SELECT r.tenant_id AS tenant, r.route_id AS route, r.capacity FROM old_rows r
-        UNION ALL
-        SELECT r.tenant_id, o.route_id, r.capacity
-            FROM old_rows r JOIN rate_limit_rule o ON o.tenant_id = '*' AND o.route_id <> '*'
-            WHERE r.tenant_id <> '*' AND r.route_id = '*'
-              AND NOT EXISTS (SELECT 1 FROM rate_limit_rule m WHERE m.tenant_id = r.tenant_id AND m.route_id = o.route_id)
-        UNION ALL
-        SELECT r.tenant_id, pr.route_id, r.capacity
-            FROM old_rows r JOIN tenant_plan tp ON tp.tenant_id = r.tenant_id
-            JOIN plan_rule pr ON pr.plan = tp.plan AND pr.route_id <> '*'
-            WHERE r.route_id = '*'
-              AND NOT EXISTS (SELECT 1 FROM rate_limit_rule m WHERE m.tenant_id = r.tenant_id AND m.route_id = pr.route_id)
-              AND NOT EXISTS (SELECT 1 FROM rate_limit_rule m WHERE m.tenant_id = '*' AND m.route_id = pr.route_id)
-    ) p;
+        ) p
+        LEFT JOIN LATERAL (
+            SELECT c.cap, c.shards FROM (
+                SELECT CASE WHEN r.tenant_id = p.tenant AND r.route_id = p.route THEN 0
+                            WHEN r.tenant_id = p.tenant THEN 1 WHEN r.route_id = p.route THEN 4 ELSE 5 END AS o,
+                       r.capacity::double precision AS cap, r.shards
+                    FROM rate_limit_rule r
+                    WHERE (r.tenant_id, r.route_id) IN ((p.tenant, p.route), (p.tenant, '*'), ('*', p.route), ('*', '*'))
+                UNION ALL
+                SELECT CASE WHEN pr.route_id = p.route THEN 2 ELSE 3 END, pr.capacity::double precision, pr.shards
+                    FROM tenant_plan tp JOIN plan_rule pr ON pr.plan = tp.plan
+                    WHERE tp.tenant_id = p.tenant AND pr.route_id IN (p.route, '*')
+            ) c ORDER BY c.o LIMIT 1
+        ) b ON true
+    ) m;
     RETURN NULL;
 END
 $$;
 -- +goose StatementEnd
 
 -- A plan's rules changed: every tenant of the plans touched, for each changed route (and
--- for route * each route with a rule for every tenant), before against after. More
--- shards of the same capacity mark as in limit_raise_rule.
+-- for route * each route with a rule for every tenant), before against after (more
+-- shards of the same capacity mark as in limit_raise_rule: limit_raise_pair).
 -- +goose StatementBegin
 CREATE FUNCTION limit_raise_plan_rule() RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE
@@ -239,26 +262,22 @@ BEGIN
         WHERE p.plan IN (SELECT c.plan FROM unnest(v_old || v_new) c));
     v_before := ARRAY(SELECT ROW(a.*)::plan_rule FROM unnest(v_after) a
         WHERE NOT EXISTS (SELECT 1 FROM unnest(v_new) n WHERE n.plan = a.plan AND n.route_id = a.route_id)) || v_old;
-    PERFORM limit_raise_mark_many('*', array_agg(q.tenant), array_agg(q.route),
-        array_agg(coalesce(limit_raise_plan_capacity(q.tenant, q.route, q.plan, v_before), 0)),
-        array_agg(coalesce(limit_raise_plan_capacity(q.tenant, q.route, q.plan, v_after), 0)))
+    PERFORM limit_raise_mark_many('*', array_agg(m.tenant), array_agg(m.route), array_agg(m.pair[1]), array_agg(m.pair[2]))
     FROM (
-        SELECT DISTINCT tp.tenant_id AS tenant, tp.plan, x.route
-        FROM (SELECT DISTINCT c.plan, c.route_id FROM unnest(v_old || v_new) c) ch
-        JOIN tenant_plan tp ON tp.plan = ch.plan
-        CROSS JOIN LATERAL (
-            SELECT ch.route_id AS route
-            UNION
-            SELECT r.route_id FROM rate_limit_rule r WHERE ch.route_id = '*' AND r.tenant_id = '*' AND r.route_id <> '*'
-        ) x
-    ) q;
-    IF TG_OP = 'UPDATE' THEN
-        PERFORM limit_raise_mark_many('*', array_agg(tp.tenant_id), array_agg(n.route_id),
-            array_agg(1 - 1e-9::double precision), array_agg(1::double precision))
-        FROM unnest(v_old) o JOIN unnest(v_new) n ON n.plan = o.plan AND n.route_id = o.route_id
-        JOIN tenant_plan tp ON tp.plan = n.plan
-        WHERE n.shards > o.shards AND n.capacity <= o.capacity;
-    END IF;
+        SELECT q.tenant, q.route, limit_raise_pair(b.capacity, b.shards, a.capacity, a.shards) AS pair
+        FROM (
+            SELECT DISTINCT tp.tenant_id AS tenant, tp.plan, x.route
+            FROM (SELECT DISTINCT c.plan, c.route_id FROM unnest(v_old || v_new) c) ch
+            JOIN tenant_plan tp ON tp.plan = ch.plan
+            CROSS JOIN LATERAL (
+                SELECT ch.route_id AS route
+                UNION
+                SELECT r.route_id FROM rate_limit_rule r WHERE ch.route_id = '*' AND r.tenant_id = '*' AND r.route_id <> '*'
+            ) x
+        ) q
+        LEFT JOIN LATERAL limit_raise_plan_capacity(q.tenant, q.route, q.plan, v_before) b ON true
+        LEFT JOIN LATERAL limit_raise_plan_capacity(q.tenant, q.route, q.plan, v_after) a ON true
+    ) m;
     RETURN NULL;
 END
 $$;
@@ -289,25 +308,28 @@ BEGIN
     END IF;
     v_rules := ARRAY(SELECT ROW(p.*)::plan_rule FROM plan_rule p
         WHERE p.plan IN (SELECT c.plan FROM unnest(v_old || v_new) c));
-    PERFORM limit_raise_mark_many('*', array_agg(q.tenant), array_agg(q.route),
-        array_agg(coalesce(limit_raise_plan_capacity(q.tenant, q.route, q.before_plan, v_rules), 0)),
-        array_agg(coalesce(limit_raise_plan_capacity(q.tenant, q.route, q.after_plan, v_rules), 0)))
+    PERFORM limit_raise_mark_many('*', array_agg(m.tenant), array_agg(m.route), array_agg(m.pair[1]), array_agg(m.pair[2]))
     FROM (
-        SELECT t.tenant, t.before_plan, t.after_plan, x.route
+        SELECT q.tenant, q.route, limit_raise_pair(b.capacity, b.shards, a.capacity, a.shards) AS pair
         FROM (
-            SELECT tn.tenant,
-                   (SELECT o.plan FROM unnest(v_old) o WHERE o.tenant_id = tn.tenant) AS before_plan,
-                   (SELECT c.plan FROM tenant_plan c WHERE c.tenant_id = tn.tenant) AS after_plan
-            FROM (SELECT o.tenant_id AS tenant FROM unnest(v_old) o UNION SELECT n.tenant_id FROM unnest(v_new) n) tn
-        ) t
-        CROSS JOIN LATERAL (
-            SELECT '*'::text AS route
-            UNION
-            SELECT r.route_id FROM rate_limit_rule r WHERE r.tenant_id = '*' AND r.route_id <> '*'
-            UNION
-            SELECT pr.route_id FROM unnest(v_rules) pr WHERE pr.plan IN (t.before_plan, t.after_plan)
-        ) x
-    ) q;
+            SELECT t.tenant, t.before_plan, t.after_plan, x.route
+            FROM (
+                SELECT tn.tenant,
+                       (SELECT o.plan FROM unnest(v_old) o WHERE o.tenant_id = tn.tenant) AS before_plan,
+                       (SELECT c.plan FROM tenant_plan c WHERE c.tenant_id = tn.tenant) AS after_plan
+                FROM (SELECT o.tenant_id AS tenant FROM unnest(v_old) o UNION SELECT n.tenant_id FROM unnest(v_new) n) tn
+            ) t
+            CROSS JOIN LATERAL (
+                SELECT '*'::text AS route
+                UNION
+                SELECT r.route_id FROM rate_limit_rule r WHERE r.tenant_id = '*' AND r.route_id <> '*'
+                UNION
+                SELECT pr.route_id FROM unnest(v_rules) pr WHERE pr.plan IN (t.before_plan, t.after_plan)
+            ) x
+        ) q
+        LEFT JOIN LATERAL limit_raise_plan_capacity(q.tenant, q.route, q.before_plan, v_rules) b ON true
+        LEFT JOIN LATERAL limit_raise_plan_capacity(q.tenant, q.route, q.after_plan, v_rules) a ON true
+    ) m;
     RETURN NULL;
 END
 $$;
@@ -320,6 +342,32 @@ CREATE TRIGGER tenant_plan_raise_update AFTER UPDATE ON tenant_plan
 CREATE TRIGGER tenant_plan_raise_delete AFTER DELETE ON tenant_plan
     REFERENCING OLD TABLE AS old_rows FOR EACH STATEMENT EXECUTE FUNCTION limit_raise_tenant_plan();
 
+-- Writers of the rules, the plans' rules and the plan assignments queue on one
+-- transaction-level advisory lock, taken before each statement: a statement's raise
+-- markers are computed from the rules as the writer before it committed, not from a
+-- snapshot that misses a concurrent change (two writers marking against each other's old
+-- rules could each miss the other's raise). The AFTER statement triggers' queries take a
+-- new snapshot (READ COMMITTED, the isolation every writer here uses) once the lock is
+-- held. Key 1366322290 = 0x51706c72 ("Qplr"); the migrator's lock (migrations.lockID)
+-- and the rebalancer's (rebalancer/job.DefaultLockKey) are others.
+-- +goose StatementBegin
+CREATE FUNCTION limit_raise_lock() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_advisory_xact_lock(1366322290);
+    RETURN NULL;
+END
+$$;
+-- +goose StatementEnd
+
+CREATE TRIGGER rate_limit_rule_raise_lock BEFORE INSERT OR UPDATE OR DELETE ON rate_limit_rule
+    FOR EACH STATEMENT EXECUTE FUNCTION limit_raise_lock();
+CREATE TRIGGER plan_raise_lock BEFORE INSERT OR UPDATE OR DELETE ON plan
+    FOR EACH STATEMENT EXECUTE FUNCTION limit_raise_lock();
+CREATE TRIGGER plan_rule_raise_lock BEFORE INSERT OR UPDATE OR DELETE ON plan_rule
+    FOR EACH STATEMENT EXECUTE FUNCTION limit_raise_lock();
+CREATE TRIGGER tenant_plan_raise_lock BEFORE INSERT OR UPDATE OR DELETE ON tenant_plan
+    FOR EACH STATEMENT EXECUTE FUNCTION limit_raise_lock();
+
 -- As 00009 left the others: the writing triggers run as the owner with a fixed
 -- search_path; helpers not for PUBLIC.
 -- +goose StatementBegin
@@ -327,11 +375,13 @@ DO $$
 DECLARE
     f text;
 BEGIN
-    FOREACH f IN ARRAY ARRAY['limit_raise_rule()', 'limit_raise_plan_rule()', 'limit_raise_tenant_plan()'] LOOP
+    FOREACH f IN ARRAY ARRAY['limit_raise_rule()', 'limit_raise_plan_rule()', 'limit_raise_tenant_plan()',
+        'limit_raise_lock()'] LOOP
         EXECUTE format('ALTER FUNCTION %s SECURITY DEFINER SET search_path = %I, pg_temp', f, current_schema());
     END LOOP;
-    FOREACH f IN ARRAY ARRAY['limit_raise_plan_rule()', 'limit_raise_tenant_plan()',
-        'limit_raise_plan_capacity(text, text, text, plan_rule[])', 'limit_raise_rule_capacity(text, text, text, text)'] LOOP
+    FOREACH f IN ARRAY ARRAY['limit_raise_plan_rule()', 'limit_raise_tenant_plan()', 'limit_raise_lock()',
+        'limit_raise_plan_capacity(text, text, text, plan_rule[])', 'limit_raise_rule_capacity(text, text, text, text)',
+        'limit_raise_pair(double precision, integer, double precision, integer)'] LOOP
         EXECUTE format('REVOKE EXECUTE ON FUNCTION %s FROM PUBLIC', f);
     END LOOP;
 END
@@ -342,6 +392,14 @@ GRANT SELECT ON plan, plan_rule, tenant_plan TO quotaplane_gateway, quotaplane_r
 GRANT INSERT, UPDATE, DELETE ON plan, plan_rule, tenant_plan TO quotaplane_operator;
 
 -- +goose Down
+-- Unassign every tenant while the raise triggers are still here: a tenant whose plan was
+-- smaller than the rules it falls back to is marked, as an unassignment is.
+DELETE FROM tenant_plan;
+DROP TRIGGER tenant_plan_raise_lock ON tenant_plan;
+DROP TRIGGER plan_rule_raise_lock ON plan_rule;
+DROP TRIGGER plan_raise_lock ON plan;
+DROP TRIGGER rate_limit_rule_raise_lock ON rate_limit_rule;
+DROP FUNCTION limit_raise_lock();
 DROP TRIGGER tenant_plan_raise_delete ON tenant_plan;
 DROP TRIGGER tenant_plan_raise_update ON tenant_plan;
 DROP TRIGGER tenant_plan_raise_insert ON tenant_plan;
@@ -435,6 +493,7 @@ $$;
 -- +goose StatementEnd
 
 DROP FUNCTION limit_raise_plan_capacity(text, text, text, plan_rule[]);
+DROP FUNCTION limit_raise_pair(double precision, integer, double precision, integer);
 DROP TABLE tenant_plan;
 DROP TABLE plan_rule;
 DROP TABLE plan;

@@ -168,6 +168,50 @@ func ruleWarnings(changes []store.Change, routes map[string]bool) []string {
 	return out
 }
 
+// planLossWarnings warn of a plan the file lists without some of its rules while tenants
+// are on it: the rules are deleted, which reaches every tenant of the plan at once.
+func planLossWarnings(ctx context.Context, st *store.Store, changes []store.Change) ([]string, error) {
+	lost := map[string][]string{}
+	var plans []string
+	for _, c := range changes {
+		if c.Object != "plan_rule" || c.Action != store.ActionDelete {
+			continue
+		}
+		plan, route, _ := strings.Cut(c.ID, "/")
+		if lost[plan] == nil {
+			plans = append(plans, plan)
+		}
+		lost[plan] = append(lost[plan], route)
+	}
+	var out []string
+	for _, plan := range plans {
+		n, err := st.PlanTenants(ctx, plan)
+		if err != nil {
+			return nil, err
+		}
+		if n == 0 {
+			continue
+		}
+		noun := "route"
+		if len(lost[plan]) > 1 {
+			noun = "routes"
+		}
+		out = append(out, fmt.Sprintf("plan %s: the file does not list its rules for %s %s: they are deleted, which changes the limit of EVERY tenant of the plan without a rule of its own (%d tenants)",
+			plan, noun, strings.Join(lost[plan], ", "), n))
+	}
+	return out, nil
+}
+
+// applyWarnings are the warnings of a plan of apply or diff: ruleWarnings and
+// planLossWarnings.
+func applyWarnings(ctx context.Context, st *store.Store, changes []store.Change, routes map[string]bool) ([]string, error) {
+	lost, err := planLossWarnings(ctx, st, changes)
+	if err != nil {
+		return nil, err
+	}
+	return append(ruleWarnings(changes, routes), lost...), nil
+}
+
 func newApplyCmd(a *app) *cobra.Command {
 	var (
 		file        string
@@ -243,7 +287,11 @@ setup does on every start, without undoing what was changed with ratectl since.`
 						}
 					}
 					if !write {
-						return a.renderPlan(cmd, changePlanJSON{Changes: changes, Warnings: ruleWarnings(changes, routes), State: now})
+						warnings, err := applyWarnings(ctx, st, changes, routes)
+						if err != nil {
+							return err
+						}
+						return a.renderPlan(cmd, changePlanJSON{Changes: changes, Warnings: warnings, State: now})
 					}
 					state = now
 				}
@@ -258,7 +306,11 @@ setup does on every start, without undoing what was changed with ratectl since.`
 				if err != nil {
 					return err
 				}
-				return a.renderPlan(cmd, changePlanJSON{Changes: changes, Warnings: ruleWarnings(changes, routes), Applied: true})
+				warnings, err := applyWarnings(ctx, st, changes, routes)
+				if err != nil {
+					return err
+				}
+				return a.renderPlan(cmd, changePlanJSON{Changes: changes, Warnings: warnings, Applied: true})
 			})
 		}),
 	}
@@ -367,7 +419,11 @@ changes (the plan is printed), 1 an error of any kind (bad file, unreachable dat
 				if err != nil {
 					return err
 				}
-				if err := a.renderPlan(cmd, changePlanJSON{Changes: changes, Warnings: ruleWarnings(changes, routes), State: state}); err != nil {
+				warnings, err := applyWarnings(ctx, st, changes, routes)
+				if err != nil {
+					return err
+				}
+				if err := a.renderPlan(cmd, changePlanJSON{Changes: changes, Warnings: warnings, State: state}); err != nil {
 					return err
 				}
 				if a.detailedExit && len(changes) > 0 {

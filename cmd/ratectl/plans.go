@@ -312,9 +312,7 @@ Without --apply it prints the change and writes nothing.`,
 				if !write {
 					return a.renderPlan(cmd, changePlanJSON{Changes: []store.Change{c}, Warnings: warnings})
 				}
-				for _, w := range warnings {
-					a.loudWarn(w)
-				}
+				// renderPlan below prints the warnings once the rule is deleted.
 				ctx, _, err = a.auditCtx(ctx, reasonOr(reason, cmd))
 				if err != nil {
 					return err

@@ -90,6 +90,9 @@ func TestPlans(t *testing.T) {
 	if !strings.Contains(r.stdout, "- plan_rule pro/search") || sqlInt(t, url, `SELECT count(*) FROM plan_rule WHERE plan = 'pro'`) != 1 {
 		t.Errorf("plans delete --route:\n%s", r.stdout)
 	}
+	if n := strings.Count(r.stderr, "WARNING: plan pro:"); n != 1 {
+		t.Errorf("plans delete --route --apply warned %d times, want once: %q", n, r.stderr)
+	}
 	c.ok("plans", "unassign", "acme", "--apply")
 	if n := sqlInt(t, url, `SELECT count(*) FROM tenant_plan WHERE tenant_id = 'acme'`); n != 0 {
 		t.Errorf("acme still on a plan")
@@ -183,5 +186,46 @@ func TestAuditPlans(t *testing.T) {
 		if !strings.Contains(r.stdout, want) {
 			t.Errorf("audit: no %q in\n%s", want, r.stdout)
 		}
+	}
+}
+
+// TestApplyPlanLosesRules (G2): a plan listed in a limits file without some of its rules
+// loses them, which reaches every tenant of the plan: diff and apply warn on stderr, as
+// plans set and delete do; a plan without tenants loses its rules without a warning.
+func TestApplyPlanLosesRules(t *testing.T) {
+	t.Parallel()
+	c, url := newDB(t)
+	file := filepath.Join(t.TempDir(), "limits.yaml")
+	write := func(s string) {
+		t.Helper()
+		if err := os.WriteFile(file, []byte(s), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(`plans:
+  - name: pro
+    rules:
+      - {route: "*", capacity: 200, refill_per_second: 100}
+      - {route: search, capacity: 20, refill_per_second: 1}
+  - name: free
+    rules:
+      - {route: "*", capacity: 10, refill_per_second: 1}
+tenant_plans:
+  - {tenant: acme, plan: pro}
+`)
+	c.ok("apply", "-f", file, "--apply")
+	write(`plans:
+  - name: pro
+  - name: free
+`)
+	want := "WARNING: plan pro: the file does not list its rules for routes *, search: they are deleted, which changes the limit of EVERY tenant of the plan without a rule of its own (1 tenants)"
+	for _, args := range [][]string{{"diff", "-f", file}, {"apply", "-f", file}, {"apply", "-f", file, "--apply"}} {
+		r := c.ok(args...)
+		if !strings.Contains(r.stderr, want) || strings.Count(r.stderr, "WARNING") != 1 {
+			t.Errorf("%v: stderr %q, want one WARNING %q (none for free, which has no tenants)", args, r.stderr, want)
+		}
+	}
+	if n := sqlInt(t, url, `SELECT count(*) FROM plan_rule`); n != 0 {
+		t.Errorf("%d plan rules left, want 0", n)
 	}
 }

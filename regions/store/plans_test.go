@@ -306,3 +306,129 @@ func TestPlanThousandTenants(t *testing.T) {
 		t.Errorf("t7, whose own rule wins, marked %d times", n)
 	}
 }
+
+// TestPlanShardsRaiseMarkers (B2): a change that leaves the capacity as it was but gives
+// the rule that applies more shards is marked (1 - 1e-9 over 1, so new shards start from
+// their refill): a tenant moved to a plan of more shards, its own rule deleted so a plan
+// rule of more shards applies, its own rule of more shards added over its plan's, a plan
+// rule of more shards added over the plan's *. Fewer shards mark nothing.
+func TestPlanShardsRaiseMarkers(t *testing.T) {
+	t.Parallel()
+	s, _ := newStore(t)
+	ctx := WithAudit(context.Background(), "test", "plan shards")
+	clear := func() { exec(t, s, `DELETE FROM limit_raise`) }
+	shardMark := func(m map[string]float64, key string) bool {
+		r, ok := m[key]
+		return ok && r > 1-1e-6 && r < 1
+	}
+	sharded := func(plan, route string, shards int) regions.Rule {
+		r := planRule(plan, route, 40, 20)
+		r.Shards = shards
+		return r
+	}
+	for _, r := range []regions.Rule{sharded("f1", "*", 1), sharded("f8", "*", 8)} {
+		if err := s.SetPlanRule(ctx, r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.AssignPlan(ctx, "sh3", "f1"); err != nil {
+		t.Fatal(err)
+	}
+	clear()
+
+	if err := s.AssignPlan(ctx, "sh3", "f8"); err != nil {
+		t.Fatal(err)
+	}
+	if m := marksOf(t, s); !shardMark(m, "* sh3 *") {
+		t.Errorf("sh3 moved f1 -> f8 (same capacity, 8 shards): %v, want {* sh3 *} 1-1e-9", m)
+	}
+	clear()
+	if err := s.AssignPlan(ctx, "sh3", "f1"); err != nil {
+		t.Fatal(err)
+	}
+	if m := marksOf(t, s); len(m) != 0 {
+		t.Errorf("sh3 moved f8 -> f1 (fewer shards): %v, want none", m)
+	}
+
+	// Its own 1-shard rule deleted so f8's 8 shards apply.
+	if err := s.AssignPlan(ctx, "own", "f8"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.SetRule(ctx, regions.Rule{Tenant: "own", Route: "*", Capacity: 40, RefillPerSecond: 20, Shards: 1}); err != nil {
+		t.Fatal(err)
+	}
+	clear()
+	if err := s.DeleteRule(ctx, "own", "*"); err != nil {
+		t.Fatal(err)
+	}
+	if m := marksOf(t, s); !shardMark(m, "* own *") {
+		t.Errorf("own's 1-shard rule deleted under f8: %v, want {* own *} 1-1e-9", m)
+	}
+	clear()
+
+	// Its own rule of more shards added over its plan's (f1, 1 shard).
+	if err := s.AssignPlan(ctx, "own2", "f1"); err != nil {
+		t.Fatal(err)
+	}
+	clear()
+	if err := s.SetRule(ctx, regions.Rule{Tenant: "own2", Route: "*", Capacity: 40, RefillPerSecond: 20, Shards: 4}); err != nil {
+		t.Fatal(err)
+	}
+	if m := marksOf(t, s); !shardMark(m, "* own2 *") {
+		t.Errorf("own2's 4-shard rule added over f1: %v, want {* own2 *} 1-1e-9", m)
+	}
+	clear()
+
+	// A plan rule for one route with more shards than the plan's *.
+	if err := s.SetPlanRule(ctx, sharded("f1", "orders", 2)); err != nil {
+		t.Fatal(err)
+	}
+	if m := marksOf(t, s); !shardMark(m, "* sh3 orders") || len(m) != 1 {
+		t.Errorf("f1/orders of 2 shards added over f1/*: %v, want {* sh3 orders} 1-1e-9 only", m)
+	}
+}
+
+// TestPlanWritersSerialised (B3): writers of the rules, plan rules and plan assignments
+// queue on one advisory lock, so a statement's raise markers are computed against what
+// the writer before it committed: a tenant assigned pro while pro's * is being raised
+// 50 -> 500 waits, and is marked against 500 (20/500), not the 50 it would have read.
+func TestPlanWritersSerialised(t *testing.T) {
+	t.Parallel()
+	s, _ := newStore(t)
+	ctx := WithAudit(context.Background(), "test", "serialised")
+	if err := s.SetPlanRule(ctx, planRule("pro", "*", 50, 10)); err != nil {
+		t.Fatal(err)
+	}
+	exec(t, s, `DELETE FROM limit_raise`)
+
+	tx, err := s.Pool().Begin(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(context.Background())
+	if _, err := tx.Exec(context.Background(), `UPDATE plan_rule SET capacity = 500 WHERE plan = 'pro' AND route_id = '*'`); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	var insertErr error
+	go func() {
+		defer close(done)
+		_, insertErr = s.Pool().Exec(context.Background(), `INSERT INTO tenant_plan (tenant_id, plan) VALUES ('newt2', 'pro')`)
+	}()
+	waitBlockedOrDone(t, s, done)
+	select {
+	case <-done:
+		t.Error("the assignment did not wait for the plan rule's writer")
+	default:
+	}
+	if err := tx.Commit(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	<-done
+	if insertErr != nil {
+		t.Fatal(insertErr)
+	}
+	if m := marksOf(t, s); len(m) != 1 || m["* newt2 *"] > 20.0/500+1e-6 {
+		t.Errorf("newt2 assigned pro while pro/* went 50 -> 500: %v, want {* newt2 *} 0.04", m)
+	}
+}
