@@ -142,7 +142,7 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	defer func() { _ = gw.proc.Stop() }()
 	for _, n := range o.callers {
 		logf("quotaplane RLS, %d callers, %s", n, o.duration)
-		cpu0 := cpuTimes(filepath.Join(bin, "gateway"))
+		cpu0 := cpuTimes(filepath.Join(bin, "gateway"), redis.Addr())
 		r, err := load(ctx, gw.rls, o, n, func(k string) *rlcommon.RateLimitDescriptor {
 			return desc("api_key", benchKey, "route", "bench", "user", k)
 		})
@@ -152,9 +152,9 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 		r.Server, r.Sources = "quotaplane", gw.sources(ctx)
 		res.Rows = append(res.Rows, r)
 		logf("  %s", line(r))
-		cpu1 := cpuTimes(filepath.Join(bin, "gateway"))
+		cpu1 := cpuTimes(filepath.Join(bin, "gateway"), redis.Addr())
 		wall := (warmup + o.duration).Seconds()
-		logf("  CPU over warm-up and run (%.0f s, %d cores): gateway %.1f s, load generator %.1f s", wall, runtime.NumCPU(), cpu1.server-cpu0.server, cpu1.self-cpu0.self)
+		logf("  CPU over warm-up and run (%.0f s, %d cores): gateway %.1f s, load generator %.1f s, redis-server %.1f s", wall, runtime.NumCPU(), cpu1.server-cpu0.server, cpu1.self-cpu0.self, cpu1.redis-cpu0.redis)
 	}
 	if rlBuild == nil {
 		rl, err := startRatelimit(ctx, work, filepath.Join(bin, "service_cmd"), redis.Addr())
@@ -258,12 +258,14 @@ func goCmd(ctx context.Context, env []string, args ...string) error {
 	return nil
 }
 
-// cpuSeconds are the user+system CPU seconds of this process (the load generator) and of
-// the process running the binary at server (0 when it is not found).
-type cpuSeconds struct{ self, server float64 }
+// cpuSeconds are the user+system CPU seconds of this process (the load generator), of
+// the process running the binary at server and of the redis-server at redisAddr (0 when
+// one is not found).
+type cpuSeconds struct{ self, server, redis float64 }
 
-// cpuTimes reads /proc: this process's and server's utime+stime.
-func cpuTimes(server string) cpuSeconds {
+// cpuTimes reads /proc: this process's, server's and the Redis server's utime+stime. A
+// redis-server names itself after its address in its command line.
+func cpuTimes(server, redisAddr string) cpuSeconds {
 	var c cpuSeconds
 	c.self = procCPU("self")
 	ents, _ := os.ReadDir("/proc")
@@ -273,6 +275,9 @@ func cpuTimes(server string) cpuSeconds {
 		}
 		if exe, err := os.Readlink("/proc/" + e.Name() + "/exe"); err == nil && exe == server {
 			c.server = procCPU(e.Name())
+		}
+		if cmd, err := os.ReadFile("/proc/" + e.Name() + "/cmdline"); err == nil && strings.Contains(string(cmd), "redis-server") && strings.Contains(string(cmd), redisAddr) {
+			c.redis = procCPU(e.Name())
 		}
 	}
 	return c
