@@ -44,8 +44,8 @@ type rlsService struct {
 // goroutine per call, whose 8 KiB stack grows on every call on the way to Redis: 9% of
 // the gateway's CPU at 64 callers (docs/rls-profile.md). Workers keep their grown
 // stacks; a call that finds all of them busy gets its own goroutine as before. More
-// workers than callers measured no better: an idle worker's stack is shrunk by the
-// garbage collector and grows again.
+// workers than callers measured no better, probably because an idle worker's stack is
+// shrunk by the garbage collector and grows again.
 const rlsStreamWorkers = 64
 
 // newRLSServer is the gRPC server of rls_listen.
