@@ -36,7 +36,7 @@ func rlsConfig(upstream, redisURL string) Config {
 }
 
 // rlsClient serves g's RLS service on a loopback port and dials it.
-func rlsClient(t *testing.T, g *Gateway) rlsv3.RateLimitServiceClient {
+func rlsClient(t testing.TB, g *Gateway) rlsv3.RateLimitServiceClient {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

@@ -77,6 +77,8 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	out := fs.String("out", "docs/bench/rls.json", "the results file to write (the committed one also renders the documents again); empty prints only")
 	checkRPS := fs.Int("check-rps", 1000, "request rate of the nginx check-endpoint measurement")
 	quiet := fs.Duration("quiet", 2*time.Minute, "how long to wait after the builds for a 1-minute load average below 2 (0: do not wait)")
+	withRatelimit := fs.Bool("ratelimit", true, "also build and measure envoyproxy/ratelimit (false: the gateway alone)")
+	withCheck := fs.Bool("check", true, "also measure the nginx check endpoint")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -113,7 +115,10 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	if err := goCmd(ctx, nil, "build", "-o", bin+"/", "./cmd/gateway"); err != nil {
 		return err
 	}
-	rlBuild := goCmd(ctx, []string{"GOBIN=" + bin}, "install", ratelimitModule)
+	rlBuild := errors.New("-ratelimit=false")
+	if *withRatelimit {
+		rlBuild = goCmd(ctx, []string{"GOBIN=" + bin}, "install", ratelimitModule)
+	}
 	if rlBuild != nil {
 		logf("envoyproxy/ratelimit could not be built; measuring the gateway alone: %v", rlBuild)
 		res.RatelimitError, _, _ = strings.Cut(rlBuild.Error(), "\n")
@@ -137,6 +142,7 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	defer func() { _ = gw.proc.Stop() }()
 	for _, n := range o.callers {
 		logf("quotaplane RLS, %d callers, %s", n, o.duration)
+		cpu0 := cpuTimes(filepath.Join(bin, "gateway"), redis.Addr())
 		r, err := load(ctx, gw.rls, o, n, func(k string) *rlcommon.RateLimitDescriptor {
 			return desc("api_key", benchKey, "route", "bench", "user", k)
 		})
@@ -146,6 +152,9 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 		r.Server, r.Sources = "quotaplane", gw.sources(ctx)
 		res.Rows = append(res.Rows, r)
 		logf("  %s", line(r))
+		cpu1 := cpuTimes(filepath.Join(bin, "gateway"), redis.Addr())
+		wall := (warmup + o.duration).Seconds()
+		logf("  CPU over warm-up and run (%.0f s, %d cores): gateway %.1f s, load generator %.1f s, redis-server %.1f s", wall, runtime.NumCPU(), cpu1.server-cpu0.server, cpu1.self-cpu0.self, cpu1.redis-cpu0.redis)
 	}
 	if rlBuild == nil {
 		rl, err := startRatelimit(ctx, work, filepath.Join(bin, "service_cmd"), redis.Addr())
@@ -166,14 +175,16 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 		_ = rl.Stop()
 	}
 
-	logf("nginx check endpoint at %d requests/s, %s each", o.checkRPS, o.duration)
-	check, err := checkOverhead(ctx, work, gw, o)
-	if err != nil {
-		return err
-	}
-	res.Check = &results.CheckLoad{RPS: o.checkRPS, Duration: results.Duration(o.duration), Rows: check}
-	for _, c := range check {
-		logf("  %s: %d requests, p50 %.2f ms, p99 %.2f ms, max %.2f ms, statuses %v, %d errors", c.Path, c.Requests, c.P50Ms, c.P99Ms, c.MaxMs, c.Statuses, c.Errors)
+	if *withCheck {
+		logf("nginx check endpoint at %d requests/s, %s each", o.checkRPS, o.duration)
+		check, err := checkOverhead(ctx, work, gw, o)
+		if err != nil {
+			return err
+		}
+		res.Check = &results.CheckLoad{RPS: o.checkRPS, Duration: results.Duration(o.duration), Rows: check}
+		for _, c := range check {
+			logf("  %s: %d requests, p50 %.2f ms, p99 %.2f ms, max %.2f ms, statuses %v, %d errors", c.Path, c.Requests, c.P50Ms, c.P99Ms, c.MaxMs, c.Statuses, c.Errors)
+		}
 	}
 	res.End, res.LoadEnd = time.Now().UTC(), testenv.LoadAverage()
 	for _, n := range o.callers {
@@ -245,6 +256,51 @@ func goCmd(ctx context.Context, env []string, args ...string) error {
 		return fmt.Errorf("go %s: %w\n%s", strings.Join(args, " "), err, out)
 	}
 	return nil
+}
+
+// cpuSeconds are the user+system CPU seconds of this process (the load generator), of
+// the process running the binary at server and of the redis-server at redisAddr (0 when
+// one is not found).
+type cpuSeconds struct{ self, server, redis float64 }
+
+// cpuTimes reads /proc: this process's, server's and the Redis server's utime+stime. A
+// redis-server names itself after its address in its command line.
+func cpuTimes(server, redisAddr string) cpuSeconds {
+	var c cpuSeconds
+	c.self = procCPU("self")
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		if _, err := strconv.Atoi(e.Name()); err != nil {
+			continue
+		}
+		if exe, err := os.Readlink("/proc/" + e.Name() + "/exe"); err == nil && exe == server {
+			c.server = procCPU(e.Name())
+		}
+		if cmd, err := os.ReadFile("/proc/" + e.Name() + "/cmdline"); err == nil && strings.Contains(string(cmd), "redis-server") && strings.Contains(string(cmd), redisAddr) {
+			c.redis = procCPU(e.Name())
+		}
+	}
+	return c
+}
+
+// procCPU is utime+stime of /proc/pid/stat in seconds (clock ticks of 100 Hz, Linux's
+// USER_HZ).
+func procCPU(pid string) float64 {
+	b, err := os.ReadFile("/proc/" + pid + "/stat")
+	if err != nil {
+		return 0
+	}
+	i := strings.LastIndexByte(string(b), ')')
+	if i < 0 {
+		return 0
+	}
+	f := strings.Fields(string(b[i+1:])) // f[0] is field 3 (state): utime is field 14
+	if len(f) < 13 {
+		return 0
+	}
+	u, _ := strconv.ParseFloat(f[11], 64)
+	s, _ := strconv.ParseFloat(f[12], 64)
+	return (u + s) / 100
 }
 
 func freeAddr() (string, error) {
