@@ -105,14 +105,19 @@ func (r Rule) Validate() error {
 	if err := ValidateIDOrWildcard("route", r.Route); err != nil {
 		return err
 	}
+	// A plan's rule is named as the plan's (pro/orders), not as the default rule */orders.
+	what, owner := "rule", r.Tenant
+	if r.Plan != "" {
+		what, owner = "rule of plan", r.Plan
+	}
 	if r.Capacity <= 0 || r.Capacity > MaxCapacity {
-		return fmt.Errorf("%w rule %s/%s: capacity %d must be between 1 and %d", ErrInvalid, r.Tenant, r.Route, r.Capacity, int64(MaxCapacity))
+		return fmt.Errorf("%w %s %s/%s: capacity %d must be between 1 and %d", ErrInvalid, what, owner, r.Route, r.Capacity, int64(MaxCapacity))
 	}
 	if !(r.RefillPerSecond > 0) || r.RefillPerSecond > MaxRefillPerSecond {
-		return fmt.Errorf("%w rule %s/%s: refill_per_second %v must be > 0 and at most %g", ErrInvalid, r.Tenant, r.Route, r.RefillPerSecond, float64(MaxRefillPerSecond))
+		return fmt.Errorf("%w %s %s/%s: refill_per_second %v must be > 0 and at most %g", ErrInvalid, what, owner, r.Route, r.RefillPerSecond, float64(MaxRefillPerSecond))
 	}
 	if r.Shards < 1 || r.Shards > MaxShards {
-		return fmt.Errorf("%w rule %s/%s: shards %d must be between 1 and %d", ErrInvalid, r.Tenant, r.Route, r.Shards, MaxShards)
+		return fmt.Errorf("%w %s %s/%s: shards %d must be between 1 and %d", ErrInvalid, what, owner, r.Route, r.Shards, MaxShards)
 	}
 	return nil
 }
