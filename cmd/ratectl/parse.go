@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/spf13/pflag"
+
 	"github.com/quotaplane/quotaplane/regions"
 )
 
@@ -133,4 +135,26 @@ func checkIDOrWildcard(kind, id string) error {
 		return nil
 	}
 	return checkID(kind, id)
+}
+
+// checkRuleFlags checks the route and the bucket flags given to rules set or plans set
+// (a flag left out keeps the stored value).
+func checkRuleFlags(f *pflag.FlagSet, r *regions.Rule) error {
+	if err := checkIDOrWildcard("route", r.Route); err != nil {
+		return err
+	}
+	if f.Changed("capacity") {
+		if err := checkPositiveInt("capacity", r.Capacity); err != nil {
+			return err
+		}
+	}
+	if f.Changed("refill") {
+		if err := checkPositiveFloat("refill", r.RefillPerSecond); err != nil {
+			return err
+		}
+	}
+	if f.Changed("shards") && (r.Shards < 1 || r.Shards > regions.MaxShards) {
+		return usagef("--shards %d: must be between 1 and %d", r.Shards, regions.MaxShards)
+	}
+	return nil
 }

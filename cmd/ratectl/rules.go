@@ -92,21 +92,8 @@ defines get a WARNING line on stderr.`,
 			if err := checkIDOrWildcard("tenant", r.Tenant); err != nil {
 				return err
 			}
-			if err := checkIDOrWildcard("route", r.Route); err != nil {
+			if err := checkRuleFlags(f, &r); err != nil {
 				return err
-			}
-			if f.Changed("capacity") {
-				if err := checkPositiveInt("capacity", r.Capacity); err != nil {
-					return err
-				}
-			}
-			if f.Changed("refill") {
-				if err := checkPositiveFloat("refill", r.RefillPerSecond); err != nil {
-					return err
-				}
-			}
-			if f.Changed("shards") && (r.Shards < 1 || r.Shards > 1024) {
-				return usagef("--shards %d: must be between 1 and 1024", r.Shards)
 			}
 			routes, err := gatewayRoutes(gwConfig)
 			if err != nil {
