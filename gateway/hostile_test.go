@@ -162,6 +162,8 @@ routes:
 		{"value a list", "GET", "/users", withKey([2]string{"X-User", "acme, x"}), "refused"},
 		{"value trailing comma", "GET", "/users", withKey([2]string{"X-User", "acme,"}), "refused"},
 		{"value with ;param", "GET", "/users", withKey([2]string{"X-User", "acme;x"}), "refused"},
+		{"value with NBSP", "GET", "/users", withKey([2]string{"X-User", "acme\u00a0"}), "refused"},
+		{"value with NEL", "GET", "/users", withKey([2]string{"X-User", "acme\u0085"}), "refused"},
 		{"value quoted", "GET", "/users", withKey([2]string{"X-User", `"acme"`}), "refused"},
 		{"value repeated", "GET", "/users", withKey([2]string{"X-User", "acme"}, [2]string{"X-User", "other"}), "refused"},
 		{"value beside X_User", "GET", "/users", withKey([2]string{"X-User", "fresh"}, [2]string{"X_User", "acme"}), ""},
