@@ -56,3 +56,10 @@ func (k Keys) Value(tenant, route, value string) string {
 	sum := sha256.Sum256([]byte(value))
 	return k.prefix() + ":{" + tenant + "}:" + route + ":v:" + base64.RawURLEncoding.EncodeToString(sum[:ValueHashLen])
 }
+
+// Band is the bucket of a rule's further band (regions.Band): "rl:{tenant}:route:b:name",
+// in the tenant's slot, so a decision's buckets fit one script call. Band names are ids
+// like tenants and routes, so no two (route, band) pairs share a key, nor a band a value's.
+func (k Keys) Band(tenant, route, band string) string {
+	return k.prefix() + ":{" + tenant + "}:" + route + ":b:" + band
+}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"strings"
 	"time"
 )
@@ -70,6 +71,83 @@ type Rule struct {
 	// a column of rate_limit_rule (db:"-"), and left out of JSON when empty, so the
 	// fingerprint of rules without plans is what it was.
 	Plan string `db:"-" json:",omitempty"`
+	// Bands are the rule's further token buckets (at most MaxBands, each named): a
+	// request is admitted only if the rule's own bucket (the band named PrimaryBand,
+	// Capacity and RefillPerSecond) and every band admit, in one script call, and then
+	// its cost is taken from each. Every band is scaled by the region's share. Empty
+	// for a rule of one band, which behaves as a rule did before bands; left out of JSON
+	// when empty, so the fingerprint of such rules is what it was.
+	Bands []Band `db:"-" json:",omitempty"`
+}
+
+// Equal reports whether r and o are the same rule, bands included (in order).
+func (r Rule) Equal(o Rule) bool {
+	return r.Tenant == o.Tenant && r.Route == o.Route && r.Capacity == o.Capacity &&
+		r.RefillPerSecond == o.RefillPerSecond && r.Shadow == o.Shadow && r.Shards == o.Shards &&
+		r.UpdatedAt.Equal(o.UpdatedAt) && r.Plan == o.Plan && slices.Equal(r.Bands, o.Bands)
+}
+
+// Band is one further token bucket of a rule: "10,000 per hour" is Capacity 10000,
+// RefillPerSecond 10000/3600.
+type Band struct {
+	// Name is the band's stable name (an id, not PrimaryBand), shown in RateLimit-Policy.
+	Name string `json:"name"`
+	// Capacity (1..MaxCapacity) and RefillPerSecond (0 < r <= MaxRefillPerSecond), as a rule's.
+	Capacity        int64   `json:"capacity"`
+	RefillPerSecond float64 `json:"refill_per_second"`
+}
+
+// PrimaryBand is the name of a rule's own bucket (Rule.Capacity, Rule.RefillPerSecond)
+// among its bands: in RateLimit-Policy, limits files and ratectl.
+const PrimaryBand = "rate"
+
+// MaxBands is the most further bands a rule may have (besides its own bucket).
+const MaxBands = 8
+
+// BandLimit is one band of a rule as a region enforces it: scaled by its share.
+type BandLimit struct {
+	Name  string
+	Limit Limit
+}
+
+// ScaledBands are r's further bands scaled by share (Limit.Scale), in order; nil for
+// a rule of one band.
+func (r Rule) ScaledBands(share float64) []BandLimit {
+	if len(r.Bands) == 0 {
+		return nil
+	}
+	out := make([]BandLimit, len(r.Bands))
+	for i, b := range r.Bands {
+		out[i] = BandLimit{Name: b.Name, Limit: Scale(b.Capacity, b.RefillPerSecond, share)}
+	}
+	return out
+}
+
+// validateBands checks r's further bands: ids, unique, not PrimaryBand, numbers in range.
+func (r Rule) validateBands(what, owner string) error {
+	if len(r.Bands) > MaxBands {
+		return fmt.Errorf("%w %s %s/%s: %d bands, at most %d besides the rule's own (%q)", ErrInvalid, what, owner, r.Route, len(r.Bands), MaxBands, PrimaryBand)
+	}
+	seen := make(map[string]bool, len(r.Bands))
+	for _, b := range r.Bands {
+		if err := ValidateID("band", b.Name); err != nil {
+			return fmt.Errorf("%s %s/%s: %w", what, owner, r.Route, err)
+		}
+		if b.Name == PrimaryBand {
+			return fmt.Errorf("%w %s %s/%s: band %q is the name of the rule's own capacity and refill", ErrInvalid, what, owner, r.Route, b.Name)
+		}
+		if seen[b.Name] {
+			return fmt.Errorf("%w %s %s/%s: band %q appears twice", ErrInvalid, what, owner, r.Route, b.Name)
+		}
+		seen[b.Name] = true
+		if b.Capacity <= 0 || b.Capacity > MaxCapacity {
+			return fmt.Errorf("%w %s %s/%s: band %s: capacity %d must be between 1 and %d", ErrInvalid, what, owner, r.Route, b.Name, b.Capacity, int64(MaxCapacity))
+		}
+		if !(b.RefillPerSecond > 0) || b.RefillPerSecond > MaxRefillPerSecond {
+			return fmt.Errorf("%w %s %s/%s: band %s: refill_per_second %v must be > 0 and at most %g", ErrInvalid, what, owner, r.Route, b.Name, b.RefillPerSecond, float64(MaxRefillPerSecond))
+		}
+	}
+	return nil
 }
 
 // Plan is a named set of per-route rules that many tenants share (free, pro): a tenant
@@ -119,7 +197,10 @@ func (r Rule) Validate() error {
 	if r.Shards < 1 || r.Shards > MaxShards {
 		return fmt.Errorf("%w %s %s/%s: shards %d must be between 1 and %d", ErrInvalid, what, owner, r.Route, r.Shards, MaxShards)
 	}
-	return nil
+	if len(r.Bands) > 0 && r.Shards > 1 {
+		return fmt.Errorf("%w %s %s/%s: a rule with bands cannot be sharded (shards %d): its buckets are decided in one script call, in the tenant's slot", ErrInvalid, what, owner, r.Route, r.Shards)
+	}
+	return r.validateBands(what, owner)
 }
 
 // Upper bounds of a rule. The shared bucket counts tokens in Lua doubles: every whole

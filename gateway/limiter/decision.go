@@ -66,6 +66,22 @@ type Decision struct {
 	ResetAfter time.Duration
 	// Source says which mechanism decided.
 	Source Source
+	// Bands, for a request with Bands, are the rule's bands after the decision: first
+	// the rule's own (regions.PrimaryBand, with the value's bucket folded in as the
+	// top-level fields fold it), then each of Request.Bands in order. The top-level
+	// fields are the band closest to exhaustion (the refusing one that refuses longest
+	// when refused). Nil for a request without bands.
+	Bands []BandState
+}
+
+// BandState is one band of a decision, for the RateLimit-Policy header: the band's limit
+// as this decision enforced it (a fallback's 1/N) and its bucket after the decision.
+type BandState struct {
+	Name            string
+	Limit           int64
+	RefillPerSecond float64
+	Remaining       int64
+	ResetAfter      time.Duration
 }
 
 // Request asks for tokens of one tenant's bucket for one route.
@@ -94,6 +110,13 @@ type Request struct {
 	// ValueLimit is the per-value bucket's limit (already scaled by the region's share);
 	// required with Value.
 	ValueLimit regions.Limit
+	// Bands are the rule's further bands (regions.Rule.ScaledBands, already scaled by
+	// the region's share), each its own bucket "rl:{tenant}:route:b:name" (lua.Keys.Band)
+	// decided with the route bucket (and the value's) in one script call: admitted only
+	// if all admit, then the cost is taken from each. The cost must fit every band's
+	// capacity. Shards and leases are not used for a request with bands (as with a
+	// Value); the fallback and the Local limiter keep a bucket per band too.
+	Bands []regions.BandLimit
 	// RaisedAgo, when > 0, says the tenant's limit may have been raised that long ago
 	// (regions.Snapshot.Raise: a larger rule or share, a rule or share added or removed,
 	// more shards), and RaiseRatio is the old capacity over the new (0 when unknown).

@@ -212,7 +212,7 @@ func planRules(cur, want []regions.Rule, prune bool) []Change {
 	for _, r := range want {
 		old, ok := have[key(r)]
 		delete(have, key(r))
-		if ok && old == r {
+		if ok && old.Equal(r) {
 			continue
 		}
 		c := Change{Action: ActionAdd, Object: "rule", ID: key(r), New: RuleValueOf(r), order: orderRule, rule: r}
@@ -399,7 +399,7 @@ func planPlanRules(cur, want []regions.Rule) []Change {
 	for _, r := range want {
 		old, ok := have[r.Route]
 		delete(have, r.Route)
-		if ok && old == r {
+		if ok && old.Equal(r) {
 			continue
 		}
 		c := Change{Action: ActionAdd, Object: "plan_rule", ID: r.Plan + "/" + r.Route, New: RuleValueOf(r), order: orderPlanRule,
