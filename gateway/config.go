@@ -365,6 +365,8 @@ type RuleConfig struct {
 	RefillPerSecond float64 `yaml:"refill_per_second"`
 	Shadow          bool    `yaml:"shadow"`
 	Shards          int     `yaml:"shards"`
+	// Bands are the rule's further token buckets (docs/configuration.md, "Bands").
+	Bands []BandConfig `yaml:"bands"`
 }
 
 // RouteConfig maps a ServeMux pattern to a route id and an upstream.
@@ -441,6 +443,38 @@ type TenantRuleConfig struct {
 	RefillPerSecond float64 `yaml:"refill_per_second"`
 	Shadow          bool    `yaml:"shadow"`
 	Shards          int     `yaml:"shards"`
+	// Bands are the rule's further token buckets (docs/configuration.md, "Bands").
+	Bands []BandConfig `yaml:"bands"`
+}
+
+// BandConfig is one further token bucket of a rule, as in a limits file: "10,000 per
+// hour" is {name: hour, capacity: 10000, per: 1h}; per or refill_per_second, not both.
+type BandConfig struct {
+	Name            string        `yaml:"name"`
+	Capacity        int64         `yaml:"capacity"`
+	Per             time.Duration `yaml:"per"`
+	RefillPerSecond float64       `yaml:"refill_per_second"`
+}
+
+// band is b as a regions.Band (checkBands has checked it).
+func (b BandConfig) band() regions.Band {
+	refill := b.RefillPerSecond
+	if b.Per > 0 {
+		refill = float64(b.Capacity) / b.Per.Seconds()
+	}
+	return regions.Band{Name: b.Name, Capacity: b.Capacity, RefillPerSecond: refill}
+}
+
+// regionsBands are bands as regions.Bands; nil for none.
+func regionsBands(bands []BandConfig) []regions.Band {
+	if len(bands) == 0 {
+		return nil
+	}
+	out := make([]regions.Band, len(bands))
+	for i, b := range bands {
+		out[i] = b.band()
+	}
+	return out
 }
 
 // MetricsConfig bounds the tenant-labelled series.
@@ -759,6 +793,9 @@ func (c *Config) checkLimits() error {
 	if err := checkBucket(c.DefaultRule.Capacity, c.DefaultRule.RefillPerSecond, c.DefaultRule.Shards); err != nil {
 		return c.bad("default_rule."+err.key, "%s", err.reason)
 	}
+	if err := checkBands(c.DefaultRule.Bands, c.DefaultRule.Shards); err != nil {
+		return c.bad("default_rule."+err.key, "%s", err.reason)
+	}
 	if c.MaxHeaderBytes < 4<<10 || c.MaxHeaderBytes > 1<<20 {
 		return c.bad("max_header_bytes", "must be between 4096 and 1048576, got %d", c.MaxHeaderBytes)
 	}
@@ -950,6 +987,9 @@ func (c *Config) checkTenants() error {
 			if err := checkBucket(r.Capacity, r.RefillPerSecond, r.Shards); err != nil {
 				return c.bad(rk+"."+err.key, "%s", err.reason)
 			}
+			if err := checkBands(r.Bands, r.Shards); err != nil {
+				return c.bad(rk+"."+err.key, "%s", err.reason)
+			}
 		}
 	}
 	return nil
@@ -1101,6 +1141,55 @@ func checkBucket(capacity int64, refill float64, shards int) *bucketError {
 	}
 	if shards < 1 || shards > regions.MaxShards {
 		return &bucketError{"shards", fmt.Sprintf("must be between 1 and %d, got %d", regions.MaxShards, shards)}
+	}
+	return nil
+}
+
+// checkBands checks a rule's bands: at most regions.MaxBands, each an id other than
+// regions.PrimaryBand and unique, a bucket (per or refill_per_second, not both), and no
+// shards; then regions.Rule.Validate on them as the snapshot will hold them.
+func checkBands(bands []BandConfig, shards int) *bucketError {
+	if len(bands) == 0 {
+		return nil
+	}
+	if len(bands) > regions.MaxBands {
+		return &bucketError{"bands", fmt.Sprintf("at most %d bands besides the rule's own (%q), got %d", regions.MaxBands, regions.PrimaryBand, len(bands))}
+	}
+	if shards > 1 {
+		return &bucketError{"shards", fmt.Sprintf("a rule with bands cannot be sharded (got %d): its buckets are decided in one script call", shards)}
+	}
+	seen := make(map[string]int, len(bands))
+	for i, b := range bands {
+		key := fmt.Sprintf("bands[%d]", i)
+		if err := regions.ValidateID("band", b.Name); err != nil {
+			return &bucketError{key + ".name", unwrapInvalid(err)}
+		}
+		if b.Name == regions.PrimaryBand {
+			return &bucketError{key + ".name", fmt.Sprintf("%q is the name of the rule's own capacity and refill_per_second", b.Name)}
+		}
+		if j, dup := seen[b.Name]; dup {
+			return &bucketError{key + ".name", fmt.Sprintf("band %q is already bands[%d]", b.Name, j)}
+		}
+		seen[b.Name] = i
+		switch {
+		case b.Per != 0 && b.RefillPerSecond != 0:
+			return &bucketError{key, "give per or refill_per_second, not both"}
+		case b.Per < 0:
+			return &bucketError{key + ".per", fmt.Sprintf("must be a positive duration (1h: capacity per hour), got %s", b.Per)}
+		case b.Per == 0 && b.RefillPerSecond == 0:
+			return &bucketError{key, "give per (1h: capacity per hour) or refill_per_second"}
+		}
+		if err := checkBucket(b.Capacity, b.band().RefillPerSecond, 1); err != nil {
+			k := key + "." + err.key
+			if err.key == "refill_per_second" && b.Per > 0 {
+				k, err.reason = key+".per", fmt.Sprintf("capacity %d per %s is a refill of %v a second: %s", b.Capacity, b.Per, b.band().RefillPerSecond, err.reason)
+			}
+			return &bucketError{k, err.reason}
+		}
+	}
+	r := regions.Rule{Tenant: regions.Wildcard, Route: regions.Wildcard, Capacity: 1, RefillPerSecond: 1, Shards: 1, Bands: regionsBands(bands)}
+	if err := r.Validate(); err != nil {
+		return &bucketError{"bands", unwrapInvalid(err)}
 	}
 	return nil
 }

@@ -61,7 +61,7 @@ func equalConfig(a, b Config) bool {
 		a.DatabaseURL == b.DatabaseURL && reflect.DeepEqual(a.Redis, b.Redis) && a.ReloadInterval == b.ReloadInterval &&
 		a.HeartbeatInterval == b.HeartbeatInterval && a.ExpectedInstances == b.ExpectedInstances &&
 		a.DrainTimeout == b.DrainTimeout && a.InstanceID == b.InstanceID && a.LogLevel == b.LogLevel &&
-		a.DefaultRule == b.DefaultRule && a.Metrics == b.Metrics && a.MaxHeaderBytes == b.MaxHeaderBytes &&
+		reflect.DeepEqual(a.DefaultRule, b.DefaultRule) && a.Metrics == b.Metrics && a.MaxHeaderBytes == b.MaxHeaderBytes &&
 		a.UnauthenticatedLimit == b.UnauthenticatedLimit && slices.Equal(a.TrustedProxies, b.TrustedProxies)
 }
 
@@ -161,6 +161,15 @@ func TestBadConfigs(t *testing.T) {
 		"key-header-reserved":               `auth.key_header: "X-Tenant_Id" is reserved: the gateway or a proxy uses it for something else`,
 		"key-header-not-a-name":             `auth.key_header: "X Api Key" is not a header name`,
 		"key-header-authorization":          `auth.key_header: "authorization" is reserved: set auth.bearer to accept "Authorization: Bearer <key>"`,
+		"band-bad-name":                     `tenants[0].rules[0].bands[0].name: band id "per hour": only letters, digits, '.', '_' and '-' are allowed`,
+		"band-duplicate":                    `tenants[0].rules[0].bands[1].name: band "hour" is already bands[0]`,
+		"band-named-rate":                   `tenants[0].rules[0].bands[0].name: "rate" is the name of the rule's own capacity and refill_per_second`,
+		"band-negative-per":                 `tenants[0].rules[0].bands[0].per: must be a positive duration (1h: capacity per hour), got -1h0m0s`,
+		"band-no-refill":                    `tenants[0].rules[0].bands[0]: give per (1h: capacity per hour) or refill_per_second`,
+		"band-per-and-refill":               `tenants[0].rules[0].bands[0]: give per or refill_per_second, not both`,
+		"band-unknown-key":                  `tenants[0].rules[0].bands[0].window: unknown key "window"`,
+		"band-with-shards":                  `tenants[0].rules[0].shards: a rule with bands cannot be sharded (got 2): its buckets are decided in one script call`,
+		"band-zero-capacity":                `tenants[0].rules[0].bands[0].capacity: must be between 1 and 1000000000000000, got 0`,
 	}
 	files, err := filepath.Glob("testdata/bad/*.yaml")
 	if err != nil {

@@ -51,7 +51,8 @@ func (g *Gateway) decide(ctx context.Context, a ask) (v verdict, ok bool) {
 		lim = regions.Scale(rule.Capacity, rule.RefillPerSecond, share)
 	}
 	start := time.Now()
-	req := limiter.Request{Tenant: a.tenant, Route: a.rt.id, Limit: lim, Cost: a.cost, Shards: rule.Shards}
+	bands := rule.ScaledBands(share)
+	req := limiter.Request{Tenant: a.tenant, Route: a.rt.id, Limit: lim, Cost: a.cost, Shards: rule.Shards, Bands: bands}
 	if a.value != "" {
 		req.Value, req.ValueLimit = a.value, lim
 		if pv := a.rt.perValue; pv != nil {
@@ -66,9 +67,19 @@ func (g *Gateway) decide(ctx context.Context, a ask) (v verdict, ok bool) {
 		}
 		req.RaisedAgo, req.RaiseRatio = ago, ratio
 	}
-	d, err := g.lim.Decide(ctx, req)
+	var d limiter.Decision
+	var err error
+	tooBig := bands != nil && costAboveBands(a.cost, lim, bands)
+	if !tooBig {
+		d, err = g.lim.Decide(ctx, req)
+	}
 	elapsed := time.Since(start)
 	switch {
+	case tooBig || err != nil && bands != nil && errors.Is(err, limiter.ErrInvalidRequest) && a.cost > 1:
+		// A cost above one of the bands' capacity (or the rule's): refused like a cost
+		// above the rule's, naming the band it does not fit.
+		d = costRefusal(a.cost, lim, bands)
+		v.src = srcNone
 	case err != nil && ctx.Err() != nil:
 		return verdict{}, false
 	case err != nil && errors.Is(err, limiter.ErrInvalidRequest) && a.cost > 1:
@@ -103,12 +114,50 @@ func (g *Gateway) decide(ctx context.Context, a ask) (v verdict, ok bool) {
 	}
 	v.refill = d.RefillPerSecond
 	v.advertised = true
-	v.hdr = newRateHeaders(d.Limit, v.refill, d.Remaining, d.ResetAfter, d.RetryAfter, !d.Allowed)
+	v.hdr = decisionHeaders(d)
 	v.resetAfter = d.ResetAfter
 	if !d.Allowed {
 		v.resetAfter = d.RetryAfter
 	}
 	return v, true
+}
+
+// costAboveBands reports whether cost does not fit the rule's capacity (lim) or one of
+// its bands': no bucket of the rule can ever admit it.
+func costAboveBands(cost int64, lim regions.Limit, bands []regions.BandLimit) bool {
+	if cost > lim.Capacity {
+		return true
+	}
+	for _, b := range bands {
+		if cost > b.Limit.Capacity {
+			return true
+		}
+	}
+	return false
+}
+
+// costRefusal is the decision for a cost that does not fit a rule with bands: refused,
+// reported as the first bucket (the rule's own, then its bands in order) it does not fit,
+// with Retry-After that bucket's fill time; the policy still lists every band.
+func costRefusal(cost int64, lim regions.Limit, bands []regions.BandLimit) limiter.Decision {
+	states := make([]limiter.BandState, 0, 1+len(bands))
+	states = append(states, limiter.BandState{Name: regions.PrimaryBand, Limit: lim.Capacity, RefillPerSecond: lim.RefillPerSecond})
+	for _, b := range bands {
+		states = append(states, limiter.BandState{Name: b.Name, Limit: b.Limit.Capacity, RefillPerSecond: b.Limit.RefillPerSecond})
+	}
+	over, fill := 0, lim
+	if cost <= lim.Capacity {
+		for i, b := range bands {
+			if cost > b.Limit.Capacity {
+				over, fill = i+1, b.Limit
+				break
+			}
+		}
+	}
+	// The top-level fields are the refusing band's, as the limiter's are (reportedBand
+	// finds it: no band before it has its limit, or that one would refuse first).
+	st := states[over]
+	return limiter.Decision{Allowed: false, Limit: st.Limit, RefillPerSecond: st.RefillPerSecond, RetryAfter: fillTime(fill), Bands: states}
 }
 
 // fillTime is how long an empty bucket of lim takes to fill.

@@ -62,12 +62,15 @@ func checkArticle(t *testing.T, url, key string) {
 		if got := h.Get("X-RateLimit-Limit"); got != "2" {
 			t.Errorf("request %d: X-RateLimit-Limit %q, want 2", i+1, got)
 		}
-		if got := h.Get("RateLimit-Policy"); got != `"default";q=2;w=4` {
+		if got := h.Get("RateLimit-Policy"); got != `"rate";q=2;w=4` {
 			t.Errorf("request %d: RateLimit-Policy %q", i+1, got)
 		}
 		rl := h.Get("RateLimit")
-		if !strings.HasPrefix(rl, `"default";r=`+want.remaining+";t=") {
+		if !strings.HasPrefix(rl, `"rate";r=`+want.remaining+";t=") {
 			t.Errorf("request %d: RateLimit %q", i+1, rl)
+		}
+		if reset := h.Get("X-RateLimit-Reset"); reset == "" || !strings.HasSuffix(rl, ";t="+reset) {
+			t.Errorf("request %d: X-RateLimit-Reset %q must equal RateLimit's t (%q)", i+1, reset, rl)
 		}
 		if want.status == 200 {
 			if h.Get("Retry-After") != "" {

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/netip"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -38,6 +39,8 @@ const (
 type rlsService struct {
 	rlsv3.UnimplementedRateLimitServiceServer
 	g *Gateway
+	// overrideLogged: a descriptor's limit override has been refused and logged once.
+	overrideLogged atomic.Bool
 }
 
 // rlsStreamWorkers is how many goroutines serve RLS calls. gRPC-Go otherwise starts a
@@ -88,6 +91,19 @@ func (s *rlsService) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRe
 			// throttled by no source).
 			if !a.refused.unauthenticated() && a.refused != refusedUnmatched {
 				c.rt.counters[doorRLS][decThrottled][srcNone].Inc()
+			}
+			st.status.Code = rlsv3.RateLimitResponse_OVER_LIMIT
+			resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
+			continue
+		}
+		if desc.GetLimit() != nil {
+			// Envoy's per-descriptor limit override is not honoured (limits live in
+			// quotaplane's rules, with their bands): refused, never decided under a
+			// limit it does not state, and logged once so the Envoy config is fixed.
+			c.rt.counters[doorRLS][decThrottled][srcNone].Inc()
+			if !s.overrideLogged.Swap(true) {
+				g.log.Warn("rls descriptor has a limit override, which is not supported: answered OVER_LIMIT; remove limit from the Envoy rate limit action",
+					"region", g.cfg.Region, "route", c.rt.id)
 			}
 			st.status.Code = rlsv3.RateLimitResponse_OVER_LIMIT
 			resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
@@ -202,7 +218,7 @@ func envoyHeaders(h rateHeaders) []*corev3.HeaderValue {
 }
 
 // rlsHeaderNames are the headers an RLS response can carry, in their order.
-var rlsHeaderNames = [...]string{hdrLimit, hdrRemaining, hdrPolicy, hdrRateLimit, hdrRetryAfter}
+var rlsHeaderNames = [...]string{hdrLimit, hdrRemaining, hdrReset, hdrPolicy, hdrRateLimit, hdrRetryAfter}
 
 // errDescriptor is a malformed descriptor (InvalidArgument).
 var errDescriptor = errors.New("malformed descriptor")

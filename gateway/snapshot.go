@@ -127,7 +127,7 @@ func standaloneSnapshot(c *Config, now time.Time) (*regions.Snapshot, error) {
 		Rules: []regions.Rule{{
 			Tenant: regions.Wildcard, Route: regions.Wildcard,
 			Capacity: c.DefaultRule.Capacity, RefillPerSecond: c.DefaultRule.RefillPerSecond,
-			Shadow: c.DefaultRule.Shadow, Shards: c.DefaultRule.Shards,
+			Shadow: c.DefaultRule.Shadow, Shards: c.DefaultRule.Shards, Bands: regionsBands(c.DefaultRule.Bands),
 		}},
 	}
 	var id int64
@@ -143,7 +143,7 @@ func standaloneSnapshot(c *Config, now time.Time) (*regions.Snapshot, error) {
 		for _, r := range t.Rules {
 			d.Rules = append(d.Rules, regions.Rule{
 				Tenant: t.ID, Route: r.Route, Capacity: r.Capacity, RefillPerSecond: r.RefillPerSecond,
-				Shadow: r.Shadow, Shards: r.Shards, UpdatedAt: now,
+				Shadow: r.Shadow, Shards: r.Shards, UpdatedAt: now, Bands: regionsBands(r.Bands),
 			})
 		}
 	}
