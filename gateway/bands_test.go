@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"net/http"
+	"net/http/httptest"
 	"strconv"
 	"strings"
 	"testing"
@@ -261,6 +262,45 @@ func TestRLSLimitOverrideRefused(t *testing.T) {
 	for i := range 4 {
 		if resp, body := call(t, "POST", gw.srv.URL+"/orders", "key-shop-a"); resp.StatusCode != 200 {
 			t.Fatalf("request %d after the refused overrides: %d %s", i+1, resp.StatusCode, body)
+		}
+	}
+}
+
+// TestUpstreamRateHeadersStripped: whatever rate-limit headers the upstream sends, under
+// any spelling (X-RateLimit-Reset, '_' for '-'), the client reads the gateway's only.
+func TestUpstreamRateHeadersStripped(t *testing.T) {
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h := w.Header()
+		for _, name := range []string{"X-RateLimit-Reset", "X-RateLimit-Limit", "RateLimit-Policy", "RateLimit", "RateLimit-Reset"} {
+			h[name] = []string{"999"}
+		}
+		h["x-ratelimit-reset"] = []string{"998"} // not canonical: written as is
+		h["X_RateLimit_Reset"] = []string{"997"}
+		h["X_Ratelimit_Remaining"] = []string{"996"}
+		w.WriteHeader(200)
+	}))
+	t.Cleanup(up.Close)
+	gw := newInProcess(t, articleConfig("us-east", up.URL, ""))
+	resp, body := call(t, "POST", gw.srv.URL+"/orders", "key-shop-a")
+	if resp.StatusCode != 200 {
+		t.Fatalf("%d %s", resp.StatusCode, body)
+	}
+	want := map[string]string{
+		"X-Ratelimit-Limit": "2", "X-Ratelimit-Remaining": "1", "X-Ratelimit-Reset": "2",
+		"Ratelimit-Policy": `"rate";q=2;w=4`, "Ratelimit": `"rate";r=1;t=2`,
+	}
+	for name, v := range resp.Header {
+		n := strings.ToLower(strings.ReplaceAll(name, "_", "-"))
+		if !strings.HasPrefix(n, "ratelimit") && !strings.HasPrefix(n, "x-ratelimit-") {
+			continue
+		}
+		if len(v) != 1 || v[0] != want[name] {
+			t.Errorf("%s: %q, want the gateway's %q only", name, v, want[name])
+		}
+	}
+	for name := range want {
+		if resp.Header.Get(name) == "" {
+			t.Errorf("%s missing", name)
 		}
 	}
 }

@@ -4,7 +4,6 @@ import (
 	"math"
 	"net/http"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/quotaplane/quotaplane/gateway/limiter"
@@ -197,13 +196,14 @@ func appendName(b []byte, name string) []byte {
 }
 
 // isRateHeader reports whether a header name (in canonical form) is a rate-limit
-// header of any draft or vendor: RateLimit* or X-RateLimit-*.
+// header of any draft or vendor: RateLimit* or X-RateLimit-* (X-RateLimit-Reset
+// included), '_' read as '-' as sameHeaderName reads it.
 func isRateHeader(name string) bool {
 	return hasPrefixFold(name, "ratelimit") || hasPrefixFold(name, "x-ratelimit-")
 }
 
 func hasPrefixFold(s, prefix string) bool {
-	return len(s) >= len(prefix) && strings.EqualFold(s[:len(prefix)], prefix)
+	return len(s) >= len(prefix) && sameHeaderName(s[:len(prefix)], prefix)
 }
 
 // headerValues are the values of every header whose name is name once ASCII case is
