@@ -349,11 +349,11 @@ func (e *Env) GatewayRuns(end time.Time) ([]GatewayRun, error) {
 // on route (stack.Route, stack.BulkRoute, stack.ValueRoute or stack.IPRoute) and an API
 // key, and returns the id and the key. Each run has tenants of its own, so runs on one
 // stack do not share buckets.
-func (e *Env) AddTenant(ctx context.Context, prefix, route string, capacity int64, refill float64) (id, key string, err error) {
+func (e *Env) AddTenant(ctx context.Context, prefix, route string, capacity int64, refill float64, bands ...regions.Band) (id, key string, err error) {
 	e.seq++
 	id = fmt.Sprintf("%s-%d", prefix, e.seq)
 	actx := store.WithAudit(ctx, "torture", "torture tenant")
-	if err := e.Store.SetRule(actx, regions.Rule{Tenant: id, Route: route, Capacity: capacity, RefillPerSecond: refill, Shards: 1}); err != nil {
+	if err := e.Store.SetRule(actx, regions.Rule{Tenant: id, Route: route, Capacity: capacity, RefillPerSecond: refill, Shards: 1, Bands: bands}); err != nil {
 		return "", "", err
 	}
 	key, _, err = e.Store.CreateKey(actx, id, "torture")
@@ -449,11 +449,33 @@ func (o *Observer) read(ctx context.Context, now time.Time) error {
 				}
 			}
 			o.states[t][r] = append(prev, st)
+			// Each further band of the rule is checked as a bucket of its own: the
+			// tenant's admissions against the band's regional limit (BandKey).
+			for _, b := range rule.Bands {
+				bk := BandKey(t, b.Name)
+				if o.states[bk] == nil {
+					o.states[bk] = map[string][]State{}
+				}
+				bl := regions.Scale(b.Capacity, b.RefillPerSecond, share)
+				bst := State{From: from, Capacity: float64(bl.Capacity), Refill: bl.RefillPerSecond, C: b.Capacity, R: b.RefillPerSecond, S: share, Shards: 1}
+				if !slices.Contains(known, r) {
+					bst = State{From: from, C: b.Capacity, R: b.RefillPerSecond, Shards: 1}
+				}
+				bprev := o.states[bk][r]
+				if n := len(bprev); n > 0 && bprev[n-1].Capacity == bst.Capacity && bprev[n-1].Refill == bst.Refill {
+					continue
+				}
+				o.states[bk][r] = append(bprev, bst)
+			}
 		}
 	}
 	o.last = now
 	return nil
 }
+
+// BandKey is the key under which the states of a tenant's further band (regions.Band)
+// are kept and checked: "tenant#band" (ids never hold '#').
+func BandKey(tenant, band string) string { return tenant + "#" + band }
 
 // Stop ends the reads, reads once more (bounded) and returns the states.
 func (o *Observer) Stop(ctx context.Context) map[string]map[string][]State {

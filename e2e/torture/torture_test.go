@@ -157,6 +157,9 @@ type tenantPlan struct {
 	// spell sends its requests by each door of the map, in turn in the spellings given
 	// (rate per door), instead of plain requests by the proxy.
 	route string
+	// bands are the rule's further bands: each is checked as a bucket of its own, the
+	// tenant's admissions against the band's limit (BandKey).
+	bands []regions.Band
 	spell map[Door][]Spelling
 	// region loads the tenant only on the gateways of region, those a scale-out adds
 	// included, and on limits it to these gateways (default every gateway addTenants is
@@ -268,7 +271,7 @@ func addTenants(t *testing.T, ctx context.Context, env *Env, plans []tenantPlan,
 		if p.bulk {
 			route, flow.Path, flow.Cost = stack.BulkRoute, "/bulk", stack.BulkCost
 		}
-		id, key, err := env.AddTenant(ctx, p.prefix, route, p.capacity, p.refill)
+		id, key, err := env.AddTenant(ctx, p.prefix, route, p.capacity, p.refill, p.bands...)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -294,7 +297,7 @@ func addTenants(t *testing.T, ctx context.Context, env *Env, plans []tenantPlan,
 		if p.unthrottled {
 			s.unthrottled = append(s.unthrottled, id)
 		}
-		s.rules[id] = regions.Rule{Tenant: id, Route: route, Capacity: p.capacity, RefillPerSecond: p.refill, Shards: 1}
+		s.rules[id] = regions.Rule{Tenant: id, Route: route, Capacity: p.capacity, RefillPerSecond: p.refill, Shards: 1, Bands: p.bands}
 		s.specs = append(s.specs, TenantSpec{ID: id, Capacity: p.capacity, Refill: p.refill, Keep: p.unthrottled})
 		if p.pinned {
 			if err := env.Store.SetOverride(ctx, regions.Scope{Tenant: id, Route: regions.Wildcard}, half(env.Regions), "torture", "pin for a scenario", 0); err != nil {
@@ -458,7 +461,13 @@ func check(t *testing.T, env *Env, states map[string]map[string][]State, rec *Re
 	if err != nil {
 		t.Errorf("breaker spans from the gateways' logs: %v", err)
 	}
-	in := Input{Lag: Lag, States: states, Admitted: rec.Admitted(), Gateways: gws, Expected: Expected}
+	adm := rec.Admitted()
+	for key := range states { // a band's bucket is charged with every admission of its tenant
+		if tenant, _, ok := strings.Cut(key, "#"); ok {
+			adm[key] = adm[tenant]
+		}
+	}
+	in := Input{Lag: Lag, States: states, Admitted: adm, Gateways: gws, Expected: Expected}
 	if x != nil {
 		in.RedisRestarts, in.Outages = x.RedisRestarts(), x.Outages()
 	}
