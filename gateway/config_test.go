@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/quotaplane/quotaplane/regions"
 )
 
 func TestLoadConfigGoodFull(t *testing.T) {
@@ -26,6 +28,15 @@ func TestLoadConfigGoodFull(t *testing.T) {
 	}
 	if !c.Standalone() {
 		t.Fatal("no database_url: want standalone")
+	}
+	snap, err := standaloneSnapshot(&c, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	rule, _, _ := snap.RegionalRule(c.Region, "shop-a", "create-order")
+	want := []regions.Band{{Name: "hour", Capacity: 100, RefillPerSecond: 100.0 / 3600}, {Name: "day", Capacity: 1000, RefillPerSecond: 0.02}}
+	if !slices.Equal(rule.Bands, want) {
+		t.Fatalf("shop-a/create-order bands %+v, want %+v", rule.Bands, want)
 	}
 }
 
