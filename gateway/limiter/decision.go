@@ -160,7 +160,9 @@ func (r Request) capFor(lim regions.Limit, shard int) float64 {
 }
 
 // ErrInvalidRequest is wrapped by the error of a request no bucket can answer: a
-// non-positive capacity or refill, a negative cost, or a cost above capacity.
+// non-positive capacity or refill, a negative cost, or a cost above capacity (a band's
+// included); a band without a name, named regions.PrimaryBand or twice, or more than
+// regions.MaxBands bands.
 var ErrInvalidRequest = errors.New("invalid rate limit request")
 
 // MaxValueLen is the longest client value the gateway asks about: it refuses a longer one
@@ -185,6 +187,11 @@ func (r Request) cost() (int64, error) {
 		}
 		if cost > r.ValueLimit.Capacity {
 			return 0, fmt.Errorf("%w %s/%s: cost %d must be between 1 and the value's capacity %d", ErrInvalidRequest, r.Tenant, r.Route, r.Cost, r.ValueLimit.Capacity)
+		}
+	}
+	if len(r.Bands) > 0 {
+		if err := r.checkBands(cost); err != nil {
+			return 0, err
 		}
 	}
 	if r.RaisedAgo < 0 || !(r.RaiseRatio >= 0 && r.RaiseRatio <= 1) {
