@@ -37,8 +37,8 @@ func (r Request) checkBands(cost int64) error {
 				return fmt.Errorf("%w %s/%s: band %q appears twice", ErrInvalidRequest, r.Tenant, r.Route, b.Name)
 			}
 		}
-		if err := checkLimit(r, "band "+b.Name+" ", b.Limit); err != nil {
-			return err
+		if checkLimit(r, "", b.Limit) != nil {
+			return checkLimit(r, "band "+b.Name+" ", b.Limit) // the name only for an error
 		}
 		if cost > b.Limit.Capacity {
 			return fmt.Errorf("%w %s/%s: cost %d must be between 1 and band %s's capacity %d", ErrInvalidRequest, r.Tenant, r.Route, cost, b.Name, b.Limit.Capacity)

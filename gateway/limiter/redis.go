@@ -31,7 +31,7 @@ type Client interface {
 // that start empty and earn this instance's 1/N of the refill, N being the live
 // instances of the region, and what it admits is charged to Redis afterwards. Sharded
 // rules (Request.Shards) spread over sub-buckets; hot keys may be leased
-// (Options.Leases).
+// (Options.Leases); a rule's bands are decided in the same call as its own bucket.
 //
 // It is safe for concurrent use. It has no goroutine of its own: the batcher starts
 // short-lived ones that send queued decisions and exit when the queue is empty, and a
