@@ -98,7 +98,7 @@ type Request struct {
 	// (no hash tag, so they spread over a Redis Cluster), each holding ShardLimit of it;
 	// a decision takes from a random shard and, when that one rejects, from one other.
 	// A sharded request's cost must fit in one shard (at most Capacity/K). The Local
-	// limiter and the fallback ignore it, and so does a request with a Value.
+	// limiter and the fallback ignore it, and so does a request with a Value or Bands.
 	Shards int
 	// Value, when not empty, is a client value (a client IP, a header value, an RLS
 	// descriptor value) whose own bucket, of ValueLimit, is nested inside the tenant's

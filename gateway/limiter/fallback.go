@@ -154,9 +154,9 @@ func fallbackLimit(lim regions.Limit, n int) regions.Limit {
 }
 
 // decide decides r, whose call to Redis failed or was not made (the breaker), with this
-// instance's 1/N of the rule (and of the value's, and of each band's), and records what it admits as owed.
-// Outside an episode, before the instance is counted, or for a cost above the fallback
-// bucket (never clipped into a cheaper pass), it refuses.
+// instance's 1/N of the rule (and of the value's, and of each band's), and records what
+// it admits as owed. Outside an episode, before the instance is counted, or for a cost
+// above a fallback bucket (never clipped into a cheaper pass), it refuses.
 func (f *fallback) decide(r Request, cost int64) Decision {
 	n := f.n()
 	lim := fallbackLimit(r.Limit, n)

@@ -133,8 +133,8 @@ func newLocal(opts LocalOptions, startEmpty bool) *Local {
 
 // Decide takes r.Cost tokens (0 means 1) from the local bucket of (r.Tenant, r.Route)
 // holding r.Limit, from r.Value's bucket nested in it and from a bucket per band of
-// r.Bands: from all or from none. Decisions have SourceLocal. The error is non-nil only for an invalid request
-// (ErrInvalidRequest) or a context that has already ended.
+// r.Bands: from all or from none. Decisions have SourceLocal. The error is non-nil only
+// for an invalid request (ErrInvalidRequest) or a context that has already ended.
 func (l *Local) Decide(ctx context.Context, r Request) (Decision, error) {
 	cost, err := r.cost()
 	if err != nil {
@@ -202,11 +202,12 @@ func (l *Local) key(id bucketID) (uint64, *shard) {
 	return k, &l.shards[k>>58] // the top 6 bits pick one of 64 shards
 }
 
-// take is the decision of every local request without bands (takeBands has those), at now, with validated limits and cost:
-// the route bucket of r holding lim and, when r has a value, the value's bucket holding
-// vlim, admitted together or not at all. The two are locked in shard order, so two
-// requests on them never deadlock and never both pass a check that only one can. With
-// owe, what is admitted is recorded as owed by each bucket (a fallback's).
+// take is the decision of every local request without bands (takeBands decides those),
+// at now, with validated limits and cost: the route bucket of r holding lim and, when r
+// has a value, the value's bucket holding vlim, admitted together or not at all. The
+// two are locked in shard order, so two requests on them never deadlock and never both
+// pass a check that only one can. With owe, what is admitted is recorded as owed by
+// each bucket (a fallback's).
 func (l *Local) take(now time.Time, r Request, lim, vlim regions.Limit, cost int64, owe bool) Decision {
 	// (lim and vlim are the buckets' own; r.Limit and r.ValueLimit the shared buckets'.)
 	rid := bucketID{tenant: r.Tenant, route: r.Route}
