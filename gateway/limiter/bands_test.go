@@ -292,9 +292,9 @@ func TestBandsInvalid(t *testing.T) {
 // TestLocalBandsConcurrent (-race): requests sharing band buckets in different orders,
 // with and without a value, decided concurrently, neither deadlock nor admit more than
 // the tightest shared band (all of them take from band "a", 20 tokens; the clock stands
-// still).
+// still); in a standalone Local and in a fallback's, whose debts are then exactly what
+// each bucket admitted.
 func TestLocalBandsConcurrent(t *testing.T) {
-	l := newTestLocal(t, LocalOptions{Now: newFakeClock().Now})
 	lim := func(c int64) regions.Limit { return regions.Limit{Capacity: c, RefillPerSecond: 1} }
 	a, b := regions.BandLimit{Name: "a", Limit: lim(20)}, regions.BandLimit{Name: "b", Limit: lim(30)}
 	reqs := []Request{
@@ -302,31 +302,39 @@ func TestLocalBandsConcurrent(t *testing.T) {
 		{Tenant: "t", Route: "r", Limit: lim(50), Bands: []regions.BandLimit{b, a}},
 		{Tenant: "t", Route: "r", Limit: lim(50), Bands: []regions.BandLimit{a}, Value: "v", ValueLimit: lim(100)},
 	}
-	var admitted atomic.Int64
-	var wg sync.WaitGroup
-	for g := range 12 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := range 50 {
-				d, err := l.Decide(context.Background(), reqs[(g+i)%len(reqs)])
-				if err != nil {
-					t.Error(err)
-					return
-				}
-				if d.Allowed {
-					admitted.Add(1)
-				}
+	for _, fallback := range []bool{false, true} {
+		clock := newFakeClock()
+		l := newLocal(LocalOptions{Now: clock.Now}, fallback)
+		if fallback {
+			for _, r := range reqs {
+				l.takeBands(clock.Now(), r, 1, 1, true) // the buckets start empty...
 			}
-		}()
-	}
-	wg.Wait()
-	if n := admitted.Load(); n != 20 {
-		t.Errorf("admitted %d, want band a's 20", n)
-	}
-	d := mustDecide(t, l, reqs[0])
-	if d.Allowed || d.Bands[0].Remaining != 30 || d.Bands[1].Remaining != 0 || d.Bands[2].Remaining < 10 || d.Bands[2].Remaining > 30 {
-		t.Errorf("after the run: %+v, want rate 30 left, a 0, b 10 to 30 (taken only by the requests that name it)", d)
+			clock.Advance(time.Hour) // ...and fill
+		}
+		var admitted atomic.Int64
+		var wg sync.WaitGroup
+		for g := range 12 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := range 50 {
+					if l.takeBands(clock.Now(), reqs[(g+i)%len(reqs)], 1, 1, fallback).Allowed {
+						admitted.Add(1)
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		if n := admitted.Load(); n != 20 {
+			t.Errorf("fallback %v: admitted %d, want band a's 20", fallback, n)
+		}
+		d := l.takeBands(clock.Now(), reqs[0], 1, 1, false)
+		if d.Allowed || d.Bands[0].Remaining != 30 || d.Bands[1].Remaining != 0 || d.Bands[2].Remaining < 10 || d.Bands[2].Remaining > 30 {
+			t.Errorf("fallback %v: after the run: %+v, want rate 30 left, a 0, b 10 to 30 (taken only by the requests that name it)", fallback, d)
+		}
+		if owed := l.owedTotal(clock.Now()); fallback && owed != 60 {
+			t.Errorf("the fallback owes %d, want 60: 20 each for the route and band a, 20 over band b and the value", owed)
+		}
 	}
 }
 
