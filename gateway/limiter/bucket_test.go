@@ -2,6 +2,7 @@ package limiter
 
 import (
 	"math"
+	"reflect"
 	"testing"
 	"time"
 )
@@ -65,7 +66,7 @@ func TestBucketTake(t *testing.T) {
 				now = now.Add(s.advance)
 				got := b.Take(now, s.capacity, s.refill, s.cost)
 				want := Decision{Allowed: s.allowed, Limit: s.capacity, RefillPerSecond: s.refill, Remaining: s.remaining, RetryAfter: s.retry, ResetAfter: s.reset}
-				if got != want {
+				if !reflect.DeepEqual(got, want) {
 					t.Fatalf("step %d: got %+v, want %+v", i, got, want)
 				}
 			}

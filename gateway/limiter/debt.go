@@ -9,7 +9,7 @@ import (
 )
 
 // debtTable holds what the fallback admitted and the shared buckets in Redis have yet to
-// be charged: per bucket (a tenant's route, or a client value of it), the tokens owed and
+// be charged: per bucket (a tenant's route, a client value of it, or a band of its rule), the tokens owed and
 // the limit they were admitted under. It lives apart from the fallback's buckets, which
 // are dropped when an episode ends, since a debt lasts until a reply says what Redis
 // charged of it, whatever the breaker does meanwhile. It holds at most max buckets: the
@@ -52,6 +52,9 @@ func (t *debtTable) shard(id bucketID) *debtShard {
 	h := maphash.String(t.seed, id.tenant)*0x9e3779b97f4a7c15 ^ maphash.String(t.seed, id.route)
 	if id.value != "" {
 		h = h*0xbf58476d1ce4e5b9 ^ maphash.String(t.seed, id.value)
+	}
+	if id.band != "" {
+		h = h*0x94d049bb133111eb ^ maphash.String(t.seed, id.band)
 	}
 	return &t.shards[h>>58]
 }

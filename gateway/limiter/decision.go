@@ -98,7 +98,7 @@ type Request struct {
 	// (no hash tag, so they spread over a Redis Cluster), each holding ShardLimit of it;
 	// a decision takes from a random shard and, when that one rejects, from one other.
 	// A sharded request's cost must fit in one shard (at most Capacity/K). The Local
-	// limiter and the fallback ignore it, and so does a request with a Value.
+	// limiter and the fallback ignore it, and so does a request with a Value or Bands.
 	Shards int
 	// Value, when not empty, is a client value (a client IP, a header value, an RLS
 	// descriptor value) whose own bucket, of ValueLimit, is nested inside the tenant's
@@ -160,7 +160,9 @@ func (r Request) capFor(lim regions.Limit, shard int) float64 {
 }
 
 // ErrInvalidRequest is wrapped by the error of a request no bucket can answer: a
-// non-positive capacity or refill, a negative cost, or a cost above capacity.
+// non-positive capacity or refill, a negative cost, or a cost above capacity (a band's
+// included); a band without a name, named regions.PrimaryBand or twice, or more than
+// regions.MaxBands bands.
 var ErrInvalidRequest = errors.New("invalid rate limit request")
 
 // MaxValueLen is the longest client value the gateway asks about: it refuses a longer one
@@ -185,6 +187,11 @@ func (r Request) cost() (int64, error) {
 		}
 		if cost > r.ValueLimit.Capacity {
 			return 0, fmt.Errorf("%w %s/%s: cost %d must be between 1 and the value's capacity %d", ErrInvalidRequest, r.Tenant, r.Route, r.Cost, r.ValueLimit.Capacity)
+		}
+	}
+	if len(r.Bands) > 0 {
+		if err := r.checkBands(cost); err != nil {
+			return 0, err
 		}
 	}
 	if r.RaisedAgo < 0 || !(r.RaiseRatio >= 0 && r.RaiseRatio <= 1) {

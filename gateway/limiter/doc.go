@@ -3,7 +3,9 @@
 // Redis cannot and the debts of what they admitted (fallback, holding floor(1/N) of the
 // regional rule), the same bucket as the whole limiter of a standalone gateway (Local),
 // and what keeps a hot key from costing one Redis round trip per request: token leases
-// (lease.go), bucket shards (shard.go) and pipelined decisions (batch.go).
+// (lease.go), bucket shards (shard.go) and pipelined decisions (batch.go). A rule's
+// further bands (Request.Bands) are one bucket each, decided with the rule's own in one
+// script call, all or none (bands.go).
 //
 // Who owns what:
 //   - Redis: the breaker, the timeout and the one path that carries a debt to Redis and

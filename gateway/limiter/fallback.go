@@ -154,9 +154,9 @@ func fallbackLimit(lim regions.Limit, n int) regions.Limit {
 }
 
 // decide decides r, whose call to Redis failed or was not made (the breaker), with this
-// instance's 1/N of the rule (and of the value's), and records what it admits as owed.
-// Outside an episode, before the instance is counted, or for a cost above the fallback
-// bucket (never clipped into a cheaper pass), it refuses.
+// instance's 1/N of the rule (and of the value's, and of each band's), and records what
+// it admits as owed. Outside an episode, before the instance is counted, or for a cost
+// above a fallback bucket (never clipped into a cheaper pass), it refuses.
 func (f *fallback) decide(r Request, cost int64) Decision {
 	n := f.n()
 	lim := fallbackLimit(r.Limit, n)
@@ -168,22 +168,31 @@ func (f *fallback) decide(r Request, cost int64) Decision {
 	switch {
 	case ep == nil:
 		f.m.refused[refuseClosed].Inc()
-		return unbucketed
+		return r.refusedBands(unbucketed, 1)
 	case f.counted != nil && !f.counted():
 		f.m.refused[refuseUncounted].Inc()
-		return unbucketed
+		return r.refusedBands(unbucketed, 1)
 	}
 	if n > 1 && r.Limit.Capacity < int64(n) {
 		f.m.minCapacity.Inc() // fewer tokens than instances: together they may hold n
 	}
 	vlim := fallbackLimit(r.ValueLimit, n)
-	if cost > lim.Capacity || (r.Value != "" && cost > vlim.Capacity) {
+	above := cost > lim.Capacity || (r.Value != "" && cost > vlim.Capacity)
+	for _, b := range r.Bands {
+		above = above || cost > fallbackLimit(b.Limit, n).Capacity
+	}
+	if above {
 		f.m.costAboveFallback.Inc()
-		return refuse
+		return r.refusedBands(refuse, n)
 	}
 	plain := r
 	plain.RaisedAgo = 0 // its buckets start empty: a raise can hold them to no less
-	d := ep.take(f.now(), plain, lim, vlim, cost, true)
+	var d Decision
+	if len(r.Bands) > 0 {
+		d = ep.takeBands(f.now(), plain, n, cost, true)
+	} else {
+		d = ep.take(f.now(), plain, lim, vlim, cost, true)
+	}
 	if d.Allowed {
 		f.m.owed.Add(float64(cost))
 	}

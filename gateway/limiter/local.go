@@ -132,9 +132,9 @@ func newLocal(opts LocalOptions, startEmpty bool) *Local {
 }
 
 // Decide takes r.Cost tokens (0 means 1) from the local bucket of (r.Tenant, r.Route)
-// holding r.Limit, and from r.Value's bucket nested in it: from both or from neither.
-// Decisions have SourceLocal. The error is non-nil only for an invalid request
-// (ErrInvalidRequest) or a context that has already ended.
+// holding r.Limit, from r.Value's bucket nested in it and from a bucket per band of
+// r.Bands: from all or from none. Decisions have SourceLocal. The error is non-nil only
+// for an invalid request (ErrInvalidRequest) or a context that has already ended.
 func (l *Local) Decide(ctx context.Context, r Request) (Decision, error) {
 	cost, err := r.cost()
 	if err != nil {
@@ -143,7 +143,12 @@ func (l *Local) Decide(ctx context.Context, r Request) (Decision, error) {
 	if err := ctx.Err(); err != nil {
 		return Decision{}, fmt.Errorf("decide %s/%s: %w", r.Tenant, r.Route, err)
 	}
-	d := l.take(l.now(), r, r.Limit, r.ValueLimit, cost, false)
+	var d Decision
+	if len(r.Bands) > 0 {
+		d = l.takeBands(l.now(), r, 1, cost, false)
+	} else {
+		d = l.take(l.now(), r, r.Limit, r.ValueLimit, cost, false)
+	}
 	d.Source = SourceLocal
 	return d, nil
 }
@@ -177,9 +182,10 @@ func (l *Local) Sweep() int {
 	return n
 }
 
-// bucketID names one in-memory bucket: a tenant's route, and a client value of it
-// (Request.Value) or "".
-type bucketID struct{ tenant, route, value string }
+// bucketID names one in-memory bucket, and the shared bucket its debts are charged to: a
+// tenant's route, with a client value of it (Request.Value) or a further band of its
+// rule (Request.Bands, by name), or neither (""). Never both.
+type bucketID struct{ tenant, route, value, band string }
 
 // key hashes id and picks its shard. Each id is hashed on its own, with the seed (no
 // copy through a Hash's buffer), and the hashes are mixed by odd multipliers, so
@@ -190,14 +196,18 @@ func (l *Local) key(id bucketID) (uint64, *shard) {
 	if id.value != "" {
 		k = k*0xbf58476d1ce4e5b9 ^ maphash.String(l.seed, id.value)
 	}
+	if id.band != "" { // another multiplier: a band never shares a value's bucket
+		k = k*0x94d049bb133111eb ^ maphash.String(l.seed, id.band)
+	}
 	return k, &l.shards[k>>58] // the top 6 bits pick one of 64 shards
 }
 
-// take is the decision of every local request, at now, with validated limits and cost:
-// the route bucket of r holding lim and, when r has a value, the value's bucket holding
-// vlim, admitted together or not at all. The two are locked in shard order, so two
-// requests on them never deadlock and never both pass a check that only one can. With
-// owe, what is admitted is recorded as owed by each bucket (a fallback's).
+// take is the decision of every local request without bands (takeBands decides those),
+// at now, with validated limits and cost: the route bucket of r holding lim and, when r
+// has a value, the value's bucket holding vlim, admitted together or not at all. The
+// two are locked in shard order, so two requests on them never deadlock and never both
+// pass a check that only one can. With owe, what is admitted is recorded as owed by
+// each bucket (a fallback's).
 func (l *Local) take(now time.Time, r Request, lim, vlim regions.Limit, cost int64, owe bool) Decision {
 	// (lim and vlim are the buckets' own; r.Limit and r.ValueLimit the shared buckets'.)
 	rid := bucketID{tenant: r.Tenant, route: r.Route}
@@ -214,7 +224,7 @@ func (l *Local) take(now time.Time, r Request, lim, vlim regions.Limit, cost int
 		}
 		return d
 	}
-	vid := bucketID{r.Tenant, r.Route, r.Value}
+	vid := bucketID{tenant: r.Tenant, route: r.Route, value: r.Value}
 	vk, vs := l.key(vid)
 	first, second := rs, vs
 	if vk>>58 < rk>>58 {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"reflect"
 	"runtime"
 	"strconv"
 	"sync"
@@ -47,7 +48,7 @@ func TestLocalArticle(t *testing.T) {
 		{Allowed: false, Limit: 2, RefillPerSecond: 1, Remaining: 0, RetryAfter: time.Second, ResetAfter: 2 * time.Second, Source: SourceLocal},
 	}
 	for i, w := range want {
-		if got := mustDecide(t, l, r); got != w {
+		if got := mustDecide(t, l, r); !reflect.DeepEqual(got, w) {
 			t.Fatalf("request %d: got %+v, want %+v", i+1, got, w)
 		}
 	}

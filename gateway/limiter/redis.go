@@ -31,7 +31,7 @@ type Client interface {
 // that start empty and earn this instance's 1/N of the refill, N being the live
 // instances of the region, and what it admits is charged to Redis afterwards. Sharded
 // rules (Request.Shards) spread over sub-buckets; hot keys may be leased
-// (Options.Leases).
+// (Options.Leases); a rule's bands are decided in the same call as its own bucket.
 //
 // It is safe for concurrent use. It has no goroutine of its own: the batcher starts
 // short-lived ones that send queued decisions and exit when the queue is empty, and a
@@ -149,7 +149,8 @@ func checkContextTimeouts(rdb Client) error {
 }
 
 // Decide takes r.Cost tokens (0 means 1) from the shared bucket of (r.Tenant, r.Route)
-// in Redis, and from r.Value's bucket nested in it when set (both or neither): from one
+// in Redis, and from r.Value's bucket nested in it when set and from each band's bucket
+// of r.Bands (all or none, in one script call; then without shards or lease): from one
 // random shard, then one other if that one rejects, when r.Shards >= 2; or from this
 // instance's lease on the key when it is hot (Source lease). If Redis does not answer
 // within the timeout, fails, or the breaker is open, the fallback decides (Source
@@ -166,6 +167,9 @@ func (l *Redis) Decide(ctx context.Context, r Request) (Decision, error) {
 	shards, err := r.shards(cost)
 	if err != nil {
 		return Decision{}, err
+	}
+	if len(r.Bands) > 0 {
+		return l.takeBands(ctx, r, cost) // one bucket each, no shard, no lease
 	}
 	if r.Value == "" && l.leases != nil {
 		if d, ok := l.decideLease(ctx, r, cost, shards); ok {
@@ -202,7 +206,7 @@ func (l *Redis) take(ctx context.Context, r Request, cost int64, i, k int) (Deci
 	if r.Value != "" {
 		v := r.ValueLimit
 		bs[1] = r.bucket(l.keys.Value(r.Tenant, r.Route, r.Value), v, 0)
-		ids[1] = bucketID{r.Tenant, r.Route, r.Value}
+		ids[1] = bucketID{tenant: r.Tenant, route: r.Route, value: r.Value}
 		n = 2
 	}
 	out, ok, err := l.callCharging(ctx, lua.OpTake, cost, bs[:n], ids[:n], r)
@@ -237,7 +241,11 @@ func (l *Redis) take(ctx context.Context, r Request, cost int64, i, k int) (Deci
 // was (the call did not count). ids name the buckets for their debts; r is the request
 // whose limits they were admitted under.
 func (l *Redis) callCharging(ctx context.Context, op lua.Op, n int64, bs []lua.Bucket, ids []bucketID, r Request) (lua.Outcome, bool, error) {
-	var debts [2]taken
+	var two [2]taken // no allocation for a decision of one or two buckets
+	debts := two[:]
+	if len(bs) > len(two) {
+		debts = make([]taken, len(bs))
+	}
 	for b := range bs {
 		debts[b] = l.fb.owed(ids[b], 2*bs[b].Capacity)
 		bs[b].Debt = debts[b].total()
@@ -251,11 +259,7 @@ func (l *Redis) callCharging(ctx context.Context, op lua.Op, n int64, bs []lua.B
 		if ok {
 			charged = out.Buckets[b].Charged
 		}
-		lim := r.Limit
-		if ids[b].value != "" {
-			lim = r.ValueLimit
-		}
-		l.fb.settle(ids[b], lim, debts[b], ok, charged)
+		l.fb.settle(ids[b], r.limitOf(ids[b]), debts[b], ok, charged)
 	}
 	return out, ok, err
 }
@@ -500,10 +504,7 @@ func (l *Redis) Flush(ctx context.Context) (charged, lost int64) {
 	var parts []*part
 	bySlot := map[uint16]*part{}
 	for _, o := range owed {
-		key := l.keys.Bucket(o.id.tenant, o.id.route)
-		if o.id.value != "" {
-			key = l.keys.Value(o.id.tenant, o.id.route, o.id.value)
-		}
+		key := l.keyOf(o.id)
 		d := min(o.tokens, 2*o.lim.Capacity) // more cannot be charged: the script floors at -capacity
 		if o.tokens > d {
 			l.m.writtenOff.Add(float64(o.tokens - d))

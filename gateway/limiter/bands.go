@@ -1,0 +1,240 @@
+package limiter
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/quotaplane/quotaplane/lua"
+	"github.com/quotaplane/quotaplane/regions"
+)
+
+// A request with bands (Request.Bands) is decided on one bucket per band, all or none:
+// the route's bucket (the band regions.PrimaryBand), each band's, and the value's when
+// set, in that order, in one script call for Redis (shards and leases are not used: the
+// buckets share the tenant's slot, and a lease of one bucket would not hold the others),
+// under one set of shard locks for a Local or a fallback, whose 1/N split applies to
+// every band. The buckets of such a decision are laid out in that order everywhere here
+// (bandBuckets): the route's at 0, band i at 1+i, the value's last.
+
+// maxBandBuckets is the most buckets of one decision: the route's, MaxBands bands' and
+// a value's.
+const maxBandBuckets = 2 + regions.MaxBands
+
+// checkBands validates r's bands for cost: each limit, cost within each capacity, names
+// neither empty, nor regions.PrimaryBand, nor twice (one bucket each). Names are ids
+// (regions.ValidateID) as tenants and routes are: the rule store validated them.
+func (r Request) checkBands(cost int64) error {
+	if len(r.Bands) > regions.MaxBands {
+		return fmt.Errorf("%w %s/%s: %d bands, at most %d", ErrInvalidRequest, r.Tenant, r.Route, len(r.Bands), regions.MaxBands)
+	}
+	for i, b := range r.Bands {
+		if b.Name == "" || b.Name == regions.PrimaryBand {
+			return fmt.Errorf("%w %s/%s: band %d named %q: a band needs a name other than %q", ErrInvalidRequest, r.Tenant, r.Route, i, b.Name, regions.PrimaryBand)
+		}
+		for _, o := range r.Bands[:i] {
+			if o.Name == b.Name {
+				return fmt.Errorf("%w %s/%s: band %q appears twice", ErrInvalidRequest, r.Tenant, r.Route, b.Name)
+			}
+		}
+		if checkLimit(r, "", b.Limit) != nil {
+			return checkLimit(r, "band "+b.Name+" ", b.Limit) // the name only for an error
+		}
+		if cost > b.Limit.Capacity {
+			return fmt.Errorf("%w %s/%s: cost %d must be between 1 and band %s's capacity %d", ErrInvalidRequest, r.Tenant, r.Route, cost, b.Name, b.Limit.Capacity)
+		}
+	}
+	return nil
+}
+
+// limitOf is the regional limit of r's bucket id: the route's, the value's or a band's.
+func (r Request) limitOf(id bucketID) regions.Limit {
+	switch {
+	case id.band != "":
+		for _, b := range r.Bands {
+			if b.Name == id.band {
+				return b.Limit
+			}
+		}
+	case id.value != "":
+		return r.ValueLimit
+	}
+	return r.Limit
+}
+
+// bandBuckets writes the ids and regional limits of r's buckets, in the order above,
+// into ids and lims, and returns how many.
+func (r Request) bandBuckets(ids *[maxBandBuckets]bucketID, lims *[maxBandBuckets]regions.Limit) int {
+	ids[0], lims[0] = bucketID{tenant: r.Tenant, route: r.Route}, r.Limit
+	n := 1
+	for _, b := range r.Bands {
+		ids[n], lims[n] = bucketID{tenant: r.Tenant, route: r.Route, band: b.Name}, b.Limit
+		n++
+	}
+	if r.Value != "" {
+		ids[n], lims[n] = bucketID{tenant: r.Tenant, route: r.Route, value: r.Value}, r.ValueLimit
+		n++
+	}
+	return n
+}
+
+// keyOf is the Redis key of the bucket id (its shard 0 for a route).
+func (l *Redis) keyOf(id bucketID) string {
+	switch {
+	case id.band != "":
+		return l.keys.Band(id.tenant, id.route, id.band)
+	case id.value != "":
+		return l.keys.Value(id.tenant, id.route, id.value)
+	}
+	return l.keys.Bucket(id.tenant, id.route)
+}
+
+// takeBands decides r, which has bands, with one script call on all its buckets (each
+// held to r's raise cap under its own limit), or with the fallback when Redis does not
+// answer.
+func (l *Redis) takeBands(ctx context.Context, r Request, cost int64) (Decision, error) {
+	var ids [maxBandBuckets]bucketID
+	var lims [maxBandBuckets]regions.Limit
+	n := r.bandBuckets(&ids, &lims)
+	bs := make([]lua.Bucket, n)
+	for b := range n {
+		bs[b] = r.bucket(l.keyOf(ids[b]), lims[b], 0)
+	}
+	out, ok, err := l.callCharging(ctx, lua.OpTake, cost, bs, ids[:n], r)
+	if err != nil {
+		return Decision{}, fmt.Errorf("decide %s/%s: %w", r.Tenant, r.Route, err)
+	}
+	if !ok {
+		return l.fb.decide(r, cost), nil
+	}
+	allowed := out.Granted > 0
+	var ds [maxBandBuckets]Decision
+	for b := range n {
+		o, lim := out.Buckets[b], lims[b]
+		d := Decision{Allowed: allowed, Limit: lim.Capacity, RefillPerSecond: lim.RefillPerSecond, Remaining: o.Remaining, ResetAfter: o.ResetAfter}
+		if !allowed && o.Remaining < cost {
+			// This bucket refuses: it holds cost tokens (cap - cost)/refill before it is full.
+			d.RetryAfter = max(o.ResetAfter-secondsUp(float64(lim.Capacity-cost)/lim.RefillPerSecond), time.Millisecond)
+		}
+		ds[b] = d
+	}
+	d := r.banded(ds[:n], allowed, out.RetryAfter)
+	d.Source = SourceRedis
+	return d, nil
+}
+
+// takeBands is take for a request with bands: each of its buckets holding 1/n of its
+// rule (fallbackLimit; n = 1 for a standalone Local), admitted together or not at all.
+// The buckets' shards are locked once each, in shard order as take locks them, so no two
+// decisions deadlock and never both pass a check only one can.
+func (l *Local) takeBands(now time.Time, r Request, n int, cost int64, owe bool) Decision {
+	var ids [maxBandBuckets]bucketID
+	var rules, lims [maxBandBuckets]regions.Limit
+	var keys [maxBandBuckets]uint64
+	var shards [maxBandBuckets]*shard
+	var es [maxBandBuckets]entry
+	var found [maxBandBuckets]bool
+	m := r.bandBuckets(&ids, &rules)
+	// The distinct shards' indexes, sorted (insertion sort: at most maxBandBuckets).
+	var order [maxBandBuckets]uint8
+	locks := 0
+	for i := range m {
+		lims[i] = fallbackLimit(rules[i], n)
+		keys[i], shards[i] = l.key(ids[i])
+		si := uint8(keys[i] >> 58)
+		j := 0
+		for j < locks && order[j] < si {
+			j++
+		}
+		if j < locks && order[j] == si {
+			continue
+		}
+		copy(order[j+1:locks+1], order[j:locks])
+		order[j] = si
+		locks++
+	}
+	for _, si := range order[:locks] {
+		l.shards[si].mu.Lock()
+	}
+	defer func() {
+		for i := locks - 1; i >= 0; i-- {
+			l.shards[order[i]].mu.Unlock()
+		}
+	}()
+	all := true
+	for i := range m {
+		es[i], found[i] = shards[i].m[keys[i]]
+		l.open(&es[i], found[i], now, lims[i], r.capFor(lims[i], 0))
+		all = all && es[i].b.has(now, lims[i], cost)
+	}
+	var ds [maxBandBuckets]Decision
+	var retry time.Duration
+	for i := range m {
+		ds[i] = es[i].b.decide(now, lims[i], cost, all)
+		retry = max(retry, ds[i].RetryAfter)
+		// Looked up again: storing an earlier bucket of the same shard may have evicted it.
+		_, was := shards[i].m[keys[i]]
+		l.store(shards[i], keys[i], es[i], was, now, lims[i])
+		if owe && all {
+			shards[i].owe(keys[i], owing{tokens: cost, id: ids[i], lim: lims[i], rule: rules[i]})
+		}
+	}
+	return r.banded(ds[:m], all, retry)
+}
+
+// banded is the decision of a request with bands from its buckets' own decisions ds
+// (laid out as bandBuckets lays them out, each with its own RetryAfter when it refused),
+// admitted or not, with retry the decision's RetryAfter when refused. Bands[0] is the
+// rule's own band (the route's bucket and the value's folded by tighter, as a request
+// without bands is), then each band; the top-level fields are the band closest to
+// exhaustion (closer). Source is left for the caller.
+func (r Request) banded(ds []Decision, allowed bool, retry time.Duration) Decision {
+	prim := ds[0]
+	if r.Value != "" {
+		prim = tighter(prim, ds[len(ds)-1])
+	}
+	bands := make([]BandState, 1+len(r.Bands))
+	bands[0] = bandState(regions.PrimaryBand, prim)
+	top := prim
+	for i, b := range r.Bands {
+		d := ds[1+i]
+		bands[1+i] = bandState(b.Name, d)
+		if closer(d, top) {
+			top = d
+		}
+	}
+	top.Allowed, top.RetryAfter, top.Bands = allowed, 0, bands
+	if !allowed {
+		top.RetryAfter = retry
+	}
+	return top
+}
+
+// closer reports whether band a is closer to exhaustion than band b: it refuses longer
+// (its own RetryAfter; 0 for a band that admits), or as long and has fewer tokens left,
+// or as many and takes longer to fill (tighter's order). Ties keep b: the earlier band.
+func closer(a, b Decision) bool {
+	if a.RetryAfter != b.RetryAfter {
+		return a.RetryAfter > b.RetryAfter
+	}
+	return a.Remaining < b.Remaining || (a.Remaining == b.Remaining && a.ResetAfter > b.ResetAfter)
+}
+
+func bandState(name string, d Decision) BandState {
+	return BandState{Name: name, Limit: d.Limit, RefillPerSecond: d.RefillPerSecond, Remaining: d.Remaining, ResetAfter: d.ResetAfter}
+}
+
+// refusedBands fills d.Bands for a fallback refusal of r made with no bucket deciding:
+// each band's limit split n ways (n = 1: the region's), nothing remaining.
+func (r Request) refusedBands(d Decision, n int) Decision {
+	if len(r.Bands) == 0 {
+		return d
+	}
+	d.Bands = make([]BandState, 1+len(r.Bands))
+	d.Bands[0] = BandState{Name: regions.PrimaryBand, Limit: d.Limit, RefillPerSecond: d.RefillPerSecond}
+	for i, b := range r.Bands {
+		lim := fallbackLimit(b.Limit, n)
+		d.Bands[1+i] = BandState{Name: b.Name, Limit: lim.Capacity, RefillPerSecond: lim.RefillPerSecond}
+	}
+	return d
+}
