@@ -25,7 +25,7 @@ func bandsConfig(upstream, redisURL string) Config {
 	cfg.Redis.Timeout = 500 * time.Millisecond // a loaded test machine must not fall back
 	cfg.Routes = append(cfg.Routes,
 		RouteConfig{ID: "export", Match: "POST /export", Upstream: upstream, Cost: CostConfig{Header: "X-Cost", Max: 50}})
-	minute := []BandConfig{{Name: "minute", Capacity: 10, Per: time.Minute}}
+	minute := []BandConfig{{Name: "minute", Capacity: 10, Per: "1m"}}
 	cfg.Tenants[0].Rules = []TenantRuleConfig{
 		{Route: "create-order", Capacity: 4, RefillPerSecond: 2, Bands: minute},
 		{Route: "export", Capacity: 20, RefillPerSecond: 1, Bands: minute},

@@ -450,19 +450,57 @@ type TenantRuleConfig struct {
 // BandConfig is one further token bucket of a rule, as in a limits file: "10,000 per
 // hour" is {name: hour, capacity: 10000, per: 1h}; per or refill_per_second, not both.
 type BandConfig struct {
-	Name            string        `yaml:"name"`
-	Capacity        int64         `yaml:"capacity"`
-	Per             time.Duration `yaml:"per"`
-	RefillPerSecond float64       `yaml:"refill_per_second"`
+	Name     string `yaml:"name"`
+	Capacity int64  `yaml:"capacity"`
+	// Per is the time the band refills its capacity in: a Go duration, or whole weeks
+	// and days first (30d, 1w, 1d12h), as the limits file and ratectl write it.
+	Per             string  `yaml:"per"`
+	RefillPerSecond float64 `yaml:"refill_per_second"`
 }
 
 // band is b as a regions.Band (checkBands has checked it).
 func (b BandConfig) band() regions.Band {
 	refill := b.RefillPerSecond
-	if b.Per > 0 {
-		refill = float64(b.Capacity) / b.Per.Seconds()
+	if d, err := parseBandPer(b.Per); err == nil {
+		refill = float64(b.Capacity) / d.Seconds()
 	}
 	return regions.Band{Name: b.Name, Capacity: b.Capacity, RefillPerSecond: refill}
+}
+
+// maxBandPerDays bounds the weeks and days of a band's per.
+const maxBandPerDays = 100000
+
+// parseBandPer reads a band's per: whole weeks ("2w"), then whole days ("30d"), then a
+// time.ParseDuration string ("1h", "1d12h"); above zero.
+func parseBandPer(s string) (time.Duration, error) {
+	bad := fmt.Errorf("%q: want a duration above zero, like 1h, 90m, 30d or 1w", s)
+	rest, total := s, time.Duration(0)
+	for _, unit := range []struct {
+		suffix string
+		d      time.Duration
+	}{{"w", 7 * 24 * time.Hour}, {"d", 24 * time.Hour}} {
+		i := strings.Index(rest, unit.suffix)
+		if i < 0 {
+			continue
+		}
+		n, err := strconv.Atoi(rest[:i])
+		if err != nil || n < 0 || n > maxBandPerDays {
+			return 0, bad
+		}
+		total += time.Duration(n) * unit.d
+		rest = rest[i+1:]
+	}
+	if rest != "" {
+		d, err := time.ParseDuration(rest)
+		if err != nil || d < 0 {
+			return 0, bad
+		}
+		total += d
+	}
+	if total <= 0 {
+		return 0, bad
+	}
+	return total, nil
 }
 
 // regionsBands are bands as regions.Bands; nil for none.
@@ -1172,16 +1210,18 @@ func checkBands(bands []BandConfig, shards int) *bucketError {
 		}
 		seen[b.Name] = i
 		switch {
-		case b.Per != 0 && b.RefillPerSecond != 0:
+		case b.Per != "" && b.RefillPerSecond != 0:
 			return &bucketError{key, "give per or refill_per_second, not both"}
-		case b.Per < 0:
-			return &bucketError{key + ".per", fmt.Sprintf("must be a positive duration (1h: capacity per hour), got %s", b.Per)}
-		case b.Per == 0 && b.RefillPerSecond == 0:
+		case b.Per == "" && b.RefillPerSecond == 0:
 			return &bucketError{key, "give per (1h: capacity per hour) or refill_per_second"}
+		case b.Per != "":
+			if _, err := parseBandPer(b.Per); err != nil {
+				return &bucketError{key + ".per", err.Error()}
+			}
 		}
 		if err := checkBucket(b.Capacity, b.band().RefillPerSecond, 1); err != nil {
 			k := key + "." + err.key
-			if err.key == "refill_per_second" && b.Per > 0 {
+			if err.key == "refill_per_second" && b.Per != "" {
 				k, err.reason = key+".per", fmt.Sprintf("capacity %d per %s is a refill of %v a second: %s", b.Capacity, b.Per, b.band().RefillPerSecond, err.reason)
 			}
 			return &bucketError{k, err.reason}

@@ -34,7 +34,7 @@ func TestLoadConfigGoodFull(t *testing.T) {
 		t.Fatal(err)
 	}
 	rule, _, _ := snap.RegionalRule(c.Region, "shop-a", "create-order")
-	want := []regions.Band{{Name: "hour", Capacity: 100, RefillPerSecond: 100.0 / 3600}, {Name: "day", Capacity: 1000, RefillPerSecond: 0.02}}
+	want := []regions.Band{{Name: "hour", Capacity: 100, RefillPerSecond: 100.0 / 3600}, {Name: "day", Capacity: 1000, RefillPerSecond: 0.02}, {Name: "month", Capacity: 30000, RefillPerSecond: 30000.0 / (30 * 86400)}}
 	if !slices.Equal(rule.Bands, want) {
 		t.Fatalf("shop-a/create-order bands %+v, want %+v", rule.Bands, want)
 	}
@@ -175,7 +175,8 @@ func TestBadConfigs(t *testing.T) {
 		"band-bad-name":                     `tenants[0].rules[0].bands[0].name: band id "per hour": only letters, digits, '.', '_' and '-' are allowed`,
 		"band-duplicate":                    `tenants[0].rules[0].bands[1].name: band "hour" is already bands[0]`,
 		"band-named-rate":                   `tenants[0].rules[0].bands[0].name: "rate" is the name of the rule's own capacity and refill_per_second`,
-		"band-negative-per":                 `tenants[0].rules[0].bands[0].per: must be a positive duration (1h: capacity per hour), got -1h0m0s`,
+		"band-negative-per":                 `tenants[0].rules[0].bands[0].per: "-1h": want a duration above zero, like 1h, 90m, 30d or 1w`,
+		"band-per-without-unit":             `tenants[0].rules[0].bands[0].per: "3600": want a duration above zero, like 1h, 90m, 30d or 1w`,
 		"band-no-refill":                    `tenants[0].rules[0].bands[0]: give per (1h: capacity per hour) or refill_per_second`,
 		"band-per-and-refill":               `tenants[0].rules[0].bands[0]: give per or refill_per_second, not both`,
 		"band-unknown-key":                  `tenants[0].rules[0].bands[0].window: unknown key "window"`,
