@@ -31,10 +31,11 @@ type verdict struct {
 	advertised bool
 	hdr        rateHeaders
 	// refill is the refill of the bucket that decided (the fallback's is 1/N of the
-	// region's), for the RLS status's current_limit.
+	// region's; for a rule with bands, the reported band's), for the RLS status's
+	// current_limit.
 	refill float64
-	// resetAfter is the time until the bucket is full (allowed) or until the next
-	// request can be admitted (throttled).
+	// resetAfter is the time until the bucket (the reported band) is full (allowed) or
+	// until the next request can be admitted (throttled).
 	resetAfter time.Duration
 }
 
