@@ -123,6 +123,16 @@ func TestRulesSetBands(t *testing.T) {
 		t.Errorf("a refused plans set wrote %d plans", n)
 	}
 
+	// The audit names the bands of a rule that has them, and only then.
+	r = c.ok("audit")
+	if !strings.Contains(r.stdout, "capacity 200, refill 100/s, bands hour=20000/1h,day=1000000/30d,minute=500/50s -> capacity 300, refill 100/s, bands hour=20000/1h,day=1000000/30d,minute=500/50s") {
+		t.Errorf("audit of band changes:\n%s", r.stdout)
+	}
+	c.ok("rules", "set", "--tenant", "plain", "--route", "x", "--capacity", "3", "--refill", "1", "--apply")
+	r = c.ok("audit", "-o", "json")
+	if strings.Count(r.stdout, `"bands": []`) != 0 || !strings.Contains(r.stdout, `"bands": [`) {
+		t.Errorf("audit -o json: a rule without bands must show none, one with bands its array:\n%s", r.stdout)
+	}
 	set("--no-bands")
 	if got := bands(); got != "[]" {
 		t.Errorf("bands after --no-bands: %s", got)
