@@ -340,3 +340,70 @@ func TestParseBand(t *testing.T) {
 		}
 	}
 }
+
+// TestApplyBands (#24): Apply writes rules' and plan rules' bands; the same file again
+// plans nothing; a band changed, added or removed is one change of its rule; Export
+// gives the bands back.
+func TestApplyBands(t *testing.T) {
+	t.Parallel()
+	s, _ := newStore(t)
+	ctx := context.Background()
+	pro := planRule("pro", "*", 200, 100)
+	pro.Bands = []regions.Band{hourBand, dayBand}
+	want := Config{
+		Rules: ptr([]regions.Rule{
+			{Tenant: "*", Route: "*", Capacity: 20, RefillPerSecond: 10},
+			{Tenant: "a", Route: "r", Capacity: 5, RefillPerSecond: 1, Bands: []regions.Band{hourBand}},
+			{Tenant: "b", Route: "r", Capacity: 5, RefillPerSecond: 1},
+		}),
+		Plans:       ptr([]regions.Plan{{Name: "pro", Rules: []regions.Rule{pro}}}),
+		TenantPlans: ptr([]regions.TenantPlan{{Tenant: "acme", Plan: "pro"}}),
+	}
+	changes, err := s.Apply(ctx, want, "alice", "bands")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(changes) != 5 { // a/r, b/r, plan pro, pro/*, acme
+		t.Fatalf("applied %d changes, want 5: %+v", len(changes), changes)
+	}
+	if again, err := s.Plan(ctx, want); err != nil || len(again) != 0 {
+		t.Fatalf("the same file again: %+v, %v; want no change", again, err)
+	}
+	got, err := s.Export(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual((*got.Rules)[1].Bands, []regions.Band{hourBand}) || (*got.Rules)[2].Bands != nil ||
+		!reflect.DeepEqual((*got.Plans)[0].Rules[0].Bands, pro.Bands) {
+		t.Errorf("export: rules %+v, plans %+v", *got.Rules, *got.Plans)
+	}
+	// Each band edit is one change of its rule, naming the bands.
+	(*want.Rules)[1].Bands = []regions.Band{{Name: "hour", Capacity: 20000, RefillPerSecond: 20000.0 / 3600}}
+	(*want.Rules)[2].Bands = []regions.Band{dayBand}
+	(*want.Plans)[0].Rules[0].Bands = nil
+	changes, err = s.Plan(ctx, want)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for _, c := range changes {
+		ids = append(ids, string(c.Action)+" "+c.Object+" "+c.ID+": "+c.Old.String()+" -> "+c.New.String())
+	}
+	wantIDs := []string{
+		"change rule a/r: capacity 5, refill 1/s, bands hour=10000/1h -> capacity 5, refill 1/s, bands hour=20000/1h",
+		"change rule b/r: capacity 5, refill 1/s -> capacity 5, refill 1/s, bands day=1000000/30d",
+		"change plan_rule pro/*: capacity 200, refill 100/s, bands hour=10000/1h,day=1000000/30d -> capacity 200, refill 100/s",
+	}
+	if !reflect.DeepEqual(ids, wantIDs) {
+		t.Fatalf("plan of band edits:\n%s\nwant\n%s", strings.Join(ids, "\n"), strings.Join(wantIDs, "\n"))
+	}
+	if _, err := s.Apply(ctx, want, "alice", "bands"); err != nil {
+		t.Fatal(err)
+	}
+	if again, err := s.Plan(ctx, want); err != nil || len(again) != 0 {
+		t.Fatalf("after the band edits: %+v, %v; want no change", again, err)
+	}
+	if n := count(t, s, `SELECT count(*) FROM plan_rule WHERE bands <> '[]'`); n != 0 {
+		t.Errorf("%d plan rules keep bands the file removed", n)
+	}
+}
