@@ -16,7 +16,7 @@ import (
 // (per or refill_per_second). PER is a Go duration, or whole days and weeks first
 // (30d, 2w, 1d12h), as ratectl's duration flags.
 
-// ParseBand reads NAME=CAPACITY/PER or NAME=CAPACITY@REFILL. It checks the syntax and the
+// ParseBand reads NAME=CAPACITY/PER or NAME=CAPACITY@REFILL[/s]. It checks the syntax and the
 // numbers' form; regions.Rule.Validate checks the rest (the name, the ranges, duplicates).
 func ParseBand(s string) (regions.Band, error) {
 	name, spec, ok := strings.Cut(s, "=")
@@ -24,12 +24,16 @@ func ParseBand(s string) (regions.Band, error) {
 		return regions.Band{}, fmt.Errorf("%w band %q: want NAME=CAPACITY/PER (hour=10000/1h) or NAME=CAPACITY@REFILL_PER_SECOND", regions.ErrInvalid, s)
 	}
 	b := regions.Band{Name: name}
-	capText, per, isPer := strings.Cut(spec, "/")
-	var refill string
-	if !isPer {
-		var isRefill bool
-		capText, refill, isRefill = strings.Cut(spec, "@")
-		if !isRefill {
+	// CAPACITY@REFILL (a trailing "/s" allowed: 500@10/s), else CAPACITY/PER.
+	capText, refill, isRefill := strings.Cut(spec, "@")
+	refill = strings.TrimSuffix(refill, "/s")
+	var (
+		per   string
+		isPer bool
+	)
+	if !isRefill {
+		capText, per, isPer = strings.Cut(spec, "/")
+		if !isPer {
 			return regions.Band{}, fmt.Errorf("%w band %q: want NAME=CAPACITY/PER (hour=10000/1h) or NAME=CAPACITY@REFILL_PER_SECOND", regions.ErrInvalid, s)
 		}
 	}

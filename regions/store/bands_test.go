@@ -325,6 +325,9 @@ func TestParseBand(t *testing.T) {
 			t.Errorf("FormatBand(%+v) = %q, want %q", got, f, in)
 		}
 	}
+	if got, err := ParseBand("m=500@10/s"); err != nil || got != (regions.Band{Name: "m", Capacity: 500, RefillPerSecond: 10}) {
+		t.Errorf("ParseBand(m=500@10/s) = %+v, %v", got, err)
+	}
 	for in, want := range map[string]string{
 		"hour":          "want NAME=CAPACITY/PER",
 		"hour=":         "want NAME=CAPACITY/PER",
