@@ -26,7 +26,7 @@ func addBandFlags(f *pflag.FlagSet, specs *[]string, clear *bool) {
 	f.BoolVar(clear, "no-bands", false, "remove every band of the rule (before any --band)")
 }
 
-// changed reports whether f holds a band flag.
+// bandsChanged reports whether f holds a band flag (--band or --no-bands).
 func bandsChanged(f *pflag.FlagSet) bool { return f.Changed("band") || f.Changed("no-bands") }
 
 // parseBandFlags reads the --band values: each a band or NAME= (remove), each name once.
