@@ -220,6 +220,10 @@ var downChecks = map[int64]func(ctx context.Context, db *sql.DB) ([]Refusal, err
 		return dataLoss(ctx, db, "drops plan, plan_rule and tenant_plan (the tenants of a plan fall back to the default rules)",
 			[]counted{{"plan", "plans", ""}, {"plan_rule", "plan rules", ""}, {"tenant_plan", "tenant plan assignments", ""}})
 	},
+	12: func(ctx context.Context, db *sql.DB) ([]Refusal, error) {
+		return dataLoss(ctx, db, "drops the bands of rules and plan rules (their further limits are no longer enforced)",
+			[]counted{{"rate_limit_rule", "rules with bands", "bands <> '[]'"}, {"plan_rule", "plan rules with bands", "bands <> '[]'"}})
+	},
 }
 
 func noLoss(context.Context, *sql.DB) ([]Refusal, error) { return nil, nil }

@@ -81,7 +81,13 @@ func TestDownChecked(t *testing.T) {
 	exec(`INSERT INTO gateway_instance (id, region) VALUES ('gw-1', 'us-east')`)
 	exec(`INSERT INTO gateway_instance (id, region, stopped_at) VALUES ('gw-2', 'us-east', now())`)
 	exec(`INSERT INTO plan (name) VALUES ('pro')`)
-	exec(`INSERT INTO plan_rule (plan, route_id, capacity, refill_per_second) VALUES ('pro', '*', 200, 100)`)
+	exec(`INSERT INTO plan_rule (plan, route_id, capacity, refill_per_second, bands) VALUES ('pro', '*', 200, 100, '[{"name": "hour", "capacity": 10000, "refill_per_second": 2.5}]')`)
+	// 12: the bands would go.
+	refused(migrations.DownOptions{}, map[migrations.RefusalKind]string{
+		migrations.RefusalLiveGateways: "gw-1 (us-east)",
+		migrations.RefusalDataLoss:     "losing 1 plan rules with bands",
+	})
+	ok(migrations.DownOptions{AllowLiveGateways: true, AllowDataLoss: true})
 	refused(migrations.DownOptions{}, map[migrations.RefusalKind]string{
 		migrations.RefusalLiveGateways: "gw-1 (us-east)",
 		migrations.RefusalDataLoss:     "1 plans, 1 plan rules",

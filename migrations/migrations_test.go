@@ -203,6 +203,10 @@ func TestChecksRejectBadRows(t *testing.T) {
 		return `INSERT INTO rate_limit_rule (tenant_id, route_id, capacity, refill_per_second, shards) VALUES ('` +
 			tenant + `', '` + route + `', ` + capacity + `, ` + refill + `, ` + shards + `)`
 	}
+	band := func(tenant, bands, shards string) string {
+		return `INSERT INTO rate_limit_rule (tenant_id, route_id, capacity, refill_per_second, shards, bands) VALUES ('` +
+			tenant + `', 'r', 1, 1, ` + shards + `, '` + bands + `')`
+	}
 	share := func(scope, region, value, source, expires string) string {
 		return `INSERT INTO region_share (scope, region, share, source, expires_at) VALUES ('` +
 			scope + `', '` + region + `', ` + value + `, '` + source + `', ` + expires + `)`
@@ -271,6 +275,31 @@ func TestChecksRejectBadRows(t *testing.T) {
 		{"instance ok", `INSERT INTO gateway_instance (id, region) VALUES ('gw-1.us-east', 'us-east')`, ""},
 		{"instance bad id", `INSERT INTO gateway_instance (id, region) VALUES ('gw 1', 'us-east')`, "gateway_instance_id_syntax"},
 		{"instance bad region", `INSERT INTO gateway_instance (id, region) VALUES ('gw-2', 'us/east')`, "gateway_instance_region_syntax"},
+
+		{"rule bands ok", band("b-ok", `[{"name": "hour", "capacity": 10000, "refill_per_second": 2.7777777777777777}, {"name": "day", "capacity": 1000000000000000, "refill_per_second": 1000000000000}]`, "1"), ""},
+		{"rule bands empty ok", band("b-empty", `[]`, "4"), ""},
+		{"rule bands not an array", band("b1", `{"name": "hour"}`, "1"), "rate_limit_rule_bands_valid"},
+		{"rule bands null", band("b2", `null`, "1"), "rate_limit_rule_bands_valid"},
+		{"rule bands too many", band("b3", `[`+strings.TrimSuffix(strings.Repeat(`{"name": "x", "capacity": 1, "refill_per_second": 1}, `, 9), ", ")+`]`, "1"), "rate_limit_rule_bands_valid"},
+		{"rule band not an object", band("b4", `[1]`, "1"), "rate_limit_rule_bands_valid"},
+		{"rule band unknown key", band("b5", `[{"name": "h", "capacity": 1, "refill_per_second": 1, "per": "1h"}]`, "1"), "rate_limit_rule_bands_valid"},
+		{"rule band missing key", band("b6", `[{"name": "h", "capacity": 1}]`, "1"), "rate_limit_rule_bands_valid"},
+		{"rule band name rate", band("b7", `[{"name": "rate", "capacity": 1, "refill_per_second": 1}]`, "1"), "rate_limit_rule_bands_valid"},
+		{"rule band name bad", band("b8", `[{"name": "a b", "capacity": 1, "refill_per_second": 1}]`, "1"), "rate_limit_rule_bands_valid"},
+		{"rule band name long", band("b9", `[{"name": "`+long+`", "capacity": 1, "refill_per_second": 1}]`, "1"), "rate_limit_rule_bands_valid"},
+		{"rule band name number", band("b10", `[{"name": 1, "capacity": 1, "refill_per_second": 1}]`, "1"), "rate_limit_rule_bands_valid"},
+		{"rule band names twice", band("b11", `[{"name": "h", "capacity": 1, "refill_per_second": 1}, {"name": "h", "capacity": 2, "refill_per_second": 1}]`, "1"), "rate_limit_rule_bands_valid"},
+		{"rule band capacity zero", band("b12", `[{"name": "h", "capacity": 0, "refill_per_second": 1}]`, "1"), "rate_limit_rule_bands_valid"},
+		{"rule band capacity fraction", band("b13", `[{"name": "h", "capacity": 1.5, "refill_per_second": 1}]`, "1"), "rate_limit_rule_bands_valid"},
+		{"rule band capacity too large", band("b14", `[{"name": "h", "capacity": 1000000000000001, "refill_per_second": 1}]`, "1"), "rate_limit_rule_bands_valid"},
+		{"rule band capacity text", band("b15", `[{"name": "h", "capacity": "1", "refill_per_second": 1}]`, "1"), "rate_limit_rule_bands_valid"},
+		{"rule band refill zero", band("b16", `[{"name": "h", "capacity": 1, "refill_per_second": 0}]`, "1"), "rate_limit_rule_bands_valid"},
+		{"rule band refill too large", band("b17", `[{"name": "h", "capacity": 1, "refill_per_second": 1000000000001}]`, "1"), "rate_limit_rule_bands_valid"},
+		{"rule bands sharded", band("b18", `[{"name": "h", "capacity": 1, "refill_per_second": 1}]`, "2"), "rate_limit_rule_bands_unsharded"},
+		{"plan for bands", `INSERT INTO plan (name) VALUES ('p-b')`, ""},
+		{"plan rule bands sharded", `INSERT INTO plan_rule (plan, route_id, capacity, refill_per_second, shards, bands) VALUES ('p-b', '*', 1, 1, 2, '[{"name": "h", "capacity": 1, "refill_per_second": 1}]')`, "plan_rule_bands_unsharded"},
+		{"plan rule band name rate", `INSERT INTO plan_rule (plan, route_id, capacity, refill_per_second, bands) VALUES ('p-b', '*', 1, 1, '[{"name": "rate", "capacity": 1, "refill_per_second": 1}]')`, "plan_rule_bands_valid"},
+		{"plan rule bands ok", `INSERT INTO plan_rule (plan, route_id, capacity, refill_per_second, bands) VALUES ('p-b', '*', 1, 1, '[{"name": "hour", "capacity": 1, "refill_per_second": 1}]')`, ""},
 
 		{"default rule cannot be deleted", `DELETE FROM rate_limit_rule WHERE tenant_id = '*' AND route_id = '*'`, "rate_limit_rule_keep_default"},
 		{"default rule cannot be renamed", `UPDATE rate_limit_rule SET tenant_id = 'x' WHERE tenant_id = '*' AND route_id = '*'`, "rate_limit_rule_keep_default"},

@@ -47,6 +47,10 @@ func cliRow(object string, m json.RawMessage) json.RawMessage {
 			row[to] = v
 		}
 	}
+	// A rule without bands (00012's "[]") reads as before bands: no field.
+	if v, ok := row["bands"]; ok && (object == "rule" || object == "plan_rule") && string(v) == "[]" {
+		delete(row, "bands")
+	}
 	b, err := json.Marshal(row)
 	if err != nil {
 		return nullJSON(m)
@@ -180,18 +184,19 @@ func oneLineText(s string) string { return strings.Join(strings.Fields(s), " ") 
 
 // auditRow is the columns of an audited row that the table shows.
 type auditRow struct {
-	Name     string   `json:"region"`
-	Plan     string   `json:"plan"`
-	Tenant   string   `json:"tenant"`
-	Route    string   `json:"route"`
-	Capacity *int64   `json:"capacity"`
-	Refill   *float64 `json:"refill_per_second"`
-	Shadow   *bool    `json:"shadow"`
-	Shards   *int     `json:"shards"`
-	ID       *int64   `json:"id"`
-	Label    string   `json:"label"`
-	Revoked  *string  `json:"revoked_at"`
-	Share    float64  `json:"share"`
+	Name     string         `json:"region"`
+	Plan     string         `json:"plan"`
+	Tenant   string         `json:"tenant"`
+	Route    string         `json:"route"`
+	Capacity *int64         `json:"capacity"`
+	Refill   *float64       `json:"refill_per_second"`
+	Shadow   *bool          `json:"shadow"`
+	Shards   *int           `json:"shards"`
+	ID       *int64         `json:"id"`
+	Label    string         `json:"label"`
+	Revoked  *string        `json:"revoked_at"`
+	Share    float64        `json:"share"`
+	Bands    []regions.Band `json:"bands"`
 }
 
 func parseAuditRow(m json.RawMessage) (auditRow, bool) {
@@ -249,6 +254,9 @@ func auditDelta(e store.AuditEntry) string {
 			}
 			if r.Shards != nil && *r.Shards != 1 {
 				s += ", shards " + itoa64(int64(*r.Shards))
+			}
+			if len(r.Bands) > 0 {
+				s += ", bands " + store.FormatBands(r.Bands)
 			}
 			return s
 		}

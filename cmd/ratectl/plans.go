@@ -36,15 +36,34 @@ func toUsagePlanJSON(p regions.Plan, tenants int64) usagePlanJSON {
 	return out
 }
 
+// plansTable prints ps; a BANDS column only when a rule has bands (NAME=CAPACITY/PER).
 func plansTable(w io.Writer, ps []usagePlanJSON) {
-	row(w, "PLAN", "TENANTS", "ROUTE", "CAPACITY", "REFILL/S", "SHADOW", "SHARDS", "UPDATED")
+	banded := false
+	for _, p := range ps {
+		for _, r := range p.Rules {
+			banded = banded || len(r.Bands) > 0
+		}
+	}
+	if !banded {
+		row(w, "PLAN", "TENANTS", "ROUTE", "CAPACITY", "REFILL/S", "SHADOW", "SHARDS", "UPDATED")
+	} else {
+		row(w, "PLAN", "TENANTS", "ROUTE", "CAPACITY", "REFILL/S", "SHADOW", "SHARDS", "BANDS", "UPDATED")
+	}
 	for _, p := range ps {
 		if len(p.Rules) == 0 {
-			row(w, p.Name, strconv.FormatInt(p.Tenants, 10), "-", "-", "-", "-", "-", "-")
+			cells := []string{p.Name, strconv.FormatInt(p.Tenants, 10), "-", "-", "-", "-", "-", "-"}
+			if banded {
+				cells = append(cells, "-")
+			}
+			row(w, cells...)
 		}
 		for _, r := range p.Rules {
-			row(w, p.Name, strconv.FormatInt(p.Tenants, 10), r.Route, strconv.FormatInt(r.Capacity, 10), rateCell(r.RefillPerSecond),
-				boolCell(r.Shadow), strconv.Itoa(r.Shards), timeCell(r.UpdatedAt))
+			cells := []string{p.Name, strconv.FormatInt(p.Tenants, 10), r.Route, strconv.FormatInt(r.Capacity, 10), rateCell(r.RefillPerSecond),
+				boolCell(r.Shadow), strconv.Itoa(r.Shards)}
+			if banded {
+				cells = append(cells, bandsCell(r.Bands))
+			}
+			row(w, append(cells, timeCell(r.UpdatedAt))...)
 		}
 	}
 }
@@ -117,12 +136,14 @@ func newPlansCmd(a *app) *cobra.Command {
 
 func newPlansSetCmd(a *app) *cobra.Command {
 	var (
-		r      regions.Rule
-		reason string
-		write  bool
+		r        regions.Rule
+		reason   string
+		write    bool
+		bandArgs []string
+		noBands  bool
 	)
 	set := &cobra.Command{
-		Use:   "set PLAN --route R --capacity N --refill X [--shadow] [--shards K] [--apply]",
+		Use:   "set PLAN --route R --capacity N --refill X [--shadow] [--shards K] [--band NAME=CAPACITY/PER]... [--no-bands] [--apply]",
 		Short: "Create or change a plan's rule for a route (creating the plan)",
 		Long: `Create or change the token bucket of a plan for a route (route * for every route), and
 the plan itself if it is new. Every tenant assigned to the plan gets it, in buckets of its
@@ -131,6 +152,9 @@ the order is tenant+route, tenant+*, plan+route, plan+*, *+route, *+*. It is one
 all the plan's tenants change in one transaction, with one audit row.
 
 Flags not given keep the existing rule's values; a new rule needs --capacity and --refill.
+--band NAME=CAPACITY/PER (hour=10000/1h), --band NAME= and --no-bands set and remove
+the rule's further buckets as with ratectl rules set: each tenant of the plan gets every
+band in buckets of its own.
 Without --apply it prints the change and writes nothing; a plan with tenants gets a
 WARNING line on stderr.`,
 		Args: exactArgs(1, "a plan name"),
@@ -143,6 +167,10 @@ WARNING line on stderr.`,
 			if err := checkRuleFlags(f, &r); err != nil {
 				return err
 			}
+			edit, err := parseBandFlags(bandArgs, noBands)
+			if err != nil {
+				return err
+			}
 			return a.withStore(cmd, func(ctx context.Context, st *store.Store) error {
 				all, err := st.Plans(ctx, "")
 				if err != nil {
@@ -150,6 +178,9 @@ WARNING line on stderr.`,
 				}
 				nr, i, err := mergePlanRule(all, r, f.Changed)
 				if err != nil {
+					return err
+				}
+				if nr.Bands, err = editBands(f, edit, nr.Bands, nr); err != nil {
 					return err
 				}
 				warnings, err := planWarnings(ctx, st, r.Plan)
@@ -194,6 +225,7 @@ WARNING line on stderr.`,
 	sf.IntVar(&r.Shards, "shards", 1, "split each bucket over this many Redis keys (hot keys), 1..1024")
 	sf.StringVar(&reason, "reason", "", "why, for the audit log (default: the command)")
 	sf.BoolVar(&write, "apply", false, "write the rule (without it: print the change only)")
+	addBandFlags(sf, &bandArgs, &noBands)
 	_ = set.MarkFlagRequired("route")
 	return set
 }
@@ -222,6 +254,7 @@ func mergePlanRule(all []regions.Plan, r regions.Rule, changed func(string) bool
 			if !changed("shards") {
 				r.Shards = old.Shards
 			}
+			r.Bands = old.Bands // the band flags edit them (editBands)
 			return r, i, nil
 		}
 		return r, i, newPlanRuleNeeds(r, changed)

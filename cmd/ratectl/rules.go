@@ -28,10 +28,23 @@ func toRuleJSON(r regions.Rule) ruleJSON {
 	return ruleJSON{Tenant: r.Tenant, Route: r.Route, RuleValue: store.RuleValueOf(r), UpdatedAt: r.UpdatedAt.UTC()}
 }
 
+// rulesTable prints rs; a BANDS column only when a rule has bands (NAME=CAPACITY/PER).
 func rulesTable(w io.Writer, rs []ruleJSON) {
-	row(w, "TENANT", "ROUTE", "CAPACITY", "REFILL/S", "SHADOW", "SHARDS", "UPDATED")
+	banded := false
 	for _, r := range rs {
-		row(w, r.Tenant, r.Route, strconv.FormatInt(r.Capacity, 10), rateCell(r.RefillPerSecond), boolCell(r.Shadow), strconv.Itoa(r.Shards), timeCell(r.UpdatedAt))
+		banded = banded || len(r.Bands) > 0
+	}
+	if !banded {
+		row(w, "TENANT", "ROUTE", "CAPACITY", "REFILL/S", "SHADOW", "SHARDS", "UPDATED")
+		for _, r := range rs {
+			row(w, r.Tenant, r.Route, strconv.FormatInt(r.Capacity, 10), rateCell(r.RefillPerSecond), boolCell(r.Shadow), strconv.Itoa(r.Shards), timeCell(r.UpdatedAt))
+		}
+		return
+	}
+	row(w, "TENANT", "ROUTE", "CAPACITY", "REFILL/S", "SHADOW", "SHARDS", "BANDS", "UPDATED")
+	for _, r := range rs {
+		row(w, r.Tenant, r.Route, strconv.FormatInt(r.Capacity, 10), rateCell(r.RefillPerSecond), boolCell(r.Shadow), strconv.Itoa(r.Shards),
+			bandsCell(r.Bands), timeCell(r.UpdatedAt))
 	}
 }
 
@@ -73,15 +86,24 @@ func newRulesCmd(a *app) *cobra.Command {
 		reason   string
 		write    bool
 		gwConfig []string
+		bandArgs []string
+		noBands  bool
 	)
 	set := &cobra.Command{
-		Use:   "set --tenant T --route R --capacity N --refill X [--shadow] [--shards K]",
+		Use:   "set --tenant T --route R --capacity N --refill X [--shadow] [--shards K] [--band NAME=CAPACITY/PER]... [--no-bands]",
 		Short: "Create or change a rule (flags not given keep the existing rule's values)",
 		Long: `Create or change the token bucket of a tenant for a route. Tenant * or route * make a
 default rule. --capacity is the burst (a whole number > 0), --refill the sustained rate in
 requests per second (> 0, may be fractional). Changing an existing rule, the flags you do
 not give keep their current values (so --shadow is never switched off by accident); a
 new rule needs --capacity and --refill.
+
+--band NAME=CAPACITY/PER adds a further token bucket (a band) to the rule, or changes
+band NAME: hour=10000/1h holds 10000 tokens refilled over an hour; PER is a duration
+(90m, 1h, 30d, 1w); NAME=CAPACITY@REFILL gives the refill per second instead. A request
+is admitted only if the rule's own bucket (the band "rate") and every band admit it. At
+most 8 bands; a rule with bands has one shard. --band NAME= removes band NAME,
+--no-bands removes them all (then --band sets the new ones). Other bands are kept.
 
 Without --apply it prints the change and writes nothing; a tenant or route * (which reach
 every tenant or route at once) and, with --gateway-config, a route id no gateway config
@@ -95,6 +117,10 @@ defines get a WARNING line on stderr.`,
 			if err := checkRuleFlags(f, &r); err != nil {
 				return err
 			}
+			edit, err := parseBandFlags(bandArgs, noBands)
+			if err != nil {
+				return err
+			}
 			routes, err := gatewayRoutes(gwConfig)
 			if err != nil {
 				return err
@@ -105,8 +131,10 @@ defines get a WARNING line on stderr.`,
 					return err
 				}
 				nr := r
+				var oldBands []regions.Band
 				if len(existing) == 1 {
 					old := existing[0]
+					oldBands = old.Bands
 					if !f.Changed("capacity") {
 						nr.Capacity = old.Capacity
 					}
@@ -121,6 +149,9 @@ defines get a WARNING line on stderr.`,
 					}
 				} else if !f.Changed("capacity") || !f.Changed("refill") {
 					return usagef("rule %s/%s does not exist yet: a new rule needs --capacity and --refill", r.Tenant, r.Route)
+				}
+				if nr.Bands, err = editBands(f, edit, oldBands, nr); err != nil {
+					return err
 				}
 				if !write {
 					return a.planRule(ctx, cmd, st, nr, routes)
@@ -157,6 +188,7 @@ defines get a WARNING line on stderr.`,
 	sf.StringVar(&reason, "reason", "", "why, for the audit log (default: the command)")
 	sf.BoolVar(&write, "apply", false, "write the rule (without it: print the change only)")
 	sf.StringSliceVar(&gwConfig, "gateway-config", nil, "gateway config files whose route ids --route must be one of (warn otherwise)")
+	addBandFlags(sf, &bandArgs, &noBands)
 	_ = set.MarkFlagRequired("tenant")
 	_ = set.MarkFlagRequired("route")
 

@@ -53,6 +53,8 @@ type RuleValue struct {
 	RefillPerSecond float64 `json:"refill_per_second"`
 	Shadow          bool    `json:"shadow"`
 	Shards          int     `json:"shards"`
+	// Bands are the rule's further buckets; left out when it has none.
+	Bands []regions.Band `json:"bands,omitempty"`
 }
 
 // RuleValueOf is the value of r in a Change.
@@ -61,7 +63,7 @@ func RuleValueOf(r regions.Rule) *RuleValue {
 	if shards == 0 {
 		shards = 1
 	}
-	return &RuleValue{Capacity: r.Capacity, RefillPerSecond: r.RefillPerSecond, Shadow: r.Shadow, Shards: shards}
+	return &RuleValue{Capacity: r.Capacity, RefillPerSecond: r.RefillPerSecond, Shadow: r.Shadow, Shards: shards, Bands: r.Bands}
 }
 
 func (*RuleValue) changeValue() {}
@@ -73,6 +75,9 @@ func (v *RuleValue) String() string {
 	}
 	if v.Shards != 1 {
 		s += fmt.Sprintf(", %d shards", v.Shards)
+	}
+	if len(v.Bands) > 0 {
+		s += ", bands " + FormatBands(v.Bands)
 	}
 	return s
 }

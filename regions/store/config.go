@@ -275,9 +275,9 @@ func readConfig(ctx context.Context, q querier) (Config, time.Time, error) {
 	if err != nil {
 		return Config{}, now, fmt.Errorf("read regions: %w", err)
 	}
-	rows, _ = q.Query(ctx, `SELECT tenant_id, route_id, capacity, refill_per_second, shadow, shards, updated_at
+	rows, _ = q.Query(ctx, `SELECT tenant_id, route_id, capacity, refill_per_second, shadow, shards, updated_at, bands
 		FROM rate_limit_rule ORDER BY tenant_id, route_id`)
-	rules, err := pgx.CollectRows(rows, pgx.RowToStructByPos[regions.Rule])
+	rules, err := pgx.CollectRows(rows, scanRule)
 	if err != nil {
 		return Config{}, now, fmt.Errorf("read rules: %w", err)
 	}

@@ -141,6 +141,63 @@ type planRuleYAML struct {
 	RefillPerSecond float64 `yaml:"refill_per_second" json:"refill_per_second"`
 	Shadow          bool    `yaml:"shadow,omitempty" json:"shadow,omitempty"`
 	Shards          int     `yaml:"shards,omitempty" json:"shards,omitempty"`
+	// Bands are the rule's further buckets (regions.Rule.Bands), in order.
+	Bands []bandYAML `yaml:"bands,omitempty" json:"bands,omitempty"`
+}
+
+// bandYAML is one further bucket of a rule: a name, a capacity and exactly one of per
+// (the capacity refills over it: 1h, 30d; see ParseBand) and refill_per_second.
+type bandYAML struct {
+	Name            string   `yaml:"name" json:"name"`
+	Capacity        int64    `yaml:"capacity" json:"capacity"`
+	Per             string   `yaml:"per,omitempty" json:"per,omitempty"`
+	RefillPerSecond *float64 `yaml:"refill_per_second,omitempty" json:"refill_per_second,omitempty"`
+}
+
+// bandsOf reads the bands of a rule (what names it in errors); none is nil.
+func bandsOf(what string, ys []bandYAML) ([]regions.Band, error) {
+	if len(ys) == 0 {
+		return nil, nil
+	}
+	out := make([]regions.Band, 0, len(ys))
+	for _, y := range ys {
+		b := regions.Band{Name: y.Name, Capacity: y.Capacity}
+		switch {
+		case y.Per != "" && y.RefillPerSecond != nil:
+			return nil, fmt.Errorf("%w %s: band %s: give per or refill_per_second, not both", regions.ErrInvalid, what, y.Name)
+		case y.Per != "":
+			r, err := RefillOver(y.Capacity, y.Per)
+			if err != nil {
+				return nil, fmt.Errorf("%w %s: band %s: %w", regions.ErrInvalid, what, y.Name, err)
+			}
+			b.RefillPerSecond = r
+		case y.RefillPerSecond != nil:
+			b.RefillPerSecond = *y.RefillPerSecond
+		default:
+			return nil, fmt.Errorf("%w %s: band %s: give per (1h, 30d) or refill_per_second", regions.ErrInvalid, what, y.Name)
+		}
+		out = append(out, b)
+	}
+	return out, nil
+}
+
+// bandsYAML is the file form of bs: per where it gives the refill exactly (BandPer).
+func bandsYAML(bs []regions.Band) []bandYAML {
+	if len(bs) == 0 {
+		return nil
+	}
+	out := make([]bandYAML, 0, len(bs))
+	for _, b := range bs {
+		y := bandYAML{Name: b.Name, Capacity: b.Capacity}
+		if per, ok := BandPer(b); ok {
+			y.Per = per
+		} else {
+			r := b.RefillPerSecond
+			y.RefillPerSecond = &r
+		}
+		out = append(out, y)
+	}
+	return out
 }
 
 type tenantPlanYAML struct {
@@ -155,6 +212,8 @@ type ruleYAML struct {
 	RefillPerSecond float64 `yaml:"refill_per_second" json:"refill_per_second"`
 	Shadow          bool    `yaml:"shadow,omitempty" json:"shadow,omitempty"`
 	Shards          int     `yaml:"shards,omitempty" json:"shards,omitempty"`
+	// Bands are the rule's further buckets (regions.Rule.Bands), in order.
+	Bands []bandYAML `yaml:"bands,omitempty" json:"bands,omitempty"`
 }
 
 type overrideYAML struct {
@@ -179,7 +238,11 @@ func (f limitsFile) config() (Config, error) {
 	if f.Rules != nil {
 		rs := []regions.Rule{}
 		for _, r := range *f.Rules {
-			rs = append(rs, regions.Rule{Tenant: r.Tenant, Route: r.Route, Capacity: r.Capacity, RefillPerSecond: r.RefillPerSecond, Shadow: r.Shadow, Shards: r.Shards})
+			bands, err := bandsOf("rule "+r.Tenant+"/"+r.Route, r.Bands)
+			if err != nil {
+				return c, fmt.Errorf("rules: %w", err)
+			}
+			rs = append(rs, regions.Rule{Tenant: r.Tenant, Route: r.Route, Capacity: r.Capacity, RefillPerSecond: r.RefillPerSecond, Shadow: r.Shadow, Shards: r.Shards, Bands: bands})
 		}
 		c.Rules = &rs
 	}
@@ -221,8 +284,12 @@ func (f limitsFile) config() (Config, error) {
 		for _, p := range *f.Plans {
 			rs := []regions.Rule{}
 			for _, r := range p.Rules {
+				bands, err := bandsOf("rule of plan "+p.Name+"/"+r.Route, r.Bands)
+				if err != nil {
+					return c, fmt.Errorf("plans: %w", err)
+				}
 				rs = append(rs, regions.Rule{Plan: p.Name, Tenant: regions.Wildcard, Route: r.Route, Capacity: r.Capacity,
-					RefillPerSecond: r.RefillPerSecond, Shadow: r.Shadow, Shards: r.Shards})
+					RefillPerSecond: r.RefillPerSecond, Shadow: r.Shadow, Shards: r.Shards, Bands: bands})
 			}
 			ps = append(ps, regions.Plan{Name: p.Name, Rules: rs})
 		}
@@ -264,7 +331,7 @@ func toLimitsFile(cfg Config) limitsFile {
 	if cfg.Rules != nil {
 		rs := []ruleYAML{}
 		for _, r := range *cfg.Rules {
-			y := ruleYAML{Tenant: r.Tenant, Route: r.Route, Capacity: r.Capacity, RefillPerSecond: r.RefillPerSecond, Shadow: r.Shadow}
+			y := ruleYAML{Tenant: r.Tenant, Route: r.Route, Capacity: r.Capacity, RefillPerSecond: r.RefillPerSecond, Shadow: r.Shadow, Bands: bandsYAML(r.Bands)}
 			if r.Shards != 1 {
 				y.Shards = r.Shards
 			}
@@ -295,7 +362,7 @@ func toLimitsFile(cfg Config) limitsFile {
 		for _, p := range *cfg.Plans {
 			y := planYAML{Name: p.Name, Rules: []planRuleYAML{}}
 			for _, r := range p.Rules {
-				ry := planRuleYAML{Route: r.Route, Capacity: r.Capacity, RefillPerSecond: r.RefillPerSecond, Shadow: r.Shadow}
+				ry := planRuleYAML{Route: r.Route, Capacity: r.Capacity, RefillPerSecond: r.RefillPerSecond, Shadow: r.Shadow, Bands: bandsYAML(r.Bands)}
 				if r.Shards != 1 {
 					ry.Shards = r.Shards
 				}
@@ -344,6 +411,8 @@ var limitsSchema = map[string]map[string]fieldKind{
 	// The entries of a plan's rules list.
 	"plans.rules":  {"route": kindString, "capacity": kindInt, "shards": kindInt},
 	"tenant_plans": {"tenant": kindString, "plan": kindString},
+	// The entries of a rule's (or a plan's rule's) bands list.
+	"bands": {"name": kindString, "capacity": kindInt, "per": kindString},
 }
 
 // decodeLimits decodes a limits file strictly, and stops when ctx ends (SIGTERM, the
@@ -555,6 +624,11 @@ func (w *nodeWalk) checkTypes(body ast.Node) error {
 						return err
 					}
 				}
+				if name == "rules" && key == "bands" {
+					if err := w.checkEntries(kv.Value, path+".bands", limitsSchema["bands"]); err != nil {
+						return err
+					}
+				}
 				if name == "plans" && key == "rules" {
 					if err := w.checkEntries(kv.Value, path+".rules", limitsSchema["plans.rules"]); err != nil {
 						return err
@@ -590,6 +664,11 @@ func (w *nodeWalk) checkEntries(n ast.Node, path string, fields map[string]field
 			key := kv.Key.GetToken().Value
 			if kind, ok := fields[key]; ok {
 				if err := w.checkScalar(kv.Value, fmt.Sprintf("%s[%d].%s", path, i, key), kind); err != nil {
+					return err
+				}
+			}
+			if key == "bands" && strings.HasSuffix(path, ".rules") { // a plan's rule's bands
+				if err := w.checkEntries(kv.Value, fmt.Sprintf("%s[%d].bands", path, i), limitsSchema["bands"]); err != nil {
 					return err
 				}
 			}

@@ -200,6 +200,7 @@ func FuzzParseLimits(f *testing.F) {
 		"regions: [a, b]\noverrides:\n  - {scope: 't/r', shares: {a: 0.25, b: 0.75}, reason: x, expires_at: '2030-01-01T00:00:00.5Z'}\n",
 		"keys:\n  - {sha256: '" + strings.Repeat("ab", 32) + "', tenant: t, label: \"a: b # c\"}\n",
 		`{"regions": ["a"], "rules": [{"tenant": "*", "route": "*", "capacity": 3, "refill_per_second": 0.5, "shards": 2}]}`,
+		"rules:\n  - {tenant: '*', route: '*', capacity: 2, refill_per_second: 1, bands: [{name: h, capacity: 7, per: 1h}, {name: d, capacity: 3, refill_per_second: 0.7}]}\n",
 		billionLaughs(),
 		"a: &a [*a]\n",
 		"regions: !!map {}\n",

@@ -240,17 +240,21 @@ func loadRules(ctx context.Context, tx pgx.Tx) ([]regions.Rule, error) {
 		return nil, fmt.Errorf("count rules: %w", err)
 	}
 	out := make([]regions.Rule, 0, n)
-	rows, err := tx.Query(ctx, `SELECT tenant_id, route_id, capacity, refill_per_second, shadow, shards, updated_at FROM rate_limit_rule`)
+	rows, err := tx.Query(ctx, `SELECT tenant_id, route_id, capacity, refill_per_second, shadow, shards, updated_at, bands FROM rate_limit_rule`)
 	if err != nil {
 		return nil, fmt.Errorf("read rules: %w", err)
 	}
 	defer rows.Close()
 	raw := rawOK(rows.FieldDescriptions())
-	var scanned regions.Rule // outside the loop: Scan's pointers would move a per-row variable to the heap
+	var (
+		scanned      regions.Rule // outside the loop: Scan's pointers would move a per-row variable to the heap
+		scannedBands []byte
+	)
 	for rows.Next() {
 		var r regions.Rule
 		v := rows.RawValues()
-		if raw && len(v[2]) == 8 && len(v[3]) == 8 && len(v[4]) == 1 && len(v[5]) == 4 && len(v[6]) == 8 {
+		// jsonb's binary form is a version byte (1) and the text.
+		if raw && len(v[2]) == 8 && len(v[3]) == 8 && len(v[4]) == 1 && len(v[5]) == 4 && len(v[6]) == 8 && len(v[7]) > 1 && v[7][0] == 1 {
 			r = regions.Rule{
 				Tenant:          string(v[0]),
 				Route:           string(v[1]),
@@ -260,11 +264,17 @@ func loadRules(ctx context.Context, tx pgx.Tx) ([]regions.Rule, error) {
 				Shards:          int(int32(binary.BigEndian.Uint32(v[5]))),
 				UpdatedAt:       pgEpoch.Add(time.Duration(int64(binary.BigEndian.Uint64(v[6]))) * time.Microsecond).Local(),
 			}
+			if r.Bands, err = decodeBands(v[7][1:]); err != nil {
+				return nil, fmt.Errorf("read rule %s/%s: %w", r.Tenant, r.Route, err)
+			}
 		} else {
-			if err := rows.Scan(&scanned.Tenant, &scanned.Route, &scanned.Capacity, &scanned.RefillPerSecond, &scanned.Shadow, &scanned.Shards, &scanned.UpdatedAt); err != nil {
+			if err := rows.Scan(&scanned.Tenant, &scanned.Route, &scanned.Capacity, &scanned.RefillPerSecond, &scanned.Shadow, &scanned.Shards, &scanned.UpdatedAt, &scannedBands); err != nil {
 				return nil, fmt.Errorf("read rules: %w", err)
 			}
 			r = scanned
+			if r.Bands, err = decodeBands(scannedBands); err != nil {
+				return nil, fmt.Errorf("read rule %s/%s: %w", r.Tenant, r.Route, err)
+			}
 		}
 		out = append(out, r)
 	}

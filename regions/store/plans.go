@@ -61,11 +61,16 @@ func readPlans(ctx context.Context, q querier, name string) ([]regions.Plan, err
 // readPlanRules reads the rules of plan name ("" = every plan), sorted by plan then route,
 // as regions.Rule with Plan set and Tenant "*".
 func readPlanRules(ctx context.Context, q querier, name string) ([]regions.Rule, error) {
-	rows, _ := q.Query(ctx, `SELECT plan, route_id, capacity, refill_per_second, shadow, shards, updated_at
+	rows, _ := q.Query(ctx, `SELECT plan, route_id, capacity, refill_per_second, shadow, shards, updated_at, bands
 		FROM plan_rule WHERE $1 = '' OR plan = $1 ORDER BY plan, route_id`, name)
 	rules, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (regions.Rule, error) {
+		var bands []byte
 		r := regions.Rule{Tenant: regions.Wildcard}
-		err := row.Scan(&r.Plan, &r.Route, &r.Capacity, &r.RefillPerSecond, &r.Shadow, &r.Shards, &r.UpdatedAt)
+		if err := row.Scan(&r.Plan, &r.Route, &r.Capacity, &r.RefillPerSecond, &r.Shadow, &r.Shards, &r.UpdatedAt, &bands); err != nil {
+			return r, err
+		}
+		var err error
+		r.Bands, err = decodeBands(bands)
 		return r, err
 	})
 	if err != nil {
@@ -144,14 +149,14 @@ func upsertPlanRule(ctx context.Context, tx pgx.Tx, r regions.Rule) error {
 	if err := insertPlan(ctx, tx, r.Plan); err != nil {
 		return err
 	}
-	_, err := tx.Exec(ctx, `INSERT INTO plan_rule (plan, route_id, capacity, refill_per_second, shadow, shards, updated_at)
-		VALUES ($1, $2, $3, $4, $5, $6, now())
+	_, err := tx.Exec(ctx, `INSERT INTO plan_rule (plan, route_id, capacity, refill_per_second, shadow, shards, bands, updated_at)
+		VALUES ($1, $2, $3, $4, $5, $6, $7::jsonb, now())
 		ON CONFLICT (plan, route_id) DO UPDATE SET capacity = EXCLUDED.capacity,
 			refill_per_second = EXCLUDED.refill_per_second, shadow = EXCLUDED.shadow,
-			shards = EXCLUDED.shards, updated_at = now()
-		WHERE (plan_rule.capacity, plan_rule.refill_per_second, plan_rule.shadow, plan_rule.shards)
-			IS DISTINCT FROM (EXCLUDED.capacity, EXCLUDED.refill_per_second, EXCLUDED.shadow, EXCLUDED.shards)`,
-		r.Plan, r.Route, r.Capacity, r.RefillPerSecond, r.Shadow, int32(r.Shards))
+			shards = EXCLUDED.shards, bands = EXCLUDED.bands, updated_at = now()
+		WHERE (plan_rule.capacity, plan_rule.refill_per_second, plan_rule.shadow, plan_rule.shards, plan_rule.bands)
+			IS DISTINCT FROM (EXCLUDED.capacity, EXCLUDED.refill_per_second, EXCLUDED.shadow, EXCLUDED.shards, EXCLUDED.bands)`,
+		r.Plan, r.Route, r.Capacity, r.RefillPerSecond, r.Shadow, int32(r.Shards), bandsJSON(r.Bands))
 	return err
 }
 

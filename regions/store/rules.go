@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
@@ -36,10 +37,10 @@ func (s *Store) Rules(ctx context.Context, tenant, route string) ([]regions.Rule
 			return nil, fmt.Errorf("list rules: %w", err)
 		}
 	}
-	rows, _ := s.pool.Query(ctx, `SELECT tenant_id, route_id, capacity, refill_per_second, shadow, shards, updated_at
+	rows, _ := s.pool.Query(ctx, `SELECT tenant_id, route_id, capacity, refill_per_second, shadow, shards, updated_at, bands
 		FROM rate_limit_rule WHERE ($1 = '' OR tenant_id = $1) AND ($2 = '' OR route_id = $2)
 		ORDER BY tenant_id, route_id`, tenant, route)
-	rules, err := pgx.CollectRows(rows, pgx.RowToStructByPos[regions.Rule])
+	rules, err := pgx.CollectRows(rows, scanRule)
 	if err != nil {
 		return nil, fmt.Errorf("list rules: %w", err)
 	}
@@ -98,6 +99,48 @@ func (s *Store) DeleteRule(ctx context.Context, tenant, route string) error {
 	return nil
 }
 
+// scanRule reads a row of tenant_id, route_id, capacity, refill_per_second, shadow,
+// shards, updated_at, bands.
+func scanRule(row pgx.CollectableRow) (regions.Rule, error) {
+	var (
+		r     regions.Rule
+		bands []byte
+	)
+	if err := row.Scan(&r.Tenant, &r.Route, &r.Capacity, &r.RefillPerSecond, &r.Shadow, &r.Shards, &r.UpdatedAt, &bands); err != nil {
+		return r, err
+	}
+	var err error
+	r.Bands, err = decodeBands(bands)
+	return r, err
+}
+
+// bandsJSON is the bands column of bs: "[]" for none.
+func bandsJSON(bs []regions.Band) string {
+	if len(bs) == 0 {
+		return "[]"
+	}
+	b, err := json.Marshal(bs)
+	if err != nil {
+		panic(fmt.Sprintf("store: marshal bands: %v", err)) // plain values only
+	}
+	return string(b)
+}
+
+// decodeBands reads a bands column; none ("[]") is nil, as a rule without bands is.
+func decodeBands(b []byte) ([]regions.Band, error) {
+	if len(b) == 0 || string(b) == "[]" {
+		return nil, nil
+	}
+	var bs []regions.Band
+	if err := json.Unmarshal(b, &bs); err != nil {
+		return nil, fmt.Errorf("bands %.40q: %w", b, err)
+	}
+	if len(bs) == 0 {
+		return nil, nil
+	}
+	return bs, nil
+}
+
 // ruleRows are rules as the columns of rate_limit_rule, for the one upsert and the one
 // delete of rules that SetRule and DeleteRule (one row) and Apply (every rule change of a
 // file, 100,000 rules in one statement) share.
@@ -107,24 +150,26 @@ type ruleRows struct {
 	refill        []float64
 	shadow        []bool
 	shards        []int32
+	bands         []string // JSON
 }
 
 func (rs *ruleRows) add(r regions.Rule) {
 	rs.tenant, rs.route = append(rs.tenant, r.Tenant), append(rs.route, r.Route)
 	rs.capacity, rs.refill = append(rs.capacity, r.Capacity), append(rs.refill, r.RefillPerSecond)
 	rs.shadow, rs.shards = append(rs.shadow, r.Shadow), append(rs.shards, int32(r.Shards))
+	rs.bands = append(rs.bands, bandsJSON(r.Bands))
 }
 
 func (rs *ruleRows) len() int { return len(rs.tenant) }
 
 // upsert creates or replaces the rules of rs (updated_at: the database's now()).
 func (rs *ruleRows) upsert(ctx context.Context, tx pgx.Tx) error {
-	_, err := tx.Exec(ctx, `INSERT INTO rate_limit_rule (tenant_id, route_id, capacity, refill_per_second, shadow, shards, updated_at)
-		SELECT t, r, c, f, s, n, now() FROM unnest($1::text[], $2::text[], $3::bigint[], $4::float8[], $5::bool[], $6::int[]) AS u(t, r, c, f, s, n)
+	_, err := tx.Exec(ctx, `INSERT INTO rate_limit_rule (tenant_id, route_id, capacity, refill_per_second, shadow, shards, bands, updated_at)
+		SELECT t, r, c, f, s, n, b, now() FROM unnest($1::text[], $2::text[], $3::bigint[], $4::float8[], $5::bool[], $6::int[], $7::jsonb[]) AS u(t, r, c, f, s, n, b)
 		ON CONFLICT (tenant_id, route_id) DO UPDATE SET capacity = EXCLUDED.capacity,
 			refill_per_second = EXCLUDED.refill_per_second, shadow = EXCLUDED.shadow,
-			shards = EXCLUDED.shards, updated_at = now()`,
-		rs.tenant, rs.route, rs.capacity, rs.refill, rs.shadow, rs.shards)
+			shards = EXCLUDED.shards, bands = EXCLUDED.bands, updated_at = now()`,
+		rs.tenant, rs.route, rs.capacity, rs.refill, rs.shadow, rs.shards, rs.bands)
 	return err
 }
 
