@@ -453,7 +453,8 @@ type BandConfig struct {
 	Name     string `yaml:"name"`
 	Capacity int64  `yaml:"capacity"`
 	// Per is the time the band refills its capacity in: a Go duration, or whole weeks
-	// and days first (30d, 1w, 1d12h), as the limits file and ratectl write it.
+	// and days first (30d, 1w, 1d12h), read as the limits file reads it
+	// (store.RefillOver).
 	Per             string  `yaml:"per"`
 	RefillPerSecond float64 `yaml:"refill_per_second"`
 }
@@ -461,46 +462,10 @@ type BandConfig struct {
 // band is b as a regions.Band (checkBands has checked it).
 func (b BandConfig) band() regions.Band {
 	refill := b.RefillPerSecond
-	if d, err := parseBandPer(b.Per); err == nil {
-		refill = float64(b.Capacity) / d.Seconds()
+	if r, err := store.RefillOver(b.Capacity, b.Per); b.Per != "" && err == nil {
+		refill = r
 	}
 	return regions.Band{Name: b.Name, Capacity: b.Capacity, RefillPerSecond: refill}
-}
-
-// maxBandPerDays bounds the weeks and days of a band's per.
-const maxBandPerDays = 100000
-
-// parseBandPer reads a band's per: whole weeks ("2w"), then whole days ("30d"), then a
-// time.ParseDuration string ("1h", "1d12h"); above zero.
-func parseBandPer(s string) (time.Duration, error) {
-	bad := fmt.Errorf("%q: want a duration above zero, like 1h, 90m, 30d or 1w", s)
-	rest, total := s, time.Duration(0)
-	for _, unit := range []struct {
-		suffix string
-		d      time.Duration
-	}{{"w", 7 * 24 * time.Hour}, {"d", 24 * time.Hour}} {
-		i := strings.Index(rest, unit.suffix)
-		if i < 0 {
-			continue
-		}
-		n, err := strconv.Atoi(rest[:i])
-		if err != nil || n < 0 || n > maxBandPerDays {
-			return 0, bad
-		}
-		total += time.Duration(n) * unit.d
-		rest = rest[i+1:]
-	}
-	if rest != "" {
-		d, err := time.ParseDuration(rest)
-		if err != nil || d < 0 {
-			return 0, bad
-		}
-		total += d
-	}
-	if total <= 0 {
-		return 0, bad
-	}
-	return total, nil
 }
 
 // regionsBands are bands as regions.Bands; nil for none.
@@ -1215,8 +1180,8 @@ func checkBands(bands []BandConfig, shards int) *bucketError {
 		case b.Per == "" && b.RefillPerSecond == 0:
 			return &bucketError{key, "give per (1h: capacity per hour) or refill_per_second"}
 		case b.Per != "":
-			if _, err := parseBandPer(b.Per); err != nil {
-				return &bucketError{key + ".per", err.Error()}
+			if _, err := store.RefillOver(b.Capacity, b.Per); err != nil {
+				return &bucketError{key + ".per", strings.TrimPrefix(err.Error(), "per ")}
 			}
 		}
 		if err := checkBucket(b.Capacity, b.band().RefillPerSecond, 1); err != nil {
