@@ -44,8 +44,13 @@ type bucketLimit struct {
 
 // bucketState is one Redis key: the bucket, or one shard of it.
 type bucketState struct {
-	Key    string `json:"key"`
-	Exists bool   `json:"exists"`
+	Key string `json:"key"`
+	// Band names the rule's band the bucket holds, for a rule with bands (issue 24):
+	// "rate" for the rule's own, then each band's name; absent otherwise.
+	Band string `json:"band,omitempty"`
+	// BandLimit is that band's regional limit (the rule's own is Limit).
+	BandLimit *regions.Limit `json:"band_limit,omitempty"`
+	Exists    bool           `json:"exists"`
 	// FullAt is when the stored bucket is full again, and StoredCapacity and
 	// StoredRefill the rule it was written under; null when the key does not exist (a
 	// missing bucket is a full one).
@@ -144,6 +149,7 @@ func (a *app) bucketInspect(cmd *cobra.Command, o bucketOptions) error {
 	}
 
 	var limit *bucketLimit
+	var bands []regions.BandLimit // the rule's further bands, scaled (with --region)
 	switch {
 	case byFlags:
 		limit = &bucketLimit{Limit: regions.Limit{Capacity: o.capacity, RefillPerSecond: o.refill}, Source: "flags", Shards: o.shards}
@@ -163,6 +169,7 @@ func (a *app) bucketInspect(cmd *cobra.Command, o bucketOptions) error {
 			rule, lim, share := v.snap.RegionalRule(o.region, o.tenant, o.route)
 			limit = &bucketLimit{Limit: regions.Limit{Capacity: lim.Capacity, RefillPerSecond: sig(lim.RefillPerSecond)}, Source: "database",
 				Region: o.region, Share: share, Shards: max(1, rule.Shards)}
+			bands = rule.ScaledBands(share)
 			return nil
 		})
 		if err != nil {
@@ -195,6 +202,13 @@ func (a *app) bucketInspect(cmd *cobra.Command, o bucketOptions) error {
 		}
 	}
 
+	// A rule with bands is never sharded: its bands' buckets follow its own (the
+	// gateway's lua.Keys.Band), each with its band's regional limit.
+	for _, b := range bands {
+		names = append(names, keys.Band(o.tenant, o.route, b.Name))
+		limits = append(limits, &bucketLimit{Limit: regions.Limit{Capacity: b.Limit.Capacity, RefillPerSecond: sig(b.Limit.RefillPerSecond)}})
+	}
+
 	ctx, cancel := a.withTimeout(cmd.Context())
 	defer cancel()
 	opts.MaxRetries = -1   // a read-only look: fail fast, say so
@@ -210,6 +224,13 @@ func (a *app) bucketInspect(cmd *cobra.Command, o bucketOptions) error {
 		return fmt.Errorf("read bucket %s/%s: %w", o.tenant, o.route, err)
 	}
 	rep.Tenant, rep.Route, rep.Limit = o.tenant, o.route, limit
+	if len(bands) > 0 {
+		rep.Buckets[0].Band = regions.PrimaryBand
+		for i, b := range bands {
+			l := limits[1+i].Limit
+			rep.Buckets[1+i].Band, rep.Buckets[1+i].BandLimit = b.Name, &l
+		}
+	}
 	if err := a.render(cmd, rep, func(w io.Writer) { bucketTable(w, rep, shardLimit) }); err != nil {
 		return err
 	}
@@ -309,6 +330,12 @@ func bucketTable(w io.Writer, rep bucketReport, shard *bucketLimit) {
 			fmt.Fprintln(w)
 		}
 		row(w, "KEY", b.Key)
+		switch {
+		case b.BandLimit != nil:
+			row(w, "BAND", b.Band+": capacity "+strconv.FormatInt(b.BandLimit.Capacity, 10)+", refill "+rateCell(b.BandLimit.RefillPerSecond)+"/s")
+		case b.Band != "":
+			row(w, "BAND", b.Band+" (the rule's own)")
+		}
 		if !b.Exists {
 			row(w, "EXISTS", "no (a missing bucket is full, unless a raise of the limit holds it back)")
 		} else {

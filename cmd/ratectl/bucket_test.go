@@ -38,6 +38,8 @@ func TestBucketInspect(t *testing.T) {
 	// slow enough that the figures do not move while the test runs.
 	c.ok("rules", "set", "--apply", "--tenant", "shop-a", "--route", "create-order", "--capacity", "100", "--refill", "0.00004")
 	c.ok("rules", "set", "--apply", "--tenant", "shop-a", "--route", "hot", "--capacity", "90", "--refill", "0.00004", "--shards", "3")
+	// A rule with a band (issue 24): its own bucket and the band's, 60 x 0.75 = 45 a region.
+	c.ok("rules", "set", "--apply", "--tenant", "shop-a", "--route", "planned", "--capacity", "100", "--refill", "0.00004", "--band", "hour=60@0.00002")
 	c.ok("shares", "set", "--tenant", "shop-a", "us-east=0.75", "eu-west=0.25", "--reason", "test", "--apply")
 
 	ctx := context.Background()
@@ -52,10 +54,14 @@ func TestBucketInspect(t *testing.T) {
 	if _, err := tb.Take(ctx, keys.Shard("shop-a", "hot", 1), 23, 0.00001, 5); err != nil {
 		t.Fatal(err)
 	}
+	if _, err := tb.Take(ctx, keys.Band("shop-a", "planned", "hour"), 45, 0.000015, 30); err != nil {
+		t.Fatal(err)
+	}
 	for _, tc := range []struct {
 		name string
 		args []string
 	}{
+		{"bucket_bands", []string{"bucket", "inspect", "--tenant", "shop-a", "--route", "planned", "--region", "us-east"}},
 		{"bucket_region", []string{"bucket", "inspect", "--tenant", "shop-a", "--route", "create-order", "--region", "us-east"}},
 		{"bucket_shards", []string{"bucket", "inspect", "--tenant", "shop-a", "--route", "hot", "--region", "us-east"}},
 		{"bucket_missing", []string{"bucket", "inspect", "--tenant", "shop-b", "--route", "create-order", "--capacity", "10", "--refill", "1"}},
