@@ -213,7 +213,7 @@ func TestNginxCheckEndpoint(t *testing.T) {
 		if resp.StatusCode != want {
 			t.Fatalf("request %d: %d %s, want %d", i+1, resp.StatusCode, body, want)
 		}
-		if resp.Header.Get("X-RateLimit-Limit") != "2" || resp.Header.Get("RateLimit-Policy") == "" {
+		if resp.Header.Get("X-RateLimit-Limit") != "2" || resp.Header.Get("RateLimit-Policy") == "" || resp.Header.Get("X-RateLimit-Reset") == "" {
 			t.Errorf("request %d: rate headers missing at the client: %v", i+1, resp.Header)
 		}
 		for name, v := range resp.Header {
