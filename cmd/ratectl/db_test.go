@@ -180,6 +180,7 @@ func TestKeys(t *testing.T) {
 		t.Errorf("no warning for an unknown tenant: %q", r.stderr)
 	}
 	secret2 := secretRE.FindString(r.stdout)
+
 	golden(t, "keys_create.json", secretRE.ReplaceAllString(normTimes(r.stdout), "qp_SECRET"))
 
 	c.ok("keys", "create", "--tenant", "shop-a", "--label", "old")
@@ -210,6 +211,21 @@ func TestKeys(t *testing.T) {
 		{"list bad tenant", []string{"keys", "list", "--tenant", "a b"}, exitUsage, `invalid tenant id "a b"`},
 	} {
 		t.Run(tc.name, func(t *testing.T) { checkError(t, c.run(tc.args...), tc.code, tc.contains, "") })
+	}
+}
+
+// TestKeyForTenantOnPlan: a tenant on a plan, with no rule or key of its own, is known,
+// so creating its first key does not warn that it gets the default rules.
+func TestKeyForTenantOnPlan(t *testing.T) {
+	t.Parallel()
+	c, _ := newDB(t)
+	c.ok("plans", "set", "free", "--route", "*", "--capacity", "5", "--refill", "1", "--apply")
+	c.ok("plans", "assign", "plan-co", "free", "--apply")
+	if r := c.ok("keys", "create", "--tenant", "plan-co", "-o", "json"); strings.Contains(r.stderr, "no rules and no keys") {
+		t.Errorf("a tenant on a plan warned as unknown: %q", r.stderr)
+	}
+	if r := c.ok("keys", "create", "--tenant", "other-co", "-o", "json"); !strings.Contains(r.stderr, "no rules and no keys") {
+		t.Errorf("an unknown tenant not warned: %q", r.stderr)
 	}
 }
 

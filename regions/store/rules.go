@@ -10,14 +10,15 @@ import (
 	"github.com/quotaplane/quotaplane/regions"
 )
 
-// TenantExists reports whether tenant has a rule or a key.
+// TenantExists reports whether tenant has a rule, a key or a plan.
 func (s *Store) TenantExists(ctx context.Context, tenant string) (bool, error) {
 	if err := regions.ValidateID("tenant", tenant); err != nil {
 		return false, fmt.Errorf("find tenant: %w", err)
 	}
 	var ok bool
 	err := s.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM rate_limit_rule WHERE tenant_id = $1)
-		OR EXISTS (SELECT 1 FROM api_key WHERE tenant_id = $1)`, tenant).Scan(&ok)
+		OR EXISTS (SELECT 1 FROM api_key WHERE tenant_id = $1)
+		OR EXISTS (SELECT 1 FROM tenant_plan WHERE tenant_id = $1)`, tenant).Scan(&ok)
 	if err != nil {
 		return false, fmt.Errorf("find tenant %s: %w", tenant, err)
 	}
