@@ -68,6 +68,18 @@ func (g *Gateway) decide(ctx context.Context, a ask) (v verdict, ok bool) {
 		}
 		req.RaisedAgo, req.RaiseRatio = ago, ratio
 	}
+	// Each band is held by its own raises (and the share's), not by the rule's own.
+	for i, b := range rule.Bands {
+		if ago, ratio, ok := a.snap.BandRaise(g.cfg.Region, a.tenant, a.rt.id, b.Name, g.sinceSnapshot()); ok {
+			if req.BandRaises == nil {
+				req.BandRaises = make([]limiter.Raise, len(rule.Bands))
+			}
+			if held && pending > 0 {
+				ratio = min(1, ratio/pending)
+			}
+			req.BandRaises[i] = limiter.Raise{Ago: ago, Ratio: ratio}
+		}
+	}
 	var d limiter.Decision
 	var err error
 	tooBig := bands != nil && costAboveBands(a.cost, lim, bands)

@@ -93,6 +93,35 @@ func (s *Snapshot) Raise(region, tenant, route string, sinceLoad time.Duration) 
 	return max(ago, time.Nanosecond), r.Ratio, true
 }
 
+// BandRaise is Raise for the bucket of a rule's band (Rule.Bands): folded from the raises
+// of the region's shares of that pair (which scale every bucket of the rule, bands
+// included) and the raises of that band itself, marked ("*", tenant, route#band) by the
+// database when a band of the rule that applies grew (00012_bands.sql), for the pair,
+// the tenant's every route, the route for every tenant and everything. A raise of the
+// rule's own capacity does not hold its bands: a band it did not raise would otherwise
+// be held to the ratio for the band's whole fill time (a month for a monthly band).
+func (s *Snapshot) BandRaise(region, tenant, route, band string, sinceLoad time.Duration) (ago time.Duration, ratio float64, ok bool) {
+	var r Raise
+	if m := s.regionRaises[region]; m != nil {
+		r = merge(merge(m[raiseKey{tenant, route}], m[raiseKey{tenant, Wildcard}]),
+			merge(m[raiseKey{Wildcard, route}], m[raiseKey{Wildcard, Wildcard}]))
+	}
+	if m := s.raises[region]; m != nil {
+		sfx := BandMarkSep + band
+		r = merge(r, merge(merge(m[raiseKey{tenant, route + sfx}], m[raiseKey{tenant, Wildcard + sfx}]),
+			merge(m[raiseKey{Wildcard, route + sfx}], m[raiseKey{Wildcard, Wildcard + sfx}])))
+	}
+	if r.At.IsZero() {
+		return 0, 0, false
+	}
+	ago = s.loadedAt.Sub(r.At) + sinceLoad
+	return max(ago, time.Nanosecond), r.Ratio, true
+}
+
+// BandMarkSep joins a route and a band's name in the route of a band's raise marker
+// ("orders#hour"): ids never hold it.
+const BandMarkSep = "#"
+
 // AckHorizon is how long after its last heartbeat a gateway may still be running on the
 // snapshot it last reported: one that cannot reach the store keeps serving. A share
 // increase of another region waits for its acknowledgment that long at most (Pending);

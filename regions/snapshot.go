@@ -85,8 +85,11 @@ type Snapshot struct {
 	// region the lowest transaction horizon the other regions' gateways have reported
 	// (absent: none may be running); see Pending.
 	shareRaises map[string]map[raiseKey]Raise
-	acked       map[string]int64
-	xmin        int64
+	// regionRaises are, per region, its own rows only (shares' raises, expiries
+	// included), merged per (tenant, route): they hold a rule's bands too (BandRaise).
+	regionRaises map[string]map[raiseKey]Raise
+	acked        map[string]int64
+	xmin         int64
 }
 
 type ruleKey struct{ tenant, route string }
@@ -194,6 +197,7 @@ func NewSnapshot(d SnapshotData) (*Snapshot, error) {
 	}
 	s.judge(rows, d.LoadedAt)
 	s.raises = foldRaises(d.Raises, s.regions)
+	s.regionRaises = foldRaises(d.Raises, nil) // "*" rows folded into no region
 	s.shareRaises, s.acked, s.xmin = regionRaises(d.Raises), ackedBy(d.Instances, s.regions, d.LoadedAt), d.Xmin
 	for _, in := range d.Instances {
 		if d.InstanceTTL <= 0 || d.LoadedAt.Sub(in.LastSeen) <= d.InstanceTTL {

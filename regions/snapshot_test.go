@@ -314,6 +314,50 @@ func TestRaise(t *testing.T) {
 	}
 }
 
+// TestBandRaise: a band's bucket is held by the raises of its region's shares and of the
+// band itself (route#band rows), never by a raise of the rule's own capacity, which
+// would hold a slow band it did not raise for the band's whole fill time.
+func TestBandRaise(t *testing.T) {
+	d := SnapshotData{
+		Regions: []string{"us-east", "eu-west"},
+		Rules:   []Rule{{Tenant: Wildcard, Route: Wildcard, Capacity: 20, RefillPerSecond: 10, Shards: 1}},
+		Raises: []Raise{
+			{Region: Wildcard, Tenant: Wildcard, Route: "r", At: t0.Add(-10 * time.Second), Ratio: 0.1},      // the route's default raised
+			{Region: Wildcard, Tenant: "a", Route: "r#hour", At: t0.Add(-20 * time.Second), Ratio: 0.5},      // a's hour band raised
+			{Region: Wildcard, Tenant: Wildcard, Route: "*#day", At: t0.Add(-40 * time.Second), Ratio: 0.25}, // every day band raised
+			{Region: "eu-west", Tenant: "a", Route: Wildcard, At: t0.Add(-5 * time.Second), Ratio: 0.8},      // a's share in eu-west raised
+		},
+		LoadedAt: t0,
+	}
+	s, err := NewSnapshot(d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct {
+		region, tenant, route, band string
+		ago                         time.Duration
+		ratio                       float64
+		ok                          bool
+	}{
+		{"us-east", "a", "r", "month", 0, 0, false},                            // the rule's own raise does not hold it
+		{"us-east", "a", "r", "hour", 20*time.Second + time.Second, 0.5, true}, // its own raise
+		{"us-east", "b", "r", "hour", 0, 0, false},                             // a's band, not b's
+		{"us-east", "b", "q", "day", 40*time.Second + time.Second, 0.25, true}, // every tenant's, every route's
+		{"eu-west", "a", "r", "month", 5*time.Second + time.Second, 0.8, true}, // a's share: every bucket
+		{"eu-west", "a", "r", "hour", 5*time.Second + time.Second, 0.5, true},  // the later, the smaller
+		{"ap-south", "a", "r", "hour", 0, 0, false},
+	} {
+		ago, ratio, ok := s.BandRaise(tt.region, tt.tenant, tt.route, tt.band, time.Second)
+		if ago != tt.ago || ratio != tt.ratio || ok != tt.ok {
+			t.Errorf("BandRaise(%s, %s, %s, %s) = %v, %v, %v; want %v, %v, %v", tt.region, tt.tenant, tt.route, tt.band, ago, ratio, ok, tt.ago, tt.ratio, tt.ok)
+		}
+	}
+	// The rule's own bucket is held by the route's raise, as before.
+	if _, ratio, ok := s.Raise("us-east", "a", "r", time.Second); !ok || ratio != 0.1 {
+		t.Errorf("Raise(us-east, a, r) = %v, %v; want 0.1", ratio, ok)
+	}
+}
+
 // TestExpiryTransition: an override within ExpiryGrace of its expiry gives every lookup
 // the lower of it and what replaces it, so holders on either side of the expiry (old,
 // transition, new; never old and new, as their clocks differ by less than the grace)

@@ -28,6 +28,9 @@ func (r Request) checkBands(cost int64) error {
 	if len(r.Bands) > regions.MaxBands {
 		return fmt.Errorf("%w %s/%s: %d bands, at most %d", ErrInvalidRequest, r.Tenant, r.Route, len(r.Bands), regions.MaxBands)
 	}
+	if len(r.BandRaises) > len(r.Bands) {
+		return fmt.Errorf("%w %s/%s: %d band raises for %d bands", ErrInvalidRequest, r.Tenant, r.Route, len(r.BandRaises), len(r.Bands))
+	}
 	for i, b := range r.Bands {
 		if b.Name == "" || b.Name == regions.PrimaryBand {
 			return fmt.Errorf("%w %s/%s: band %d named %q: a band needs a name other than %q", ErrInvalidRequest, r.Tenant, r.Route, i, b.Name, regions.PrimaryBand)
@@ -39,6 +42,11 @@ func (r Request) checkBands(cost int64) error {
 		}
 		if checkLimit(r, "", b.Limit) != nil {
 			return checkLimit(r, "band "+b.Name+" ", b.Limit) // the name only for an error
+		}
+		if i < len(r.BandRaises) {
+			if br := r.BandRaises[i]; br.Ago < 0 || !(br.Ratio >= 0 && br.Ratio <= 1) {
+				return fmt.Errorf("%w %s/%s: band %s raised %v ago with ratio %v (want a duration >= 0 and a ratio in [0, 1])", ErrInvalidRequest, r.Tenant, r.Route, b.Name, br.Ago, br.Ratio)
+			}
 		}
 		if cost > b.Limit.Capacity {
 			return fmt.Errorf("%w %s/%s: cost %d must be between 1 and band %s's capacity %d", ErrInvalidRequest, r.Tenant, r.Route, cost, b.Name, b.Limit.Capacity)
@@ -78,6 +86,21 @@ func (r Request) bandBuckets(ids *[maxBandBuckets]bucketID, lims *[maxBandBucket
 	return n
 }
 
+// capOf is the cap of bucket b of r's buckets as bandBuckets lays them out: a band's is
+// held by its own raise (bandCap), the route's and the value's by the route's (capFor).
+func (r Request) capOf(b int, lim regions.Limit) float64 {
+	if b >= 1 && b <= len(r.Bands) {
+		return r.bandCap(b-1, lim)
+	}
+	return r.capFor(lim, 0)
+}
+
+// bucketOf is r.bucket for bucket b of r's buckets (capOf), at key.
+func (r Request) bucketOf(b int, key string, lim regions.Limit) lua.Bucket {
+	c := r.capOf(b, lim)
+	return lua.Bucket{Key: key, Capacity: lim.Capacity, Refill: lim.RefillPerSecond, Cap: c, CapAll: c >= 0}
+}
+
 // keyOf is the Redis key of the bucket id (its shard 0 for a route).
 func (l *Redis) keyOf(id bucketID) string {
 	switch {
@@ -98,7 +121,7 @@ func (l *Redis) takeBands(ctx context.Context, r Request, cost int64) (Decision,
 	n := r.bandBuckets(&ids, &lims)
 	bs := make([]lua.Bucket, n)
 	for b := range n {
-		bs[b] = r.bucket(l.keyOf(ids[b]), lims[b], 0)
+		bs[b] = r.bucketOf(b, l.keyOf(ids[b]), lims[b])
 	}
 	out, ok, err := l.callCharging(ctx, lua.OpTake, cost, bs, ids[:n], r)
 	if err != nil {
@@ -164,7 +187,7 @@ func (l *Local) takeBands(now time.Time, r Request, n int, cost int64, owe bool)
 	all := true
 	for i := range m {
 		es[i], found[i] = shards[i].m[keys[i]]
-		l.open(&es[i], found[i], now, lims[i], r.capFor(lims[i], 0))
+		l.open(&es[i], found[i], now, lims[i], r.capOf(i, lims[i]))
 		all = all && es[i].b.has(now, lims[i], cost)
 	}
 	var ds [maxBandBuckets]Decision

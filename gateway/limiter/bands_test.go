@@ -395,3 +395,64 @@ func TestLocalAllocations(t *testing.T) {
 		}
 	}
 }
+
+// TestBandRaiseHoldsItsBandOnly: a raise of the rule's own capacity (RaisedAgo,
+// RaiseRatio) holds the route's bucket, not the bands'; a band's own raise (BandRaises)
+// holds that band. Before, one ratio held every bucket, and a raise of a route's default
+// rule held a slow band it did not raise for the band's whole fill time.
+func TestBandRaiseHoldsItsBandOnly(t *testing.T) {
+	req := func(bandRaise *Raise) Request {
+		r := Request{Tenant: "t", Route: "r", Limit: regions.Limit{Capacity: 10, RefillPerSecond: 1e-6},
+			Bands:     []regions.BandLimit{{Name: "month", Limit: regions.Limit{Capacity: 6, RefillPerSecond: 1e-6}}},
+			RaisedAgo: time.Millisecond, RaiseRatio: 0.5}
+		if bandRaise != nil {
+			r.BandRaises = []Raise{*bandRaise}
+		}
+		return r
+	}
+	admitted := func(t *testing.T, l interface {
+		Decide(context.Context, Request) (Decision, error)
+	}, r Request) int {
+		t.Helper()
+		n := 0
+		for range 20 {
+			d, err := l.Decide(context.Background(), r)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d.Allowed {
+				n++
+			}
+		}
+		return n
+	}
+	p := testenv.Redis(t)
+	rl := newTestRedis(t, newClient(t, p), Options{Timeout: time.Second})
+	if err := rl.Load(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name  string
+		raise *Raise
+		route string
+		want  int
+	}{
+		{"the route raised (0.5 of 10): the month band (6) not held to 3", nil, "r1", 5},
+		{"the month band raised too (0.2 of 6)", &Raise{Ago: time.Millisecond, Ratio: 0.2}, "r2", 1},
+	} {
+		r := req(tc.raise)
+		r.Route = tc.route
+		if got := admitted(t, rl, r); got != tc.want {
+			t.Errorf("redis: %s: %d admitted, want %d", tc.name, got, tc.want)
+		}
+		clock := newFakeClock()
+		ll := newTestLocal(t, LocalOptions{Now: clock.Now})
+		if got := admitted(t, ll, r); got != tc.want {
+			t.Errorf("local: %s: %d admitted, want %d", tc.name, got, tc.want)
+		}
+	}
+	bad := req(&Raise{Ago: time.Second, Ratio: 2})
+	if _, err := rl.Decide(context.Background(), bad); !errors.Is(err, ErrInvalidRequest) {
+		t.Errorf("band raise ratio 2: %v, want ErrInvalidRequest", err)
+	}
+}

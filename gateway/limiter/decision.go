@@ -129,6 +129,18 @@ type Request struct {
 	// unused, does not come back full either.
 	RaisedAgo  time.Duration
 	RaiseRatio float64
+	// BandRaises, when not nil, are the raises of Bands, in their order, as RaisedAgo and
+	// RaiseRatio are the route bucket's (regions.Snapshot.BandRaise: the band's own and
+	// the region's share's; a raise of the rule's own capacity does not hold a band). A
+	// band without one (nil, or Ago 0) is not held.
+	BandRaises []Raise
+}
+
+// Raise is a possible raise of one bucket's limit: how long ago, and the old capacity
+// over the new (Request.RaisedAgo and RaiseRatio).
+type Raise struct {
+	Ago   time.Duration
+	Ratio float64
 }
 
 // bucket is the bucket at key of shard shard of lim, held by capFor: the cap holds it
@@ -145,14 +157,28 @@ func (r Request) bucket(key string, lim regions.Limit, shard int) lua.Bucket {
 // hold now after the request's raise: lua.NoCap when no raise is known or its fill time
 // has passed.
 func (r Request) capFor(lim regions.Limit, shard int) float64 {
-	if r.RaisedAgo <= 0 {
+	return capWith(lim, Raise{Ago: r.RaisedAgo, Ratio: r.RaiseRatio}, shard)
+}
+
+// bandCap is capFor for r's band i, held by its own raise (BandRaises).
+func (r Request) bandCap(i int, lim regions.Limit) float64 {
+	if i >= len(r.BandRaises) {
 		return lua.NoCap
 	}
-	ratio := max(0, min(r.RaiseRatio, 1))
+	return capWith(lim, r.BandRaises[i], 0)
+}
+
+// capWith is the most a bucket of lim (shard i of a sharded rule; 0 for any other) may
+// hold now after raise: lua.NoCap when none is known or its fill time has passed.
+func capWith(lim regions.Limit, raise Raise, shard int) float64 {
+	if raise.Ago <= 0 {
+		return lua.NoCap
+	}
+	ratio := max(0, min(raise.Ratio, 1))
 	if shard > 0 {
 		ratio = 0
 	}
-	c := float64(lim.Capacity)*ratio + lim.RefillPerSecond*r.RaisedAgo.Seconds()
+	c := float64(lim.Capacity)*ratio + lim.RefillPerSecond*raise.Ago.Seconds()
 	if !(c < float64(lim.Capacity)) {
 		return lua.NoCap
 	}

@@ -186,7 +186,7 @@ func (f *fallback) decide(r Request, cost int64) Decision {
 		return r.refusedBands(refuse, n)
 	}
 	plain := r
-	plain.RaisedAgo = 0 // its buckets start empty: a raise can hold them to no less
+	plain.RaisedAgo, plain.BandRaises = 0, nil // its buckets start empty: a raise can hold them to no less
 	var d Decision
 	if len(r.Bands) > 0 {
 		d = ep.takeBands(f.now(), plain, n, cost, true)
