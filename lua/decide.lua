@@ -37,13 +37,14 @@
 --             that refuses longest holds n tokens (a lease: one)
 --   remaining whole tokens left (0 in debt);  reset_ms: ms until full;
 --   charged   whole tokens of the debt charged (less than debt where -c clipped it)
--- Depth: only a settle takes a bucket below -c (a debt stops at -c, a take at 0), and
--- a bucket is never more than MAX_DEBT_S (2^40 ms - 2 s, 34.8 years; less once
--- 2^32 - now is less, after 2071) of refill below full: its full time must fit the uint32
--- seconds of the state and its TTL, capped at MAX_WAIT_MS, must not end before it is
--- full (an expired key reads as full). So tokens >= c - r * MAX_DEBT_S: the worst case
--- is about -1.1e21 tokens (r = 1e12) and a fill time of 34.8 years; below 2^53 tokens
--- whole counts stay exact. A settle past it is clipped (g says by how much).
+-- Depth: only a settle takes a bucket below -c (a debt stops at -c, a take at 0; a
+-- capacity lowered clips a debt past the new -c, as it always did). It stops MAX_DEBT_S
+-- of refill below full (2^40 ms - 2 s, 34.8 years; from 2071, 2^32 - 1 - now s, less):
+-- the full time must fit the state's uint32 seconds, and the TTL, capped at MAX_WAIT_MS,
+-- must not end before the bucket is full (an expired key reads as full). So tokens >=
+-- c - r * MAX_DEBT_S; the worst case, r = 1e12, is about -1.1e21 tokens and 34.8 years
+-- to full (whole counts are exact above -2^53). A settle past the bound takes what is
+-- left above it, and g says how much.
 -- Error "QPINVALID <reason>" for bad arguments: a batch of the wrong shape is refused
 -- whole, before anything is read; the numbers of each decision are checked before it
 -- writes anything, so a refused decision changes nothing, and the decisions before it in
@@ -124,7 +125,9 @@ while pos <= len do
         has, dirty = true, c0 ~= c or r0 ~= r -- a new rule: store the converted state
         if t > c then
           t = c -- refilled past the top, or the rule shrank
-        end -- in debt it stays in debt, even past -c: no change of rule forgives it
+        elseif t < -c and c < c0 then
+          t = -c -- in debt past a capacity that shrank (a settle's debt past -c stays)
+        end
       else
         t = c
       end

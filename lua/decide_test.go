@@ -495,6 +495,13 @@ func TestSettle(t *testing.T) {
 	if got := tokensNow(t, rdb, k); o.Buckets[0].Charged != 0 || got < -41.01 || got > -40.99 {
 		t.Errorf("debt 5 at -41: %+v, %v tokens, want nothing charged and -41", o, got)
 	}
+	// A new refill (the capacity kept) keeps the debt past -capacity: refilled at 0.001/s
+	// until now, then at the new rate.
+	mustDecide(t, b, Decision{Op: OpCharge, Buckets: one(k, 10, 0.002)})
+	if got := tokensNow(t, rdb, k); got < -41.01 || got > -40.99 {
+		t.Errorf("after a refill change: %v tokens, want -41", got)
+	}
+	mustDecide(t, b, Decision{Op: OpCharge, Buckets: one(k, 10, 0.001)})
 	// A take refused, and the retry says how deep the bucket is: 42 tokens at 0.001/s.
 	o = mustDecide(t, b, Decision{Op: OpTake, N: 1, Buckets: one(k, 10, 0.001)})[0]
 	if o.Granted != 0 || o.RetryAfter < 41990*time.Second || o.RetryAfter > 42000*time.Second {

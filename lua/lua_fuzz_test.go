@@ -128,7 +128,16 @@ func FuzzLuaArguments(f *testing.F) {
 		case OpSettle:
 			g := float64(v[0].(int64))
 			pre, preLow = pre-g, preLow-g
+			if float64(v[4].(int64)) < debt {
+				preLow = min(preLow, -c-g) // the debt stopped at exactly -c; charged is its whole part
+			}
 			deep := c - r*MaxDebtSeconds
+			if n == 0 && debt == 0 {
+				break // nothing to take: nothing written, as a refused take
+			}
+			if rdb.Exists(ctx, key).Val() == 0 {
+				t.Fatalf("%+v: a settle of %v (debt %v) left no bucket", d, n, debt)
+			}
 			tok := tokensNow(t, rdb, key)
 			tol := 1e-6 + 1e-12*math.Abs(preLow) + 1e-12*math.Abs(deep)
 			// Exactly lower: refill since the call (at r) may only add to it.
