@@ -514,7 +514,7 @@ func (l *Redis) Flush(ctx context.Context) (charged, lost int64) {
 	for i, o := range owed {
 		key := l.keyOf(o.id)
 		settle := i >= nDebts
-		d := o.tokens
+		d := min(o.tokens, MaxSettle) // the most one settle takes (several settles add up)
 		if !settle {
 			d = min(o.tokens, 2*o.lim.Capacity) // more cannot be charged: the script floors at -capacity
 		}
