@@ -9,9 +9,12 @@
 --         2 lease:  take g = min(n, whole tokens of the emptiest bucket) from every one
 --         3 return: give n tokens back to every bucket that exists, up to its capacity
 --         4 charge: charge the debts only
+--         5 settle: take n more from every bucket, whatever it holds, into debt with no
+--                   floor but the deepest a key can hold (below): the real cost of an
+--                   admitted request known after its response (n >= 0)
 --   c     capacity, an integer 1..1e15;  r  refill per second, 0 < r <= 1e12
 --   debt  tokens a gateway's fallback admitted without Redis, charged first, before the
---         decision, never below -c (an integer >= 0)
+--         decision, never below -c nor above what the bucket held (an integer >= 0)
 --   cap   -1: none. >= 0: the most the bucket may hold now if it is missing: within
 --         one fill time of a change that may have raised the tenant's limit, a bucket
 --         that expired full under the old limit holds no more than the old limit plus
@@ -27,11 +30,21 @@
 -- count or expiry creates tokens.
 --
 -- Reply, per decision:  g, retry_ms,  then per bucket:  remaining, reset_ms, charged
---   g         take: 1 admitted, 0 refused;  lease: tokens granted;  return, charge: 0
+--   g         take: 1 admitted, 0 refused;  lease: tokens granted;  return, charge: 0;
+--             settle: the whole tokens it took from every bucket (n, less what the
+--             depth bound clipped of the bucket it clipped most)
 --   retry_ms  0 unless refused (take) or nothing granted (lease): ms until the bucket
 --             that refuses longest holds n tokens (a lease: one)
 --   remaining whole tokens left (0 in debt);  reset_ms: ms until full;
 --   charged   whole tokens of the debt charged (less than debt where -c clipped it)
+-- Depth: only a settle takes a bucket below -c (a debt stops at -c, a take at 0; a
+-- capacity lowered clips a debt past the new -c, as it always did). It stops MAX_DEBT_S
+-- of refill below full (2^40 ms - 2 s, 34.8 years; from 2071, 2^32 - 1 - now s, less):
+-- the full time must fit the state's uint32 seconds, and the TTL, capped at MAX_WAIT_MS,
+-- must not end before the bucket is full (an expired key reads as full). So tokens >=
+-- c - r * MAX_DEBT_S; the worst case, r = 1e12, is about -1.1e21 tokens and 34.8 years
+-- to full (whole counts are exact above -2^53). A settle past the bound takes what is
+-- left above it, and g says how much.
 -- Error "QPINVALID <reason>" for bad arguments: a batch of the wrong shape is refused
 -- whole, before anything is read; the numbers of each decision are checked before it
 -- writes anything, so a refused decision changes nothing, and the decisions before it in
@@ -39,7 +52,7 @@
 -- another client can be refused here).
 --
 -- Redis calls: TIME once per batch (state.lua); per bucket one GET, and one PSETEX only when
--- the bucket changed (tokens taken or returned, a debt charged, a new rule). A refused
+-- the bucket changed (tokens taken, settled or returned, a debt charged, a new rule). A refused
 -- take writes nothing: refilling is a pure function of the stored time.
 local s = ARGV[1]
 local len, nkeys = s and #s or 0, #KEYS
@@ -62,9 +75,9 @@ while pos <= len do
   local op, n, nb, from = unpack('<BdB', s, pos)
   -- One comparison chain per number (NaN fails every one). A bucket is read as it is
   -- checked; nothing is written before the whole decision has passed.
-  if not (op >= 1 and op <= 4 and n >= 0 and n <= 2 * MAX_CAPACITY and n % 1 == 0
+  if not (op >= 1 and op <= 5 and n >= 0 and n <= 2 * MAX_CAPACITY and n % 1 == 0
       and (n >= 1 or op >= 3) and nb >= 1 and from + 32 * nb - 1 <= len and k + nb <= nkeys) then
-    return redis.error_reply('QPINVALID at byte ' .. pos .. ': op must be 1 (take), 2 (lease), 3 (return) or 4 (charge), n an integer >= 1 (>= 0 to return or charge), and nb count the buckets that follow, 32 bytes and a key each')
+    return redis.error_reply('QPINVALID at byte ' .. pos .. ': op must be 1 (take), 2 (lease), 3 (return), 4 (charge) or 5 (settle), n an integer >= 1 (>= 0 to return, charge or settle), and nb count the buckets that follow, 32 bytes and a key each')
   end
   pos = from
   local low, ok = 1e300, true -- the emptiest bucket's tokens; whether all admit a take
@@ -112,8 +125,8 @@ while pos <= len do
         has, dirty = true, c0 ~= c or r0 ~= r -- a new rule: store the converted state
         if t > c then
           t = c -- refilled past the top, or the rule shrank
-        elseif t < -c then
-          t = -c -- in debt past a capacity that shrank
+        elseif t < -c and c < c0 then
+          t = -c -- in debt past a capacity that shrank (a settle's debt past -c stays)
         end
       else
         t = c
@@ -125,7 +138,7 @@ while pos <= len do
     if debt > 0 then
       local after = t - debt
       if after < -c then
-        after = -c
+        after = t < -c and t or -c -- never raised: a settle may have gone deeper
       end
       charged = t - after + EPS
       charged, t, dirty = charged - charged % 1, after, true
@@ -152,6 +165,8 @@ while pos <= len do
       take = 0
     end
     g = take
+  elseif op == 5 then
+    g = n -- lowered below by a bucket the depth bound clips
   end
   local refused = take == 0 and op <= 2
   local want = op == 1 and n or 1
@@ -176,6 +191,23 @@ while pos <= len do
       if w > retry then
         retry = w
       end
+    elseif op == 5 and n > 0 then
+      -- settle: no floor but the depth bound (header), nor raised if already past it
+      local deep = UINT32 - now_s - 1
+      if deep > MAX_DEBT_S then
+        deep = MAX_DEBT_S
+      end
+      deep = c - r * deep
+      local after = t - n
+      if after < deep then
+        after = t < deep and t or deep
+        local took = t - after + EPS
+        took = took - took % 1
+        if took < out[at - 1] then
+          out[at - 1] = took
+        end
+      end
+      t, dirty = after, true
     end
     if dirty then
       -- The bucket as its full time: seconds within uint32 (until 2106), the rest in a

@@ -468,3 +468,52 @@ func TestDebt(t *testing.T) {
 		t.Errorf("charge 3: %+v, want charged 3, remaining 7", o)
 	}
 }
+
+// TestSettle: a settle takes n from every bucket, past -capacity (a real cost known after
+// the response is never clipped into a free pass), creates a missing bucket, and a debt
+// charged after it never raises it back to -capacity.
+func TestSettle(t *testing.T) {
+	rdb := newRedis(t)
+	b := NewTokenBucket(rdb)
+	k, v := Keys{}.Bucket("settle", "r"), Keys{}.Value("settle", "r", "v")
+	bs := []Bucket{{Key: k, Capacity: 10, Refill: 0.001, Cap: NoCap}, {Key: v, Capacity: 100, Refill: 0.001, Cap: NoCap}}
+	if o := mustDecide(t, b, Decision{Op: OpTake, N: 1, Buckets: one(k, 10, 0.001)})[0]; o.Granted != 1 {
+		t.Fatalf("take: %+v", o)
+	}
+	o := mustDecide(t, b, Decision{Op: OpSettle, N: 50, Buckets: bs})[0]
+	if o.Granted != 50 || o.Buckets[0].Remaining != 0 || o.Buckets[1].Remaining != 50 {
+		t.Errorf("settle 50: %+v, want 50 taken from both, remaining 0 and 50", o)
+	}
+	if got := tokensNow(t, rdb, k); got < -41.01 || got > -40.99 {
+		t.Errorf("after the settle: %v tokens, want -41 (not clipped at -10)", got)
+	}
+	if got := tokensNow(t, rdb, v); got < 49.99 || got > 50.01 {
+		t.Errorf("the missing value bucket after the settle: %v tokens, want 50", got)
+	}
+	// A debt on a bucket deeper than -capacity: nothing charged, not raised.
+	o = mustDecide(t, b, Decision{Op: OpCharge, Buckets: []Bucket{{Key: k, Capacity: 10, Refill: 0.001, Debt: 5, Cap: NoCap}}})[0]
+	if got := tokensNow(t, rdb, k); o.Buckets[0].Charged != 0 || got < -41.01 || got > -40.99 {
+		t.Errorf("debt 5 at -41: %+v, %v tokens, want nothing charged and -41", o, got)
+	}
+	// A new refill (the capacity kept) keeps the debt past -capacity: refilled at 0.001/s
+	// until now, then at the new rate.
+	mustDecide(t, b, Decision{Op: OpCharge, Buckets: one(k, 10, 0.002)})
+	if got := tokensNow(t, rdb, k); got < -41.01 || got > -40.99 {
+		t.Errorf("after a refill change: %v tokens, want -41", got)
+	}
+	mustDecide(t, b, Decision{Op: OpCharge, Buckets: one(k, 10, 0.001)})
+	// A take refused, and the retry says how deep the bucket is: 42 tokens at 0.001/s.
+	o = mustDecide(t, b, Decision{Op: OpTake, N: 1, Buckets: one(k, 10, 0.001)})[0]
+	if o.Granted != 0 || o.RetryAfter < 41990*time.Second || o.RetryAfter > 42000*time.Second {
+		t.Errorf("take at -41: %+v, want refused for 42000 s", o)
+	}
+	// The depth bound: a bucket of 1 token per 1e9 s holds at most ~1.1 tokens of debt.
+	d := Keys{}.Bucket("settle", "deep")
+	o = mustDecide(t, b, Decision{Op: OpSettle, N: 1000, Buckets: one(d, 1, 1e-9)})[0]
+	if o.Granted != 1 || o.Buckets[0].ResetAfter > time.Duration(MaxDebtSeconds*float64(time.Second)) {
+		t.Errorf("settle 1000 at 1e-9/s: %+v, want 1 taken (clipped at the depth bound)", o)
+	}
+	if ttl := rdb.PTTL(context.Background(), d).Val(); ttl <= 0 || ttl > 1<<40*time.Millisecond {
+		t.Errorf("a bucket at the depth bound has TTL %v", ttl)
+	}
+}

@@ -24,7 +24,20 @@ const (
 	OpReturn
 	// OpCharge only charges the buckets' debts.
 	OpCharge
+	// OpSettle takes N more tokens (>= 0) from every bucket, whatever it holds: the
+	// real cost of an admitted request, known after its response, above the estimate it
+	// was decided on. No refusal and no floor at -capacity: a bucket goes as deep into
+	// debt as N takes it, down to the deepest a key can hold (MaxDebtSeconds of refill
+	// below full); Outcome.Granted is what it took from every bucket, N unless that
+	// bound clipped it. A missing bucket is created (full, or at its cap, less N).
+	OpSettle
 )
+
+// MaxDebtSeconds is how far below full, in seconds of refill, a settle may take a
+// bucket (decide.lua MAX_DEBT_S: a key's TTL, capped at 2^40 ms, must not end before
+// the bucket is full again): tokens >= Capacity - Refill*MaxDebtSeconds. The worst case
+// is Refill = MaxRefill: about -1.1e21 tokens and a fill time of 34.8 years.
+const MaxDebtSeconds = 1<<40/1000.0 - 2
 
 // NoCap is Bucket.Cap when nothing but the capacity limits the bucket.
 const NoCap = -1.0
@@ -47,7 +60,7 @@ type Bucket struct {
 	Capacity int64
 	Refill   float64
 	// Debt is what a gateway's fallback admitted without Redis, charged before the
-	// decision, never below -Capacity.
+	// decision, never below -Capacity (nor raising a bucket a settle took deeper).
 	Debt int64
 	// Cap is NoCap, or the most the bucket may hold now (0..MaxCapacity) if it is
 	// missing: within one fill time of a change that may have raised its limit, a
@@ -61,8 +74,8 @@ type Bucket struct {
 // Decision is one request's call: what to do to which buckets.
 type Decision struct {
 	Op Op
-	// N is the cost of a take (1..every capacity), the most a lease may take (>= 1), or
-	// the tokens to return (>= 0); ignored by a charge.
+	// N is the cost of a take (1..every capacity), the most a lease may take (>= 1), the
+	// tokens to return or settle (>= 0); ignored by a charge.
 	N       int64
 	Buckets []Bucket
 }
@@ -70,7 +83,8 @@ type Decision struct {
 // Outcome is what the script answered for one Decision.
 type Outcome struct {
 	// Granted is what was taken from every bucket: a take's N when it was admitted (0
-	// when refused), a lease's grant; 0 for a return or a charge.
+	// when refused), a lease's grant, a settle's N (less what the depth bound clipped:
+	// OpSettle); 0 for a return or a charge.
 	Granted int64
 	// RetryAfter is zero unless a take was refused or a lease granted nothing: then how
 	// long until the bucket that refuses longest holds N tokens (for a lease: one),
@@ -109,7 +123,7 @@ func (d Decision) Check() error {
 		if d.N < 1 || d.N > 2*MaxCapacity {
 			return fmt.Errorf("%w: n %d must be between 1 and %d", ErrInvalidArgument, d.N, int64(2*MaxCapacity))
 		}
-	case OpReturn, OpCharge:
+	case OpReturn, OpCharge, OpSettle:
 		if d.N < 0 || d.N > 2*MaxCapacity {
 			return fmt.Errorf("%w: n %d must be between 0 and %d", ErrInvalidArgument, d.N, int64(2*MaxCapacity))
 		}

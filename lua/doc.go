@@ -11,7 +11,9 @@
 // per bucket that changed. Redis TIME inside the script means gateway clocks never
 // matter; a rule change is converted on the stored bucket, and a caller-supplied cap
 // bounds a bucket after a possible raise, so neither a TTL nor a changed rule creates
-// tokens. See state.lua and decide.lua for the details.
+// tokens. A settle (OpSettle) takes a cost known only after the response into debt with
+// no floor but the depth a key can hold (MaxDebtSeconds). See state.lua and decide.lua
+// for the details.
 //
 // Over the limit is an Outcome, not an error; an error means the script did not run or
 // the arguments were invalid (ErrInvalidArgument, never a silent allow).

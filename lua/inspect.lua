@@ -41,7 +41,10 @@ if t == nil then
   t = c
 else
   exists, sc, sr = 1, string.format('%.17g', c0), string.format('%.17g', r0)
-  t = math.max(math.min(t, c), -c)
+  t = math.min(t, c)
+  if t < -c and c < c0 then
+    t = -c -- as decide.lua reads it: clipped only past a capacity that shrank
+  end
 end
 local reset = math.min(math.max(math.ceil((c - t) * 1000 / r - EPS), 0), MAX_WAIT_MS)
 return {exists, string.format('%.17g', t), reset, redis.call('PTTL', KEYS[1]), sc, sr}

@@ -22,6 +22,7 @@ local EPS = 1e-9
 local MAX_CAPACITY = 1e15
 local MAX_REFILL = 1e12
 local MAX_WAIT_MS = 2 ^ 40 -- 35 years: caps replies and key lifetimes
+local MAX_DEBT_S = MAX_WAIT_MS / 1000 - 2 -- a settled bucket's most seconds below full (decide.lua)
 local FORMAT = '<I4ddd'
 local UINT32 = 4294967295
 local unpack, pack, call, pcall = struct.unpack, struct.pack, redis.call, redis.pcall

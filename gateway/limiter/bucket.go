@@ -4,6 +4,7 @@ import (
 	"math"
 	"time"
 
+	"github.com/quotaplane/quotaplane/lua"
 	"github.com/quotaplane/quotaplane/regions"
 )
 
@@ -37,7 +38,7 @@ func (b *Bucket) Take(now time.Time, capacity int64, refill float64, cost int64)
 	} else {
 		d.RetryAfter = secondsUp((float64(cost) - b.tokens) / refill)
 	}
-	d.Remaining = int64(math.Floor(b.tokens + eps))
+	d.Remaining = max(int64(math.Floor(b.tokens+eps)), 0) // 0 in debt (a settle)
 	d.ResetAfter = secondsUp((c - b.tokens) / refill)
 	return d
 }
@@ -75,6 +76,25 @@ func (b *Bucket) refill(now time.Time, c, refill float64) {
 	}
 	if b.tokens > c {
 		b.tokens = c
+	}
+}
+
+// settle refills the bucket up to now under lim, then takes delta > 0 tokens whatever it
+// holds, into debt down to lim's depth bound (lua.MaxDebtSeconds of refill below full,
+// as decide.lua bounds it; a bucket already past it is not raised), or gives -delta back
+// up to the capacity.
+func (b *Bucket) settle(now time.Time, lim regions.Limit, delta int64) {
+	c := float64(lim.Capacity)
+	b.refill(now, c, lim.RefillPerSecond)
+	if delta < 0 {
+		b.tokens = min(b.tokens-float64(delta), c)
+		return
+	}
+	deep := c - lim.RefillPerSecond*lua.MaxDebtSeconds
+	if after := b.tokens - float64(delta); after >= deep {
+		b.tokens = after
+	} else if b.tokens > deep {
+		b.tokens = deep
 	}
 }
 

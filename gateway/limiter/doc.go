@@ -5,18 +5,21 @@
 // and what keeps a hot key from costing one Redis round trip per request: token leases
 // (lease.go), bucket shards (shard.go) and pipelined decisions (batch.go). A rule's
 // further bands (Request.Bands) are one bucket each, decided with the rule's own in one
-// script call, all or none (bands.go).
+// script call, all or none (bands.go). A cost known only after the response is settled
+// afterwards (settle.go): the difference is charged into debt, never clipped at
+// -capacity, or given back.
 //
 // Who owns what:
 //   - Redis: the breaker, the timeout and the one path that carries a debt to Redis and
-//     settles it (callCharging), used by the plain, sharded and lease paths.
-//   - fallback: the local 1/N buckets and the debts; a debt is cleared only once a reply
-//     saying what the script charged was read.
+//     settles it (callCharging), used by the plain, sharded, lease and Settle paths.
+//   - fallback: the local 1/N buckets and the debts, and the settles Redis did not
+//     answer; a debt is cleared only once a reply saying what the script charged was read.
 //   - batcher: pipelining of concurrent calls, through a small runner interface.
 //   - leaseTable: hot keys' rates and leased tokens.
 //   - Options (options.go): every default, filled in one place.
 //
-// Both limiters answer Decide(ctx, Request) (Decision, error) and have Close. Over the
+// Both limiters answer Decide(ctx, Request) (Decision, error) and Settle(ctx, Request,
+// delta) error, and have Close. Over the
 // limit is a Decision with Allowed false, never an error; an error means the request
 // itself is invalid or the caller's context ended. A Redis failure is not an error: the
 // decision then comes from the fallback (SourceFallback). The limit invariant these keep,

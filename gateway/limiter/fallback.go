@@ -50,6 +50,7 @@ type fallback struct {
 	ended      []*Local     // episodes ended whose debts are not yet fixed (guarded by mu)
 	endedN     atomic.Int32 // len(ended), read without mu on the hot path
 	debts      *debtTable   // fixed debts of ended episodes
+	unsettled  *debtTable   // settles Redis did not answer (settle.go): charged with no floor
 	instances  func() int
 	expected   int
 	counted    func() bool
@@ -66,6 +67,7 @@ func newFallback(o Options, m *redisMetrics) *fallback {
 	}
 	return &fallback{
 		debts:      newDebtTable(max),
+		unsettled:  newDebtTable(max),
 		instances:  o.Instances,
 		expected:   o.ExpectedInstances,
 		counted:    o.Counted,

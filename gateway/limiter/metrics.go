@@ -38,6 +38,8 @@ type localMetrics struct {
 	evictions *prometheus.CounterVec
 	idle      prometheus.Counter
 	capacity  prometheus.Counter
+	settledV  *prometheus.CounterVec
+	settled   [settleDirections]prometheus.Counter // charged and returned only
 }
 
 func newLocalMetrics() *localMetrics {
@@ -49,6 +51,7 @@ func newLocalMetrics() *localMetrics {
 	}
 	m.idle = m.evictions.WithLabelValues(evictIdle)
 	m.capacity = m.evictions.WithLabelValues(evictCapacity)
+	m.settledV, m.settled = newSettled(settleOwed)
 	return m
 }
 
@@ -67,7 +70,7 @@ func (m *localMetrics) evicted(reason string, n int) {
 // buckets held, read at scrape time.
 func (m *localMetrics) collectors(buckets func() int) []prometheus.Collector {
 	return []prometheus.Collector{
-		m.evictions,
+		m.evictions, m.settledV,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "ratelimit_local_buckets",
 			Help: "In-memory token buckets held by the local or fallback limiter.",
@@ -109,6 +112,9 @@ type redisMetrics struct {
 	leaseGranted  prometheus.Counter
 	leaseReturned prometheus.Counter
 	leaseRejected prometheus.Counter
+
+	settledV *prometheus.CounterVec
+	settled  [settleDirections]prometheus.Counter
 }
 
 func newRedisMetrics() *redisMetrics {
@@ -202,6 +208,7 @@ func newRedisMetrics() *redisMetrics {
 		Name: "ratelimit_lease_local_rejections_total",
 		Help: "Requests on a leased key rejected locally, without a Redis call, while its shared bucket is known to be empty.",
 	})
+	m.settledV, m.settled = newSettled(settleDirections)
 	return m
 }
 
@@ -209,7 +216,7 @@ func newRedisMetrics() *redisMetrics {
 // (nil when leases are off).
 func (m *redisMetrics) collectors(leases *leaseTable, fb *fallback) []prometheus.Collector {
 	cs := []prometheus.Collector{m.errors, m.active, m.state, m.minCapacity, m.owed, m.repaid, m.writtenOff, m.costAboveFallback, m.evictingPolicy,
-		m.refusedVec, m.lost, m.flushed, m.pipelines, m.pipelined, m.noscript, m.shardRetries, m.leaseOps, m.leaseTokens, m.leaseRejected,
+		m.refusedVec, m.lost, m.flushed, m.pipelines, m.pipelined, m.noscript, m.shardRetries, m.leaseOps, m.leaseTokens, m.leaseRejected, m.settledV,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "ratelimit_local_buckets",
 			Help: "In-memory token buckets held by the local or fallback limiter.",

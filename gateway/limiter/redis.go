@@ -236,11 +236,14 @@ func (l *Redis) take(ctx context.Context, r Request, cost int64, i, k int) (Deci
 }
 
 // callCharging is the one charge/settle path of a call (a take or a lease, on a bucket,
-// a shard or a lease's bucket): it takes each bucket's debt from the fallback, sends it
+// a shard or a lease's bucket; a Settle): it charges first what settles of its buckets
+// owe (chargeUnsettled), takes each bucket's debt from the fallback, sends it
 // with the call, and settles it: cleared when a reply was read, owed again when none
 // was (the call did not count). ids name the buckets for their debts; r is the request
 // whose limits they were admitted under.
 func (l *Redis) callCharging(ctx context.Context, op lua.Op, n int64, bs []lua.Bucket, ids []bucketID, r Request) (lua.Outcome, bool, error) {
+	// What settles owed while Redis did not answer is charged first.
+	l.chargeUnsettled(ctx, bs, ids)
 	var two [2]taken // no allocation for a decision of one or two buckets
 	debts := two[:]
 	if len(bs) > len(two) {
@@ -486,26 +489,35 @@ func stateValue(s gobreaker.State) int {
 }
 
 // Flush charges what the fallback still owes to Redis, one charge per owing bucket,
+// and what settles owe (Settle: Redis did not answer), one settle per owing bucket,
 // batched into script calls (one per hash slot on a cluster), within ctx, whatever the
 // breaker says: a stopping gateway's debts would otherwise be gone with it. What Redis
 // does not answer for is lost: counted (ratelimit_fallback_debt_lost_tokens_total) and
 // logged. The gateway calls it when it stops, after its last request. It returns the
 // tokens charged and lost.
 func (l *Redis) Flush(ctx context.Context) (charged, lost int64) {
+	var settled int64
 	owed := l.fb.drain()
+	nDebts := len(owed)
+	owed = append(owed, l.fb.unsettled.drain()...) // after the debts: settles
 	if len(owed) == 0 {
 		return 0, 0
 	}
 	g := groupingOf(l.rdb)
 	type part struct {
-		batch lua.Batch
-		debts []owedBucket
+		batch  lua.Batch
+		debts  []owedBucket
+		settle []bool
 	}
 	var parts []*part
 	bySlot := map[uint16]*part{}
-	for _, o := range owed {
+	for i, o := range owed {
 		key := l.keyOf(o.id)
-		d := min(o.tokens, 2*o.lim.Capacity) // more cannot be charged: the script floors at -capacity
+		settle := i >= nDebts
+		d := min(o.tokens, MaxSettle) // the most one settle takes (several settles add up)
+		if !settle {
+			d = min(o.tokens, 2*o.lim.Capacity) // more cannot be charged: the script floors at -capacity
+		}
 		if o.tokens > d {
 			l.m.writtenOff.Add(float64(o.tokens - d))
 		}
@@ -520,8 +532,15 @@ func (l *Redis) Flush(ctx context.Context) (charged, lost int64) {
 			parts = append(parts, p)
 			bySlot[sl] = p
 		}
-		p.batch.Add(lua.Decision{Op: lua.OpCharge, Buckets: []lua.Bucket{{Key: key, Capacity: o.lim.Capacity, Refill: o.lim.RefillPerSecond, Debt: d, Cap: lua.NoCap}}})
+		b := lua.Bucket{Key: key, Capacity: o.lim.Capacity, Refill: o.lim.RefillPerSecond, Debt: d, Cap: lua.NoCap}
+		if settle {
+			b.Debt = 0
+			p.batch.Add(lua.Decision{Op: lua.OpSettle, N: d, Buckets: []lua.Bucket{b}})
+		} else {
+			p.batch.Add(lua.Decision{Op: lua.OpCharge, Buckets: []lua.Bucket{b}})
+		}
 		p.debts = append(p.debts, o)
+		p.settle = append(p.settle, settle)
 	}
 	pipe := l.rdb.Pipeline()
 	cmds := make([]*redis.Cmd, len(parts))
@@ -541,6 +560,10 @@ func (l *Redis) Flush(ctx context.Context) (charged, lost int64) {
 				lost += o.tokens
 				continue
 			}
+			if p.settle[j] {
+				settled += outs[j].Granted
+				continue
+			}
 			c := outs[j].Buckets[0].Charged
 			charged += c
 			if o.tokens > c {
@@ -550,6 +573,8 @@ func (l *Redis) Flush(ctx context.Context) (charged, lost int64) {
 	}
 	l.m.repaid.Add(float64(charged))
 	l.m.flushed.Add(float64(charged))
+	l.m.settled[settleCharged].Add(float64(settled))
+	charged += settled
 	l.m.lost.Add(float64(lost))
 	if lost > 0 {
 		l.log.Warn("fallback debts lost: redis did not answer the flush", "tokens", lost, "charged", charged)
