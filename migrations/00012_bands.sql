@@ -12,16 +12,21 @@
 -- of more than one shard (a rule's buckets are decided in the tenant's slot). Existing
 -- rows get '[]': a rule of one band, as before.
 --
--- Raise markers (00008, 00010, 00011): a change that may raise a band's capacity marks as
--- a rule's capacity raise does. The bands of the rule that applied before and after are
--- compared by name: for each band in both whose capacity grew, old/new; the mark is the
--- smallest of those and of the rule's own pair (written as that ratio over 1 where a band
--- is the tighter). A band added is a new restriction and a band removed lifts one: neither
--- marks by itself. The before and after rules are those 00011 resolves (a rule updated, a
--- rule added or deleted against the rule that applies without it, a plan's rule, a tenant
--- assigned or moved), so every trigger compares the bands of the same two rules it
--- compares the capacities of (limit_raise_with_bands). The gateway holds every band of a
--- marked rule to the ratio.
+-- Raise markers (00008, 00010, 00011): a rule's own mark is 00011's (its capacity and
+-- shards; a rule without bands marks exactly the rows it did). Each band marks a row of
+-- its own, of route "route#band" (the pair's route, '*' too, a '#' and the band's name;
+-- band names never hold '#', so these never meet a pair's row): the bands of the rule
+-- that applied before and after are compared by name, and each band in both whose
+-- capacity grew is marked old/new through limit_raise_mark_many, so band marks compound
+-- and are acknowledged as any. A band added is a new restriction and a band removed lifts
+-- one: neither marks. The before and after rules are those 00011 resolves (a rule
+-- updated, a rule added or deleted against the rule that applies without it, a plan's
+-- rule, a tenant assigned or moved), so every trigger compares the bands of the same two
+-- rules it compares the capacities of (limit_raise_marks). An UPDATE that changes a
+-- rule's key marks its old and new key 0 over 1, as 00010 did, and each band of the rule
+-- at either key too. The gateway holds each bucket to its own row: one ratio for all the
+-- buckets of a rule held a month-long band to a tenth of its capacity for a month when
+-- the route's default capacity was raised tenfold.
 
 -- +goose Up
 -- +goose StatementBegin
@@ -56,31 +61,28 @@ ALTER TABLE plan_rule ADD COLUMN bands jsonb NOT NULL DEFAULT '[]',
     ADD CONSTRAINT plan_rule_bands_valid CHECK (limit_bands_valid(bands)),
     ADD CONSTRAINT plan_rule_bands_unsharded CHECK (bands = '[]'::jsonb OR shards = 1);
 
--- The smallest old/new capacity of the bands of p_old and p_new (arrays as stored; NULL:
--- no rule) that share a name and grew; 1 when none grew.
+-- The bands of p_before and p_after (arrays as stored; NULL: no rule) that share a name
+-- and grew, with their capacity before (o) and after (n). Inlined by the planner.
 -- +goose StatementBegin
-CREATE FUNCTION limit_raise_bands_ratio(p_old jsonb, p_new jsonb)
-RETURNS double precision LANGUAGE sql IMMUTABLE AS $$
-    SELECT coalesce(min((o.e ->> 'capacity')::double precision / (n.e ->> 'capacity')::double precision), 1)
-    FROM jsonb_array_elements(CASE WHEN jsonb_typeof(p_old) = 'array' THEN p_old ELSE '[]' END) o(e)
-    JOIN jsonb_array_elements(CASE WHEN jsonb_typeof(p_new) = 'array' THEN p_new ELSE '[]' END) n(e)
-        ON n.e ->> 'name' = o.e ->> 'name'
-    WHERE (n.e ->> 'capacity')::double precision > (o.e ->> 'capacity')::double precision
+CREATE FUNCTION limit_raise_band_pairs(p_before jsonb, p_after jsonb)
+RETURNS TABLE (band text, o double precision, n double precision) LANGUAGE sql IMMUTABLE AS $$
+    SELECT a.e ->> 'name', (b.e ->> 'capacity')::double precision, (a.e ->> 'capacity')::double precision
+    FROM jsonb_array_elements(CASE WHEN jsonb_typeof(p_before) = 'array' THEN p_before ELSE '[]' END) b(e)
+    JOIN jsonb_array_elements(CASE WHEN jsonb_typeof(p_after) = 'array' THEN p_after ELSE '[]' END) a(e)
+        ON a.e ->> 'name' = b.e ->> 'name'
+    WHERE (a.e ->> 'capacity')::double precision > (b.e ->> 'capacity')::double precision
 $$;
 -- +goose StatementEnd
 
--- The pair limit_raise_mark_many is given for the rule's own pair p_pair (old, new) and
--- the bands before (p_old) and after (p_new): p_pair, or where a grown band's old/new is
--- below p_pair's ratio, that ratio over 1. Rules without bands on either side: p_pair.
+-- The rows limit_raise_mark_many is given for (tenant, p_route), whose rule's own pair is
+-- p_pair (old, new) and whose rule had the bands p_before and has p_after: p_pair under
+-- p_route, and each grown band's pair under p_route || '#' || its name. Inlined.
 -- +goose StatementBegin
-CREATE FUNCTION limit_raise_with_bands(p_pair double precision[], p_old jsonb, p_new jsonb)
-RETURNS double precision[] LANGUAGE sql IMMUTABLE AS $$
-    SELECT CASE
-        WHEN p_old IS NULL OR p_new IS NULL OR p_old = '[]'::jsonb OR p_new = '[]'::jsonb THEN p_pair
-        ELSE (SELECT CASE WHEN b.r < (CASE WHEN p_pair[2] > p_pair[1] THEN p_pair[1] / p_pair[2] ELSE 1 END)
-                          THEN ARRAY[b.r, 1]::double precision[] ELSE p_pair END
-              FROM (SELECT limit_raise_bands_ratio(p_old, p_new) AS r) b)
-    END
+CREATE FUNCTION limit_raise_marks(p_route text, p_pair double precision[], p_before jsonb, p_after jsonb)
+RETURNS TABLE (route text, o double precision, n double precision) LANGUAGE sql IMMUTABLE AS $$
+    SELECT p_route, p_pair[1], p_pair[2]
+    UNION ALL
+    SELECT p_route || '#' || bp.band, bp.o, bp.n FROM limit_raise_band_pairs(p_before, p_after) bp
 $$;
 -- +goose StatementEnd
 
@@ -108,32 +110,35 @@ $$;
 CREATE OR REPLACE FUNCTION limit_raise_rule() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     IF TG_OP = 'UPDATE' THEN
+        -- A key changed: the old and the new key, and each band of the rule at either, 0
+        -- over 1; a rule updated in place: its own pair as 00011 (1 over 1, no mark, where
+        -- only its bands changed) and its grown bands' (limit_raise_marks).
         PERFORM limit_raise_mark_many('*', array_agg(tenant), array_agg(route), array_agg(o), array_agg(n))
         FROM (
-            SELECT o.tenant_id AS tenant, o.route_id AS route, 0::double precision AS o, 1::double precision AS n
-                FROM old_rows o
+            SELECT o.tenant_id AS tenant, k.route, 0::double precision AS o, 1::double precision AS n
+                FROM old_rows o CROSS JOIN LATERAL (SELECT o.route_id AS route
+                    UNION ALL SELECT o.route_id || '#' || (b.e ->> 'name') FROM jsonb_array_elements(o.bands) b(e)) k
                 WHERE NOT EXISTS (SELECT 1 FROM new_rows n WHERE n.tenant_id = o.tenant_id AND n.route_id = o.route_id)
             UNION ALL
-            SELECT n.tenant_id, n.route_id, 0, 1
-                FROM new_rows n
+            SELECT n.tenant_id, k.route, 0, 1
+                FROM new_rows n CROSS JOIN LATERAL (SELECT n.route_id AS route
+                    UNION ALL SELECT n.route_id || '#' || (b.e ->> 'name') FROM jsonb_array_elements(n.bands) b(e)) k
                 WHERE NOT EXISTS (SELECT 1 FROM old_rows o WHERE o.tenant_id = n.tenant_id AND o.route_id = n.route_id)
             UNION ALL
-            -- The rule's own pair, then its bands' (limit_raise_with_bands).
-            SELECT x.tenant, x.route, x.pair[1], x.pair[2] FROM (
-                SELECT n.tenant_id AS tenant, n.route_id AS route, limit_raise_with_bands(ARRAY[
-                       CASE WHEN n.capacity > o.capacity THEN o.capacity WHEN n.shards > o.shards THEN 1 - 1e-9 ELSE 1 END,
-                       CASE WHEN n.capacity > o.capacity THEN n.capacity ELSE 1 END]::double precision[], o.bands, n.bands) AS pair
-                    FROM old_rows o JOIN new_rows n ON n.tenant_id = o.tenant_id AND n.route_id = o.route_id
-                    WHERE n.capacity > o.capacity OR n.shards > o.shards
-                       OR (o.bands <> '[]'::jsonb AND n.bands <> '[]'::jsonb AND o.bands <> n.bands)
-            ) x
+            SELECT n.tenant_id, k.route, k.o, k.n
+                FROM old_rows o JOIN new_rows n ON n.tenant_id = o.tenant_id AND n.route_id = o.route_id
+                CROSS JOIN LATERAL limit_raise_marks(n.route_id, ARRAY[
+                    CASE WHEN n.capacity > o.capacity THEN o.capacity WHEN n.shards > o.shards THEN 1 - 1e-9 ELSE 1 END,
+                    CASE WHEN n.capacity > o.capacity THEN n.capacity ELSE 1 END]::double precision[], o.bands, n.bands) k
+                WHERE n.capacity > o.capacity OR n.shards > o.shards OR o.bands <> n.bands
         ) m;
         RETURN NULL;
     END IF;
     IF TG_OP = 'INSERT' THEN
-        PERFORM limit_raise_mark_many('*', array_agg(m.tenant), array_agg(m.route), array_agg(m.pair[1]), array_agg(m.pair[2]))
+        PERFORM limit_raise_mark_many('*', array_agg(m.tenant), array_agg(k.route), array_agg(k.o), array_agg(k.n))
         FROM (
-            SELECT p.tenant, p.route, limit_raise_with_bands(limit_raise_pair(b.cap, b.shards, p.capacity::double precision, p.shards), b.bands, p.bands) AS pair
+            SELECT p.tenant, p.route, limit_raise_pair(b.cap, b.shards, p.capacity::double precision, p.shards) AS pair,
+                   b.bands AS before, p.bands AS after
             FROM (
                 SELECT r.tenant_id AS tenant, r.route_id AS route, r.route_id AS own_route, r.capacity, r.shards, r.bands FROM new_rows r
                 UNION ALL
@@ -164,13 +169,14 @@ BEGIN
                         WHERE tp.tenant_id = p.tenant AND pr.route_id IN (p.route, '*')
                 ) c ORDER BY c.o LIMIT 1
             ) b ON true
-        ) m;
+        ) m CROSS JOIN LATERAL limit_raise_marks(m.route, m.pair, m.before, m.after) k;
         RETURN NULL;
     END IF;
     -- DELETE: before, the row won for every pair; now the best remaining rule applies.
-    PERFORM limit_raise_mark_many('*', array_agg(m.tenant), array_agg(m.route), array_agg(m.pair[1]), array_agg(m.pair[2]))
+    PERFORM limit_raise_mark_many('*', array_agg(m.tenant), array_agg(k.route), array_agg(k.o), array_agg(k.n))
     FROM (
-        SELECT p.tenant, p.route, limit_raise_with_bands(limit_raise_pair(p.capacity::double precision, p.shards, b.cap, b.shards), p.bands, b.bands) AS pair
+        SELECT p.tenant, p.route, limit_raise_pair(p.capacity::double precision, p.shards, b.cap, b.shards) AS pair,
+               p.bands AS before, b.bands AS after
         FROM (
             SELECT r.tenant_id AS tenant, r.route_id AS route, r.capacity, r.shards, r.bands FROM old_rows r
             UNION ALL
@@ -199,7 +205,7 @@ BEGIN
                     WHERE tp.tenant_id = p.tenant AND pr.route_id IN (p.route, '*')
             ) c ORDER BY c.o LIMIT 1
         ) b ON true
-    ) m;
+    ) m CROSS JOIN LATERAL limit_raise_marks(m.route, m.pair, m.before, m.after) k;
     RETURN NULL;
 END
 $$;
@@ -224,9 +230,10 @@ BEGIN
         WHERE p.plan IN (SELECT c.plan FROM unnest(v_old || v_new) c));
     v_before := ARRAY(SELECT ROW(a.*)::plan_rule FROM unnest(v_after) a
         WHERE NOT EXISTS (SELECT 1 FROM unnest(v_new) n WHERE n.plan = a.plan AND n.route_id = a.route_id)) || v_old;
-    PERFORM limit_raise_mark_many('*', array_agg(m.tenant), array_agg(m.route), array_agg(m.pair[1]), array_agg(m.pair[2]))
+    PERFORM limit_raise_mark_many('*', array_agg(m.tenant), array_agg(k.route), array_agg(k.o), array_agg(k.n))
     FROM (
-        SELECT q.tenant, q.route, limit_raise_with_bands(limit_raise_pair(b.capacity, b.shards, a.capacity, a.shards), b.bands, a.bands) AS pair
+        SELECT q.tenant, q.route, limit_raise_pair(b.capacity, b.shards, a.capacity, a.shards) AS pair,
+               b.bands AS before, a.bands AS after
         FROM (
             SELECT DISTINCT tp.tenant_id AS tenant, tp.plan, x.route
             FROM (SELECT DISTINCT c.plan, c.route_id FROM unnest(v_old || v_new) c) ch
@@ -239,7 +246,7 @@ BEGIN
         ) q
         LEFT JOIN LATERAL limit_raise_plan_capacity(q.tenant, q.route, q.plan, v_before) b ON true
         LEFT JOIN LATERAL limit_raise_plan_capacity(q.tenant, q.route, q.plan, v_after) a ON true
-    ) m;
+    ) m CROSS JOIN LATERAL limit_raise_marks(m.route, m.pair, m.before, m.after) k;
     RETURN NULL;
 END
 $$;
@@ -260,9 +267,10 @@ BEGIN
     END IF;
     v_rules := ARRAY(SELECT ROW(p.*)::plan_rule FROM plan_rule p
         WHERE p.plan IN (SELECT c.plan FROM unnest(v_old || v_new) c));
-    PERFORM limit_raise_mark_many('*', array_agg(m.tenant), array_agg(m.route), array_agg(m.pair[1]), array_agg(m.pair[2]))
+    PERFORM limit_raise_mark_many('*', array_agg(m.tenant), array_agg(k.route), array_agg(k.o), array_agg(k.n))
     FROM (
-        SELECT q.tenant, q.route, limit_raise_with_bands(limit_raise_pair(b.capacity, b.shards, a.capacity, a.shards), b.bands, a.bands) AS pair
+        SELECT q.tenant, q.route, limit_raise_pair(b.capacity, b.shards, a.capacity, a.shards) AS pair,
+               b.bands AS before, a.bands AS after
         FROM (
             SELECT t.tenant, t.before_plan, t.after_plan, x.route
             FROM (
@@ -281,7 +289,7 @@ BEGIN
         ) q
         LEFT JOIN LATERAL limit_raise_plan_capacity(q.tenant, q.route, q.before_plan, v_rules) b ON true
         LEFT JOIN LATERAL limit_raise_plan_capacity(q.tenant, q.route, q.after_plan, v_rules) a ON true
-    ) m;
+    ) m CROSS JOIN LATERAL limit_raise_marks(m.route, m.pair, m.before, m.after) k;
     RETURN NULL;
 END
 $$;
@@ -297,8 +305,8 @@ BEGIN
     FOREACH f IN ARRAY ARRAY['limit_raise_rule()', 'limit_raise_plan_rule()', 'limit_raise_tenant_plan()'] LOOP
         EXECUTE format('ALTER FUNCTION %s SECURITY DEFINER SET search_path = %I, pg_temp', f, current_schema());
     END LOOP;
-    FOREACH f IN ARRAY ARRAY['limit_raise_plan_capacity(text, text, text, plan_rule[])', 'limit_raise_bands_ratio(jsonb, jsonb)',
-        'limit_raise_with_bands(double precision[], jsonb, jsonb)'] LOOP
+    FOREACH f IN ARRAY ARRAY['limit_raise_plan_capacity(text, text, text, plan_rule[])', 'limit_raise_band_pairs(jsonb, jsonb)',
+        'limit_raise_marks(text, double precision[], jsonb, jsonb)'] LOOP
         EXECUTE format('REVOKE EXECUTE ON FUNCTION %s FROM PUBLIC', f);
     END LOOP;
 END
@@ -307,7 +315,9 @@ $$;
 
 -- +goose Down
 -- The bands go (ratectl migrate down refuses while a rule has any: data loss); dropping a
--- band lifts a restriction, which is no raise of a capacity, so nothing is marked.
+-- band lifts a restriction, which is no raise of a capacity, so nothing is marked. The
+-- bands' marks go with them (no gateway of 00011 looks a bucket up under route#band).
+DELETE FROM limit_raise WHERE route LIKE '%#%';
 -- The functions as 00011 left them.
 DROP FUNCTION limit_raise_plan_capacity(text, text, text, plan_rule[]);
 -- +goose StatementBegin
@@ -520,8 +530,8 @@ END
 $$;
 -- +goose StatementEnd
 
-DROP FUNCTION limit_raise_with_bands(double precision[], jsonb, jsonb);
-DROP FUNCTION limit_raise_bands_ratio(jsonb, jsonb);
+DROP FUNCTION limit_raise_marks(text, double precision[], jsonb, jsonb);
+DROP FUNCTION limit_raise_band_pairs(jsonb, jsonb);
 ALTER TABLE plan_rule DROP COLUMN bands;
 ALTER TABLE rate_limit_rule DROP COLUMN bands;
 DROP FUNCTION limit_bands_valid(jsonb);

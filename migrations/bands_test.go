@@ -81,3 +81,39 @@ func TestBandsMarkAsBeforeWithoutBands(t *testing.T) {
 		t.Fatal("no raise marked at all: the test compares nothing")
 	}
 }
+
+// TestBandMarksRowsAndDown (#24): a band's raise is a row of its own, route
+// "route#band" (a route of every tenant's rule too: "*#band"), beside the rule's own
+// pair's; rolling migration 12 back deletes the band rows and keeps the others.
+func TestBandMarksRowsAndDown(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db, _ := openDB(t)
+	if err := migrations.Up(ctx, db); err != nil {
+		t.Fatal(err)
+	}
+	for _, q := range []string{
+		`INSERT INTO rate_limit_rule (tenant_id, route_id, capacity, refill_per_second, bands) VALUES
+			('a', 'r', 100, 1, '[{"name": "hour", "capacity": 1000, "refill_per_second": 1}]'),
+			('a', '*', 100, 1, '[{"name": "day", "capacity": 1000, "refill_per_second": 1}]')`,
+		`DELETE FROM limit_raise`,
+		`UPDATE rate_limit_rule SET capacity = 200, bands = '[{"name": "hour", "capacity": 4000, "refill_per_second": 1}]'
+			WHERE tenant_id = 'a' AND route_id = 'r'`,
+		`UPDATE rate_limit_rule SET bands = '[{"name": "day", "capacity": 5000, "refill_per_second": 1}]'
+			WHERE tenant_id = 'a' AND route_id = '*'`,
+	} {
+		if _, err := db.ExecContext(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	const want = "* a *#day 0.200000000 0.200000000\n* a r 0.500000000 0.500000000\n* a r#hour 0.250000000 0.250000000"
+	if got := raiseRows(t, db); got != want {
+		t.Fatalf("marks:\n%s\nwant\n%s", got, want)
+	}
+	if err := migrations.Down(ctx, db); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := raiseRows(t, db), "* a r 0.500000000 0.500000000"; got != want {
+		t.Fatalf("marks after rolling back migration 12:\n%s\nwant\n%s", got, want)
+	}
+}

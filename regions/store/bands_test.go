@@ -88,10 +88,11 @@ func TestBandsStored(t *testing.T) {
 	}
 }
 
-// TestBandRaiseMarkers (#24): a change that may raise a band's capacity is marked as a
-// capacity raise: bands compared by name between the rule that applied before and the
-// one after, the mark the smallest old/new of the rule's own and the grown bands'; a band
-// added or removed marks nothing by itself; rules without bands mark as before.
+// TestBandRaiseMarkers (#24): a change that may raise a band's capacity marks that band
+// in a row of its own, route "route#band": bands compared by name between the rule that
+// applied before and the one after, each grown band old/new; the rule's own row is its
+// capacity's (and shards') as without bands, so a raise of one bucket holds no other; a
+// band added or removed marks nothing; rules without bands mark as before.
 func TestBandRaiseMarkers(t *testing.T) {
 	t.Parallel()
 	s, _ := newStore(t)
@@ -115,7 +116,8 @@ func TestBandRaiseMarkers(t *testing.T) {
 		m := marksOf(t, s)
 		ok := len(m) == len(want)
 		for k, w := range want {
-			ok = ok && near(m[k], w)
+			got, found := m[k]
+			ok = ok && found && near(got, w)
 		}
 		if !ok {
 			t.Errorf("%s: marks %v, want %v", what, m, want)
@@ -127,30 +129,37 @@ func TestBandRaiseMarkers(t *testing.T) {
 
 	// UPDATE.
 	set(rule("a", 100, band("hour", 4000)))
-	expect("band hour 1000 -> 4000, rule's own unchanged", map[string]float64{"* a r": 0.25})
+	expect("band hour 1000 -> 4000, rule's own unchanged", map[string]float64{"* a r#hour": 0.25})
 	set(rule("a", 200, band("hour", 8000)))
-	expect("own 100 -> 200 (0.5), hour 4000 -> 8000 (0.5)", map[string]float64{"* a r": 0.5})
+	expect("own 100 -> 200, hour 4000 -> 8000", map[string]float64{"* a r": 0.5, "* a r#hour": 0.5})
 	set(rule("a", 800, band("hour", 8000*1.25)))
-	expect("own 200 -> 800 (0.25) is the tighter; hour 0.8", map[string]float64{"* a r": 0.25})
+	expect("own 200 -> 800, hour 8000 -> 10000", map[string]float64{"* a r": 0.25, "* a r#hour": 0.8})
 	set(rule("a", 1000, band("hour", 40000)))
-	expect("own 800 -> 1000 (0.8), hour 10000 -> 40000 (0.25) is the tighter", map[string]float64{"* a r": 0.25})
+	expect("own 800 -> 1000, hour 10000 -> 40000", map[string]float64{"* a r": 0.8, "* a r#hour": 0.25})
 	set(rule("a", 1000, band("hour", 40000), band("day", 5)))
 	expect("a band added: a new restriction", nil)
 	set(rule("a", 1000, band("day", 5)))
 	expect("a band removed", nil)
 	set(rule("a", 1000, band("day", 10), band("hour", 1)))
-	expect("day 5 -> 10, hour added", map[string]float64{"* a r": 0.5})
+	expect("day 5 -> 10, hour added", map[string]float64{"* a r#day": 0.5})
 	set(rule("a", 10, band("day", 1000)))
-	expect("own lowered, day 10 -> 1000", map[string]float64{"* a r": 0.01})
+	expect("own lowered, day 10 -> 1000", map[string]float64{"* a r#day": 0.01})
 	set(rule("a", 5, band("day", 1)))
 	expect("everything lowered", nil)
+	// A key changed: the old and the new key, and each band at both, 0 over 1.
+	exec(t, s, `UPDATE rate_limit_rule SET route_id = 'k' WHERE tenant_id = 'a' AND route_id = 'r'`)
+	expect("a/r moved to a/k", map[string]float64{"* a r": 0, "* a r#day": 0, "* a k": 0, "* a k#day": 0})
+	if err := s.DeleteRule(ctx, "a", "k"); err != nil {
+		t.Fatal(err)
+	}
+	clear()
 
 	// INSERT and DELETE: against the rule that applies without it (here the default for
 	// every tenant of route r, which has bands too).
 	set(regions.Rule{Tenant: "*", Route: "r", Capacity: 100, RefillPerSecond: 1, Shards: 1, Bands: []regions.Band{band("hour", 1000)}})
 	clear()
 	set(rule("b", 100, band("hour", 5000)))
-	expect("b's own rule added over */r: hour 1000 -> 5000", map[string]float64{"* b r": 0.2})
+	expect("b's own rule added over */r: hour 1000 -> 5000", map[string]float64{"* b r#hour": 0.2})
 	if err := s.DeleteRule(ctx, "b", "r"); err != nil {
 		t.Fatal(err)
 	}
@@ -160,13 +169,26 @@ func TestBandRaiseMarkers(t *testing.T) {
 	if err := s.DeleteRule(ctx, "c", "r"); err != nil {
 		t.Fatal(err)
 	}
-	expect("c's own rule deleted: own 50 -> 100 (0.5), hour 500 -> 1000 (0.5)", map[string]float64{"* c r": 0.5})
+	expect("c's own rule deleted: own 50 -> 100, hour 500 -> 1000", map[string]float64{"* c r": 0.5, "* c r#hour": 0.5})
 	set(rule("d", 100, band("hour", 250)))
 	clear()
 	if err := s.DeleteRule(ctx, "d", "r"); err != nil {
 		t.Fatal(err)
 	}
-	expect("d's own rule deleted: hour 250 -> 1000", map[string]float64{"* d r": 0.25})
+	expect("d's own rule deleted: hour 250 -> 1000", map[string]float64{"* d r#hour": 0.25})
+
+	// A tenant's rule of every route: its own pair and bands under "*" and "*#band", the
+	// routes it now covers under theirs (here r, whose */r has an hour band of 1000).
+	w := regions.Rule{Tenant: "w", Route: "*", Capacity: 100, RefillPerSecond: 1, Shards: 1, Bands: []regions.Band{band("hour", 2000)}}
+	set(w)
+	expect("w/* added: over */* (20, no bands) and over */r (100, hour 1000)", map[string]float64{"* w *": 0.2, "* w r#hour": 0.5})
+	w.Bands = []regions.Band{band("hour", 8000)}
+	set(w)
+	expect("w/* hour 2000 -> 8000", map[string]float64{"* w *#hour": 0.25})
+	if err := s.DeleteRule(ctx, "w", "*"); err != nil {
+		t.Fatal(err)
+	}
+	expect("w/* deleted: */r's hour 1000 is a lowering", nil)
 
 	// Plans: a plan rule's band raised marks its tenants; a tenant moved to a plan whose
 	// band is larger is marked.
@@ -188,11 +210,11 @@ func TestBandRaiseMarkers(t *testing.T) {
 	if err := s.SetPlanRule(ctx, pro); err != nil {
 		t.Fatal(err)
 	}
-	expect("pro/r hour 1000 -> 2000", map[string]float64{"* p r": 0.5})
+	expect("pro/r hour 1000 -> 2000", map[string]float64{"* p r#hour": 0.5})
 	if err := s.AssignPlan(ctx, "p", "big"); err != nil {
 		t.Fatal(err)
 	}
-	expect("p moved from pro (hour 2000) to big (hour 8000)", map[string]float64{"* p r": 0.25})
+	expect("p moved from pro (hour 2000) to big (hour 8000)", map[string]float64{"* p r#hour": 0.25})
 	if err := s.UnassignPlan(ctx, "p"); err != nil {
 		t.Fatal(err)
 	}
