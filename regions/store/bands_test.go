@@ -432,3 +432,52 @@ func TestApplyBands(t *testing.T) {
 		t.Errorf("%d plan rules keep bands the file removed", n)
 	}
 }
+
+// TestRaiseWindow: markers are read back for the longest fill time of any rule or band
+// (a monthly band's raise holds its buckets for a month), at least a day, at most a year.
+func TestRaiseWindow(t *testing.T) {
+	day := 24 * time.Hour
+	for _, tc := range []struct {
+		name  string
+		rules []regions.Rule
+		want  time.Duration
+	}{
+		{"no rules", nil, day},
+		{"fast rules", []regions.Rule{{Capacity: 10, RefillPerSecond: 1}}, day},
+		{"a 30-day band", []regions.Rule{{Capacity: 10, RefillPerSecond: 1, Bands: []regions.Band{{Name: "month", Capacity: 2_592_000, RefillPerSecond: 1}}}}, 30 * day},
+		{"a rule of 1e15 at 1e-3/s", []regions.Rule{{Capacity: 1e15, RefillPerSecond: 1e-3}}, MaxRaiseWindow},
+	} {
+		if got := raiseWindow(tc.rules); got != tc.want {
+			t.Errorf("%s: window %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
+
+// TestOldBandRaiseLoaded: a band's marker two days old still holds the band's buckets
+// when the band takes 30 days to fill (the window was one day); one older than the
+// longest fill time of any rule or band is not read.
+func TestOldBandRaiseLoaded(t *testing.T) {
+	t.Parallel()
+	s, _ := newStore(t)
+	ctx := WithAudit(context.Background(), "test", "old band raise")
+	if err := s.AddRegion(ctx, "us-east"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.SetRule(ctx, regions.Rule{Tenant: "a", Route: "r", Capacity: 10, RefillPerSecond: 1, Shards: 1,
+		Bands: []regions.Band{{Name: "month", Capacity: 2_592_000, RefillPerSecond: 1}}}); err != nil {
+		t.Fatal(err)
+	}
+	exec(t, s, `DELETE FROM limit_raise`)
+	exec(t, s, `INSERT INTO limit_raise (region, tenant, route, raised_at, ratio, gate_ratio) VALUES ('*', 'a', 'r#month', now() - interval '2 days', 0.5, 0.5)`)
+	exec(t, s, `INSERT INTO limit_raise (region, tenant, route, raised_at, ratio, gate_ratio) VALUES ('*', 'a', 'r#week', now() - interval '40 days', 0.5, 0.5)`)
+	snap, err := s.LoadSnapshot(ctx, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ago, ratio, ok := snap.BandRaise("us-east", "a", "r", "month", 0); !ok || ratio != 0.5 || ago < 47*time.Hour {
+		t.Errorf("a 2-day-old raise of a 30-day band: %v, %v, %v; want held at 0.5", ago, ratio, ok)
+	}
+	if _, _, ok := snap.BandRaise("us-east", "a", "r", "week", 0); ok {
+		t.Error("a 40-day-old raise read back though no rule takes 40 days to fill")
+	}
+}

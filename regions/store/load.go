@@ -203,11 +203,14 @@ func loadData(ctx context.Context, tx pgx.Tx, o LoadOptions, d *regions.Snapshot
 		return nil, fmt.Errorf("read shares: %w", err)
 	}
 
-	// Raise markers (migrations/00008): one row per region, tenant and route, and those
-	// of overrides expired but not deleted yet; those older than a day hold no bucket
-	// back any more (no sane rule takes a day to fill).
-	rows, _ = tx.Query(ctx, `SELECT region, tenant, route, raised_at, ratio, xid::text::bigint, gate_ratio FROM limit_raise WHERE raised_at > now() - interval '1 day'
-		UNION ALL SELECT *, 0::bigint, ratio FROM limit_raise_expired()`)
+	// Raise markers (migrations/00008): one row per region, tenant and route (a band's:
+	// route#band), and those of overrides expired but not deleted yet. A marker holds a
+	// bucket for one fill time of it, so those older than the longest fill time of any
+	// rule or band loaded (at least a day, at most MaxRaiseWindow) hold none any more; a
+	// monthly band's raise holds its buckets for a month.
+	window := raiseWindow(d.Rules, d.PlanRules)
+	rows, _ = tx.Query(ctx, `SELECT region, tenant, route, raised_at, ratio, xid::text::bigint, gate_ratio FROM limit_raise WHERE raised_at > now() - make_interval(secs => $1)
+		UNION ALL SELECT *, 0::bigint, ratio FROM limit_raise_expired()`, window.Seconds())
 	if d.Raises, err = pgx.CollectRows(rows, pgx.RowToStructByPos[regions.Raise]); err != nil {
 		return nil, fmt.Errorf("read raise markers: %w", err)
 	}
@@ -382,4 +385,29 @@ func scanShare(row pgx.CollectableRow) (regions.Share, error) {
 		sh.ExpiresAt = *expires
 	}
 	return sh, nil
+}
+
+// MaxRaiseWindow bounds how far back the snapshot reads raise markers: a rule or band
+// taking longer to fill (more than a year) is held by a raise for a year only.
+const MaxRaiseWindow = 366 * 24 * time.Hour
+
+// raiseWindow is how far back a raise marker may still hold a bucket: the longest fill
+// time (capacity / refill) of the rules and plan rules and their bands, at least a day
+// (the window before bands) and at most MaxRaiseWindow.
+func raiseWindow(sets ...[]regions.Rule) time.Duration {
+	longest := 24 * time.Hour.Seconds()
+	fill := func(c int64, r float64) {
+		if r > 0 {
+			longest = max(longest, float64(c)/r)
+		}
+	}
+	for _, rules := range sets {
+		for _, r := range rules {
+			fill(r.Capacity, r.RefillPerSecond)
+			for _, b := range r.Bands {
+				fill(b.Capacity, b.RefillPerSecond)
+			}
+		}
+	}
+	return time.Duration(min(longest, MaxRaiseWindow.Seconds()) * float64(time.Second))
 }
