@@ -450,7 +450,18 @@ func (o *Observer) read(ctx context.Context, now time.Time) error {
 			}
 			o.states[t][r] = append(prev, st)
 			// Each further band of the rule is checked as a bucket of its own: the
-			// tenant's admissions against the band's regional limit (BandKey).
+			// tenant's admissions against the band's regional limit (BandKey). A band
+			// the rule no longer has (deleted, so a default applies) limits nothing
+			// until it is back: unbounded meanwhile.
+			has := map[string]bool{}
+			for _, b := range rule.Bands {
+				has[BandKey(t, b.Name)] = true
+			}
+			for bk, byRegion := range o.states {
+				if prev := byRegion[r]; !has[bk] && strings.HasPrefix(bk, t+"#") && len(prev) > 0 && prev[len(prev)-1].Capacity != regions.MaxCapacity {
+					byRegion[r] = append(prev, State{From: from, Capacity: regions.MaxCapacity, Refill: regions.MaxRefillPerSecond, Shards: 1})
+				}
+			}
 			for _, b := range rule.Bands {
 				bk := BandKey(t, b.Name)
 				if o.states[bk] == nil {

@@ -128,6 +128,9 @@ type TenantSpec struct {
 	Refill   float64
 	// Keep: its rule is never deleted (a rule at the bounds must stay at the bounds).
 	Keep bool
+	// Banded: its rule has bands, which a sharded rule cannot have: its shard changes
+	// are drawn as rule changes.
+	Banded bool
 }
 
 // GatewaySpec names a gateway and its region.
@@ -344,6 +347,9 @@ func Generate(seed uint64, cfg ScheduleConfig) Schedule {
 			k = 0 // its next change writes its rule again
 		} else if !shares && k >= 5 && k < 8 {
 			k = 3
+		}
+		if t.Banded && k >= 3 && k < 5 {
+			k = 0
 		}
 		switch {
 		case k < 3: // rule up or down: capacity x{1/2, 1, 2}, refill x{1/4, 1, 4}, within the bounds

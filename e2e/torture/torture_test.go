@@ -212,7 +212,9 @@ func forged(as ...string) []Spelling {
 }
 
 // seedTenants: three trickle tenants (a lost bucket shows: their refill is far below
-// what they are offered, so they are at their limit within seconds), one with a normal
+// what they are offered, so they are at their limit within seconds; trickle-c's rule
+// has a band of 30 / 0.2 per s that binds before its own 40 / 1 per s, issue 24),
+// one with a normal
 // refill, and one for each of issue 14's items 4 and 5: a small rule (5 tokens: a
 // share of 0.2 is 1 token for 2 instances, so the fallback's budget rounds to the
 // one-token floor, and a share of 0.5 to 1 each, never round(1.5) = 2), and a rule at the
@@ -225,7 +227,7 @@ func forged(as ...string) []Spelling {
 var seedTenants = []tenantPlan{
 	{prefix: "trickle-a", capacity: 40, refill: 0.05, rate: 4},
 	{prefix: "trickle-b", capacity: 60, refill: 0.5, rate: 3, hostile: true},
-	{prefix: "trickle-c", capacity: 40, refill: 1, rate: 3},
+	{prefix: "trickle-c", capacity: 40, refill: 1, rate: 3, bands: []regions.Band{{Name: "minute", Capacity: 30, RefillPerSecond: 0.2}}},
 	{prefix: "normal", capacity: 100, refill: 20, rate: 8, hostile: true},
 	{prefix: "small", capacity: 5, refill: 0.05, rate: 2},
 	{prefix: "bound", capacity: regions.MaxCapacity, refill: regions.MaxRefillPerSecond, rate: 2, hostile: true, unthrottled: true},
@@ -298,7 +300,7 @@ func addTenants(t *testing.T, ctx context.Context, env *Env, plans []tenantPlan,
 			s.unthrottled = append(s.unthrottled, id)
 		}
 		s.rules[id] = regions.Rule{Tenant: id, Route: route, Capacity: p.capacity, RefillPerSecond: p.refill, Shards: 1, Bands: p.bands}
-		s.specs = append(s.specs, TenantSpec{ID: id, Capacity: p.capacity, Refill: p.refill, Keep: p.unthrottled})
+		s.specs = append(s.specs, TenantSpec{ID: id, Capacity: p.capacity, Refill: p.refill, Keep: p.unthrottled, Banded: len(p.bands) > 0})
 		if p.pinned {
 			if err := env.Store.SetOverride(ctx, regions.Scope{Tenant: id, Route: regions.Wildcard}, half(env.Regions), "torture", "pin for a scenario", 0); err != nil {
 				t.Fatal(err)
