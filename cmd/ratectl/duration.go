@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/quotaplane/quotaplane/internal/cliflag"
+	"github.com/quotaplane/quotaplane/internal/days"
 )
 
 // durationValue is every duration flag of ratectl (--since, --ttl, --timeout, --window,
@@ -11,4 +12,4 @@ import (
 type durationValue = cliflag.Duration
 
 // parseDays reads "7d", "2w", "1d12h" or any time.ParseDuration string.
-func parseDays(s string) (time.Duration, error) { return cliflag.ParseDuration(s) }
+func parseDays(s string) (time.Duration, error) { return days.Parse(s) }

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/quotaplane/quotaplane/internal/days"
 	"github.com/quotaplane/quotaplane/regions"
 )
 
@@ -67,40 +68,17 @@ func RefillOver(capacity int64, per string) (float64, error) {
 	return float64(capacity) / d.Seconds(), nil
 }
 
-// maxPerDays bounds the days and weeks of a per (as ratectl's durations).
-const maxPerDays = 100000
-
-// parsePer reads a band's per: "7d", "2w", "1d12h" or a time.ParseDuration string, > 0.
+// parsePer reads a band's per: "7d", "2w", "1d12h" or a time.ParseDuration string
+// (internal/days, the syntax of every duration flag), > 0.
 func parsePer(s string) (time.Duration, error) {
-	bad := fmt.Errorf("per %q: want a duration like 1h, 90m, 30d or 1w", s)
-	rest := s
-	var total time.Duration
-	for _, unit := range []struct {
-		suffix string
-		d      time.Duration
-	}{{"w", 7 * 24 * time.Hour}, {"d", 24 * time.Hour}} {
-		i := strings.Index(rest, unit.suffix)
-		if i < 0 {
-			continue
-		}
-		n, err := strconv.Atoi(rest[:i])
-		if err != nil || n < 0 || n > maxPerDays {
-			return 0, bad
-		}
-		total += time.Duration(n) * unit.d
-		rest = rest[i+1:]
+	d, err := days.Parse(s)
+	if err != nil {
+		return 0, fmt.Errorf("per %q: want a duration like 1h, 90m, 30d or 1w", s)
 	}
-	if rest != "" {
-		d, err := time.ParseDuration(rest)
-		if err != nil || d < 0 {
-			return 0, bad
-		}
-		total += d
-	}
-	if s == "" || total <= 0 {
+	if d <= 0 {
 		return 0, fmt.Errorf("per %q: want a duration above zero, like 1h or 30d", s)
 	}
-	return total, nil
+	return d, nil
 }
 
 // BandPer is the per that b is written with: a whole number of seconds from which
@@ -111,7 +89,7 @@ func BandPer(b regions.Band) (string, bool) {
 		return "", false
 	}
 	secs := math.Round(float64(b.Capacity) / b.RefillPerSecond)
-	if secs < 1 || secs > maxPerDays*24*3600 {
+	if secs < 1 || secs > days.MaxDays*24*3600 {
 		return "", false
 	}
 	d := time.Duration(secs) * time.Second
