@@ -1,16 +1,22 @@
 package gateway
 
 import (
+	"context"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"go.uber.org/goleak"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	"github.com/quotaplane/quotaplane/gateway/limiter"
 	"github.com/quotaplane/quotaplane/internal/testenv"
 )
 
@@ -225,4 +231,66 @@ func TestRealCost(t *testing.T) {
 			t.Errorf("realCost(%q) = %d %s, want %d %s", tc.vals, got, settleOutcomeNames[o], tc.want, settleOutcomeNames[tc.outcome])
 		}
 	}
+}
+
+// blockingLimiter's Settle waits for its ctx (a Redis that does not answer) and counts.
+type blockingLimiter struct {
+	failingLimiter
+	mu    sync.Mutex
+	calls int
+}
+
+func (l *blockingLimiter) Settle(ctx context.Context, _ limiter.Request, _ int64) error {
+	<-ctx.Done()
+	l.mu.Lock()
+	l.calls++
+	l.mu.Unlock()
+	return nil
+}
+
+// TestSettlerDrains: close waits for the settles in flight (each bounded by the
+// settler's timeout), and a settle after close runs in its caller: none outlives it.
+func TestSettlerDrains(t *testing.T) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	lim := &blockingLimiter{}
+	s := newSettler(20 * time.Millisecond)
+	var done atomic.Int32
+	for range 3 {
+		s.settle(lim, limiter.Request{}, 1, func(error) { done.Add(1) })
+	}
+	s.close()
+	if got := done.Load(); got != 3 {
+		t.Fatalf("%d settles done after close, want 3", got)
+	}
+	s.settle(lim, limiter.Request{}, 1, func(error) { done.Add(1) })
+	if got := done.Load(); got != 4 {
+		t.Fatalf("a settle after close: %d done on return, want 4 (run in the caller)", got)
+	}
+}
+
+// FuzzRealCost: a response's cost is never negative nor above max, and is settled only
+// when it is exactly the digits the upstream sent.
+func FuzzRealCost(f *testing.F) {
+	for _, s := range []string{"0", "50", "101", "-1", "1e3", " 7\t", "００", "99999999999999999999"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		n, o := realCost([]string{s}, 100)
+		switch o {
+		case settleSettled:
+			if n < 0 || n > 100 || strconv.FormatInt(n, 10) != strings.TrimLeft(trimOWS(s), "0") && n != 0 {
+				t.Fatalf("realCost(%q) = %d settled", s, n)
+			}
+		case settleCapped:
+			if n != 100 {
+				t.Fatalf("realCost(%q) = %d capped, want 100", s, n)
+			}
+		case settleMalformed:
+			if n != 0 {
+				t.Fatalf("realCost(%q) = %d malformed, want 0", s, n)
+			}
+		default:
+			t.Fatalf("realCost(%q): outcome %s", s, settleOutcomeNames[o])
+		}
+	})
 }
