@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -13,6 +14,8 @@ import (
 
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"go.uber.org/goleak"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
@@ -293,4 +296,50 @@ func FuzzRealCost(f *testing.F) {
 			t.Fatalf("realCost(%q): outcome %s", s, settleOutcomeNames[o])
 		}
 	})
+}
+
+// TestRunDrainsSettles: Run returns only after the settles of the responses it served
+// have run, and leaves no goroutine behind.
+func TestRunDrainsSettles(t *testing.T) {
+	up := usageUpstream(t)
+	rp := testenv.Redis(t)
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	lp, _ := testenv.FreePort()
+	ap, _ := testenv.FreePort()
+	cfg := settleConfig(up.URL, testenv.RedisURL(rp))
+	cfg.Listen = fmt.Sprintf("127.0.0.1:%d", lp)
+	cfg.AdminListen = fmt.Sprintf("127.0.0.1:%d", ap)
+	reg := prometheus.NewRegistry()
+	g, err := New(cfg, Options{Registerer: reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	runErr := make(chan error, 1)
+	go func() { runErr <- g.Run(ctx) }()
+	waitFor(t, 10*time.Second, "ready", func() bool {
+		resp, err := testClient.Get("http://" + cfg.AdminListen + "/readyz")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == 200
+	})
+	resp, _ := call(t, "POST", "http://"+cfg.Listen+"/chat", "key-debt", "X-Test-Usage", "50")
+	if resp.StatusCode != 200 {
+		t.Fatalf("chat: %d, want 200", resp.StatusCode)
+	}
+	cancel()
+	select {
+	case err := <-runErr:
+		if err != nil {
+			t.Fatalf("Run: %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("Run did not return after cancel")
+	}
+	testClient.CloseIdleConnections()
+	if got := testutil.ToFloat64(g.m.settles.WithLabelValues("chat", "proxy", "settled")); got != 1 {
+		t.Fatalf("settled after Run returned: %v, want 1", got)
+	}
 }
