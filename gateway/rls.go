@@ -86,7 +86,7 @@ func (s *rlsService) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRe
 		}
 		if c.done {
 			// Sent when the stream is done: its hits are the real cost, charged whole,
-			// answered OK (there is nothing left to refuse). Decided at the fixed cost,
+			// answered OK (there is nothing left to refuse). Admitted at the fixed cost,
 			// so that a cost above cost.max is charged as max rather than refused.
 			hits := c.hits
 			if hits == 0 && desc.GetHitsAddend() == nil {
