@@ -38,6 +38,9 @@ type claim struct {
 	costs    []string
 	hits     uint64
 	fromHits bool
+	// done: an RLS descriptor sent when the stream is done (quotaplane_phase=done):
+	// its hits are the real cost, charged after the fact (settle.go).
+	done bool
 	// values are the values of the route's limit_by header or descriptor entry, under
 	// every spelling of its name.
 	values []string

@@ -405,8 +405,15 @@ type CostConfig struct {
 	// 1..Max). A missing or malformed value is answered 400, never taken as free.
 	Header string `yaml:"header"`
 	// Max caps the cost a client may ask for, in Header or in an RLS hits_addend: more is
-	// 400 (HTTP) or over the limit (RLS). Required with Header.
+	// 400 (HTTP) or over the limit (RLS). Required with Header and ResponseHeader; it
+	// caps the real cost read from ResponseHeader too.
 	Max int64 `yaml:"max"`
+	// ResponseHeader, when set, is the upstream response header that carries the
+	// request's real cost (a decimal integer >= 0): the request is admitted on its cost
+	// as above (the estimate), and the difference is settled after the response, into
+	// debt if need be (docs/configuration.md, "Cost known after the response"). Only
+	// the proxy door sees responses.
+	ResponseHeader string `yaml:"response_header"`
 }
 
 // LeasesConfig turns on token leases for hot keys (gateway/limiter, lease.go).
@@ -1011,6 +1018,18 @@ func (c *Config) checkCost(k *CostConfig) *bucketError {
 	}
 	if k.Max < 0 || k.Max > MaxCost {
 		return &bucketError{"max", fmt.Sprintf("must be between 1 and %d, got %d", MaxCost, k.Max)}
+	}
+	if k.ResponseHeader != "" {
+		if err := checkKeyHeader(k.ResponseHeader); err != nil {
+			return &bucketError{"response_header", err.Error()}
+		}
+		if isRateHeader(http.CanonicalHeaderKey(k.ResponseHeader)) {
+			return &bucketError{"response_header", fmt.Sprintf("%q is a rate-limit header: the gateway strips those from responses", k.ResponseHeader)}
+		}
+		k.ResponseHeader = http.CanonicalHeaderKey(k.ResponseHeader)
+		if k.Max == 0 {
+			return &bucketError{"max", "required with cost.response_header: the most tokens one response may be charged"}
+		}
 	}
 	if k.Header == "" {
 		if k.Max != 0 && k.Fixed > k.Max {

@@ -37,49 +37,20 @@ type verdict struct {
 	// resetAfter is the time until the bucket (the reported band) is full (allowed) or
 	// until the next request can be admitted (throttled).
 	resetAfter time.Duration
+	// settleable: the limiter admitted the request under an enforced rule (not shadow,
+	// not fail open, not a cost refusal), as req, the request exactly as decided: a
+	// response's real cost is settled against req (settle.go).
+	settleable bool
+	req        limiter.Request
 }
 
 // decide is the one decision path of every door: rule lookup, the limiter (Redis with
 // its fallback, leases and shards, or the local limiter), shadow rules, fail open, and
 // the metrics. ok is false only when ctx ended first: there is no one to answer.
 func (g *Gateway) decide(ctx context.Context, a ask) (v verdict, ok bool) {
-	rule, lim, share := a.snap.RegionalRule(g.cfg.Region, a.tenant, a.rt.id)
-	// A share increase another region's gateways have not acknowledged yet is not
-	// enforced: one of them may be cut off from the store and still hold its old share.
-	pending, held := a.snap.Pending(g.cfg.Region, a.tenant, a.rt.id)
-	if held {
-		share *= pending
-		lim = regions.Scale(rule.Capacity, rule.RefillPerSecond, share)
-	}
 	start := time.Now()
-	bands := rule.ScaledBands(share)
-	req := limiter.Request{Tenant: a.tenant, Route: a.rt.id, Limit: lim, Cost: a.cost, Shards: rule.Shards, Bands: bands}
-	if a.value != "" {
-		req.Value, req.ValueLimit = a.value, lim
-		if pv := a.rt.perValue; pv != nil {
-			req.ValueLimit = regions.Scale(pv.Capacity, pv.RefillPerSecond, share)
-		}
-	}
-	// Within a fill time of a change that may have raised this limit, a bucket Redis no
-	// longer holds comes back at the old limit plus the refill since, not full.
-	if ago, ratio, ok := a.snap.Raise(g.cfg.Region, a.tenant, a.rt.id, g.sinceSnapshot()); ok {
-		if held && pending > 0 {
-			ratio = min(1, ratio/pending) // relative to the old share in force, not the new
-		}
-		req.RaisedAgo, req.RaiseRatio = ago, ratio
-	}
-	// Each band is held by its own raises (and the share's), not by the rule's own.
-	for i, b := range rule.Bands {
-		if ago, ratio, ok := a.snap.BandRaise(g.cfg.Region, a.tenant, a.rt.id, b.Name, g.sinceSnapshot()); ok {
-			if req.BandRaises == nil {
-				req.BandRaises = make([]limiter.Raise, len(rule.Bands))
-			}
-			if held && pending > 0 {
-				ratio = min(1, ratio/pending)
-			}
-			req.BandRaises[i] = limiter.Raise{Ago: ago, Ratio: ratio}
-		}
-	}
+	req, rule := g.limiterRequest(a)
+	lim, bands := req.Limit, req.Bands
 	var d limiter.Decision
 	var err error
 	tooBig := bands != nil && costAboveBands(a.cost, lim, bands)
@@ -132,7 +103,53 @@ func (g *Gateway) decide(ctx context.Context, a ask) (v verdict, ok bool) {
 	if !d.Allowed {
 		v.resetAfter = d.RetryAfter
 	}
+	if d.Allowed {
+		v.req, v.settleable = req, true
+	}
 	return v, true
+}
+
+// limiterRequest is the limiter's request for a, under the rule the snapshot gives a's
+// tenant and route in this region: the share (held while an increase is pending), the
+// bands, the per-value bucket and the raise markers.
+func (g *Gateway) limiterRequest(a ask) (limiter.Request, regions.Rule) {
+	rule, lim, share := a.snap.RegionalRule(g.cfg.Region, a.tenant, a.rt.id)
+	// A share increase another region's gateways have not acknowledged yet is not
+	// enforced: one of them may be cut off from the store and still hold its old share.
+	pending, held := a.snap.Pending(g.cfg.Region, a.tenant, a.rt.id)
+	if held {
+		share *= pending
+		lim = regions.Scale(rule.Capacity, rule.RefillPerSecond, share)
+	}
+	bands := rule.ScaledBands(share)
+	req := limiter.Request{Tenant: a.tenant, Route: a.rt.id, Limit: lim, Cost: a.cost, Shards: rule.Shards, Bands: bands}
+	if a.value != "" {
+		req.Value, req.ValueLimit = a.value, lim
+		if pv := a.rt.perValue; pv != nil {
+			req.ValueLimit = regions.Scale(pv.Capacity, pv.RefillPerSecond, share)
+		}
+	}
+	// Within a fill time of a change that may have raised this limit, a bucket Redis no
+	// longer holds comes back at the old limit plus the refill since, not full.
+	if ago, ratio, ok := a.snap.Raise(g.cfg.Region, a.tenant, a.rt.id, g.sinceSnapshot()); ok {
+		if held && pending > 0 {
+			ratio = min(1, ratio/pending) // relative to the old share in force, not the new
+		}
+		req.RaisedAgo, req.RaiseRatio = ago, ratio
+	}
+	// Each band is held by its own raises (and the share's), not by the rule's own.
+	for i, b := range rule.Bands {
+		if ago, ratio, ok := a.snap.BandRaise(g.cfg.Region, a.tenant, a.rt.id, b.Name, g.sinceSnapshot()); ok {
+			if req.BandRaises == nil {
+				req.BandRaises = make([]limiter.Raise, len(rule.Bands))
+			}
+			if held && pending > 0 {
+				ratio = min(1, ratio/pending)
+			}
+			req.BandRaises[i] = limiter.Raise{Ago: ago, Ratio: ratio}
+		}
+	}
+	return req, rule
 }
 
 // costAboveBands reports whether cost does not fit the rule's capacity (lim) or one of

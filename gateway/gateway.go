@@ -27,6 +27,9 @@ import (
 // decider is the limiter as the gateway uses it: *limiter.Redis or *limiter.Local.
 type decider interface {
 	Decide(ctx context.Context, r limiter.Request) (limiter.Decision, error)
+	// Settle charges (delta > 0, into debt) or gives back (delta < 0) the difference
+	// between a request's real cost and the estimate r, as decided, took.
+	Settle(ctx context.Context, r limiter.Request, delta int64) error
 	Close()
 }
 
@@ -70,9 +73,10 @@ type Gateway struct {
 	// emptySnapshot: the last database snapshot had no region rows (acceptSnapshot).
 	emptySnapshot atomic.Bool
 
-	lim   decider
-	redis redisBackend          // the Redis limiter's upkeep; nil without Redis
-	rdb   redis.UniversalClient // *redis.Client, or *redis.ClusterClient with redis.cluster
+	lim     decider
+	settler *settler              // the proxy's settles of real costs after the response (settle.go)
+	redis   redisBackend          // the Redis limiter's upkeep; nil without Redis
+	rdb     redis.UniversalClient // *redis.Client, or *redis.ClusterClient with redis.cluster
 
 	// What admission needs beyond the snapshot: the guard (nil when
 	// unauthenticated_limit is disabled), the proxies whose X-Forwarded-For is believed,
@@ -176,6 +180,7 @@ func New(cfg Config, opts Options) (_ *Gateway, err error) {
 	if err := g.newLimiter(); err != nil {
 		return nil, err
 	}
+	g.settler = newSettler(g.cfg.Redis.Timeout)
 	g.auth = newHTTPAuth(g.cfg.Auth)
 	if err := g.newRoutes(); err != nil {
 		return nil, err
@@ -371,6 +376,9 @@ func (g *Gateway) run(ctx context.Context, ln, aln, rln net.Listener) error {
 	cancel()
 	stopBG()
 	wg.Wait()
+	// Settles still in flight finish (each within the Redis timeout) before the
+	// fallback's debts, theirs included, are flushed.
+	g.settler.close()
 	if g.redis != nil {
 		// What the fallback admitted and Redis was not charged yet goes with this process
 		// unless it is charged now: tried for a bounded time, what fails is counted lost.

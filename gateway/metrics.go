@@ -86,6 +86,9 @@ type metrics struct {
 	unauthThrottled prometheus.Counter
 	// invalid counts authenticated requests refused for a path, cost or value spelling.
 	invalid [numDoors][numInvalid]prometheus.Counter
+	// settles counts real costs settled after a response (settle.go): route, interface,
+	// outcome.
+	settles *prometheus.CounterVec
 }
 
 // invalidReason is the reason label of ratelimit_invalid_requests_total.
@@ -121,6 +124,11 @@ func newMetrics(reg prometheus.Registerer, region string, extraBounds []float64)
 			Help:        "This region's effective share of the limits in a scope, as enforced (an increase the other regions have not acknowledged yet is not): \"*\" and the tracked tenant/route pairs.",
 			ConstLabels: r,
 		}, []string{"scope"}),
+		settles: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name:        "ratelimit_settles_total",
+			Help:        "Real costs settled after a response (cost.response_header, or an RLS done-phase descriptor), by route, interface and outcome: settled, capped (above cost.max: charged as max), missing and malformed (no extra charge), failed (the limiter refused the settle).",
+			ConstLabels: r,
+		}, []string{"route", "interface", "outcome"}),
 		upstreamErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name:        "ratelimit_upstream_errors_total",
 			Help:        "Requests answered 502 because the upstream failed, by reason: timeout, connect, tls, reset, other.",
@@ -153,7 +161,7 @@ func newMetrics(reg prometheus.Registerer, region string, extraBounds []float64)
 	for _, c := range []prometheus.Collector{
 		m.requests, m.tenantRequests, duration, m.lastReload, m.rulesLoaded, m.reloadErrors,
 		m.shareRatio, m.instances, m.heldRaises, m.decisionErrors, m.unmatched, m.upstreamErrors, m.heartbeatErrs, m.ready,
-		m.unauthThrottled,
+		m.unauthThrottled, m.settles,
 	} {
 		if err := reg.Register(c); err != nil {
 			return nil, err

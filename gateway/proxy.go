@@ -6,6 +6,7 @@ import (
 	"net/http/httputil"
 	"net/url"
 	"sync"
+	"sync/atomic"
 
 	"github.com/quotaplane/quotaplane/regions"
 )
@@ -22,6 +23,13 @@ type route struct {
 	cost     CostConfig
 	limitBy  limitBy
 	perValue *PerValueConfig // each limit_by value's bucket; nil: the rule's size
+	// settles are the proxy door's settle counters of a route with
+	// cost.response_header (nil without); the logged flags say a malformed or capped
+	// response cost has been logged once. rlsSettles are the RLS door's, on first use.
+	settles                       *settleCounters
+	malformedLogged, cappedLogged atomic.Bool
+	rlsSettlesOnce                sync.Once
+	rlsSettles                    *settleCounters
 }
 
 // newRoutes builds the routes, their reverse proxies and the route table of both HTTP
@@ -49,6 +57,9 @@ func (g *Gateway) newRoutes() error {
 			cost:     rc.Cost,
 			limitBy:  lb,
 			perValue: rc.PerValue,
+		}
+		if rc.Cost.ResponseHeader != "" {
+			rt.settles = g.m.newSettleCounters(rc.ID, doorProxy)
 		}
 		rt.proxy = g.newReverseProxy(rt, target, transport)
 		list[i] = rt
@@ -112,11 +123,23 @@ func (g *Gateway) newReverseProxy(rt *route, target *url.URL, transport http.Rou
 		},
 		Transport:      g.obs.transport(rt.id, transport),
 		BufferPool:     proxyBuffers,
-		ModifyResponse: stripUpstreamRateHeaders,
+		ModifyResponse: g.modifyResponse(rt),
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			g.obs.upstreamFailed(r, rt.id, err)
 			problemUpstream.write(w)
 		},
+	}
+}
+
+// modifyResponse is rt's ModifyResponse: the upstream's rate headers stripped, and with
+// cost.response_header the response's real cost settled (settle.go).
+func (g *Gateway) modifyResponse(rt *route) func(*http.Response) error {
+	if rt.cost.ResponseHeader == "" {
+		return stripUpstreamRateHeaders
+	}
+	return func(res *http.Response) error {
+		g.settleResponse(rt, res)
+		return stripUpstreamRateHeaders(res)
 	}
 }
 
@@ -165,7 +188,13 @@ func (g *Gateway) serveProxy(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	noteForwarded(r, a.tenant)
-	rt.proxy.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), tenantKey{}, a.tenant)))
+	ctx := context.WithValue(r.Context(), tenantKey{}, a.tenant)
+	if v.settleable && rt.cost.ResponseHeader != "" {
+		// Admitted on an estimate: the response's real cost is settled against the
+		// request exactly as decided.
+		ctx = context.WithValue(ctx, settleKey{}, &pendingSettle{req: v.req})
+	}
+	rt.proxy.ServeHTTP(w, r.WithContext(ctx))
 }
 
 // readHTTPFields reads the claim's cost and limit_by value from an HTTP request's

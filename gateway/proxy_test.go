@@ -283,6 +283,10 @@ func (failingLimiter) Decide(context.Context, limiter.Request) (limiter.Decision
 	return limiter.Decision{}, errors.New("limiter: internal detail that must not leak")
 }
 
+func (failingLimiter) Settle(context.Context, limiter.Request, int64) error {
+	return errors.New("limiter: internal detail that must not leak")
+}
+
 func TestLimiterErrorFailsOpen(t *testing.T) {
 	up := newUpstream(t, 0)
 	gw := newInProcess(t, articleConfig("us-east", up.URL, ""))

@@ -84,6 +84,20 @@ func (s *rlsService) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRe
 		if refund {
 			continue // refunds are not supported: nothing is taken or given back
 		}
+		if c.done {
+			// Sent when the stream is done: its hits are the real cost, charged whole,
+			// answered OK (there is nothing left to refuse). Admitted at the fixed cost,
+			// so that a cost above cost.max is charged as max rather than refused.
+			hits := c.hits
+			if hits == 0 && desc.GetHitsAddend() == nil {
+				hits = 1 // Envoy's default: an unset hits_addend adds 1
+			}
+			c.hits = 0
+			if a := g.admit(ctx, snap, &c); a.refused == admitted {
+				g.settleDone(ctx, a.ask, hits)
+			}
+			continue
+		}
 		a := g.admit(ctx, snap, &c)
 		if a.refused != admitted {
 			// Over the limit, never a free pass: no identity (counted unauthenticated by
@@ -227,7 +241,8 @@ var errDescriptor = errors.New("malformed descriptor")
 // resolved like the key header), tenant (an identity only with rls_trust_tenant), route
 // (a route id, or "*"; none or an unknown one is unmatched), remote_address (the client,
 // for the guard and limit_by client_ip), hits_addend as the cost, and the entry a
-// limit_by route names. refund reports is_negative_hits, answered OK untouched. It
+// limit_by route names, and quotaplane_phase=done (a descriptor sent when the stream is
+// done: settled, not decided). refund reports is_negative_hits, answered OK untouched. It
 // never touches Redis and allocates no state that grows with the values it sees.
 func (g *Gateway) descriptorClaim(d *rlcommon.RateLimitDescriptor, reqHits uint32) (c claim, refund bool, err error) {
 	entries := d.GetEntries()
@@ -249,6 +264,11 @@ func (g *Gateway) descriptorClaim(d *rlcommon.RateLimitDescriptor, reqHits uint3
 			c.tenants = append(c.tenants, e.GetValue())
 		case entryRoute:
 			routeID, nRoute = e.GetValue(), nRoute+1
+		case entryPhase:
+			if e.GetValue() != phaseDone || c.done {
+				return claim{}, false, fmt.Errorf("%w: %s must be %q, once", errDescriptor, entryPhase, phaseDone)
+			}
+			c.done = true
 		}
 	}
 	if nRoute > 1 {
