@@ -29,6 +29,30 @@
 -- the route's default capacity was raised tenfold.
 
 -- +goose Up
+-- A band's mark compounds with the one before it whatever its age: a pair's raise an
+-- hour old has held its bucket for its fill time (00010: no sane rule takes an hour), a
+-- band's (a day, a month) has not, and replacing it would let a second raise, however
+-- small, hand out the new capacity at once.
+-- +goose StatementBegin
+CREATE OR REPLACE FUNCTION limit_raise_mark_many(p_region text, p_tenants text[], p_routes text[],
+    p_old double precision[], p_new double precision[]) RETURNS void
+LANGUAGE sql AS $$
+    INSERT INTO limit_raise (region, tenant, route, raised_at, ratio, gate_ratio)
+    SELECT p_region, m.tenant, m.route, now(), limit_raise_product(m.ratio), limit_raise_product(m.ratio)
+    FROM (SELECT t AS tenant, r AS route, CASE WHEN n > 0 THEN greatest(0, least(1, o / n)) ELSE 0 END AS ratio
+          FROM unnest(p_tenants, p_routes, p_old, p_new) AS u(t, r, o, n)
+          WHERE n > o) m
+    GROUP BY m.tenant, m.route
+    ON CONFLICT (region, tenant, route) DO UPDATE SET
+        ratio = CASE WHEN limit_raise.raised_at > now() - interval '1 hour' OR limit_raise.route LIKE '%#%'
+                     THEN limit_raise.ratio * EXCLUDED.ratio ELSE EXCLUDED.ratio END,
+        gate_ratio = CASE WHEN limit_raise_acked(limit_raise.region, limit_raise.xid)
+                          THEN EXCLUDED.ratio ELSE limit_raise.gate_ratio * EXCLUDED.ratio END,
+        raised_at = greatest(limit_raise.raised_at, EXCLUDED.raised_at),
+        xid = pg_current_xact_id()
+$$;
+-- +goose StatementEnd
+
 -- +goose StatementBegin
 CREATE FUNCTION limit_bands_valid(p_bands jsonb) RETURNS boolean LANGUAGE sql IMMUTABLE AS $$
     SELECT CASE
@@ -318,6 +342,26 @@ $$;
 -- band lifts a restriction, which is no raise of a capacity, so nothing is marked. The
 -- bands' marks go with them (no gateway of 00011 looks a bucket up under route#band).
 DELETE FROM limit_raise WHERE route LIKE '%#%';
+-- limit_raise_mark_many as 00010 left it.
+-- +goose StatementBegin
+CREATE OR REPLACE FUNCTION limit_raise_mark_many(p_region text, p_tenants text[], p_routes text[],
+    p_old double precision[], p_new double precision[]) RETURNS void
+LANGUAGE sql AS $$
+    INSERT INTO limit_raise (region, tenant, route, raised_at, ratio, gate_ratio)
+    SELECT p_region, m.tenant, m.route, now(), limit_raise_product(m.ratio), limit_raise_product(m.ratio)
+    FROM (SELECT t AS tenant, r AS route, CASE WHEN n > 0 THEN greatest(0, least(1, o / n)) ELSE 0 END AS ratio
+          FROM unnest(p_tenants, p_routes, p_old, p_new) AS u(t, r, o, n)
+          WHERE n > o) m
+    GROUP BY m.tenant, m.route
+    ON CONFLICT (region, tenant, route) DO UPDATE SET
+        ratio = CASE WHEN limit_raise.raised_at > now() - interval '1 hour'
+                     THEN limit_raise.ratio * EXCLUDED.ratio ELSE EXCLUDED.ratio END,
+        gate_ratio = CASE WHEN limit_raise_acked(limit_raise.region, limit_raise.xid)
+                          THEN EXCLUDED.ratio ELSE limit_raise.gate_ratio * EXCLUDED.ratio END,
+        raised_at = greatest(limit_raise.raised_at, EXCLUDED.raised_at),
+        xid = pg_current_xact_id()
+$$;
+-- +goose StatementEnd
 -- The functions as 00011 left them.
 DROP FUNCTION limit_raise_plan_capacity(text, text, text, plan_rule[]);
 -- +goose StatementBegin

@@ -481,3 +481,29 @@ func TestOldBandRaiseLoaded(t *testing.T) {
 		t.Error("a 40-day-old raise read back though no rule takes 40 days to fill")
 	}
 }
+
+// TestBandRaisesCompoundPastAnHour: a band's second raise more than an hour after its
+// first compounds with it (0.01 x 2000/2001), where a pair's would replace it: a day's
+// band is still held an hour after a raise, and a second raise of 0.05 % released it
+// whole (found by attacking the gateway: 300 of 300 admitted where 52 were due).
+func TestBandRaisesCompoundPastAnHour(t *testing.T) {
+	t.Parallel()
+	s, _ := newStore(t)
+	ctx := WithAudit(context.Background(), "test", "band raises compound")
+	rule := func(c int64) regions.Rule {
+		return regions.Rule{Tenant: "a", Route: "r", Capacity: 1000, RefillPerSecond: 500, Shards: 1,
+			Bands: []regions.Band{{Name: "day", Capacity: c, RefillPerSecond: float64(c) / 86400}}}
+	}
+	for _, c := range []int64{20, 2000} {
+		if err := s.SetRule(ctx, rule(c)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	exec(t, s, `UPDATE limit_raise SET raised_at = raised_at - interval '61 minutes'`)
+	if err := s.SetRule(ctx, rule(2001)); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := marksOf(t, s)["* a r#day"], 0.01*2000.0/2001; got < want-1e-9 || got > want+1e-9 {
+		t.Errorf("day band 20 -> 2000, 61 min later -> 2001: ratio %v, want %v (compounded)", got, want)
+	}
+}
