@@ -3,6 +3,7 @@ package gateway
 import (
 	"context"
 	"errors"
+	"math"
 	"time"
 
 	"github.com/quotaplane/quotaplane/gateway/limiter"
@@ -139,7 +140,7 @@ func (g *Gateway) limiterRequest(a ask) (limiter.Request, regions.Rule) {
 	}
 	// Each band is held by its own raises (and the share's), not by the rule's own.
 	for i, b := range rule.Bands {
-		if ago, ratio, ok := a.snap.BandRaise(g.cfg.Region, a.tenant, a.rt.id, b.Name, g.sinceSnapshot()); ok {
+		if ago, ratio, ok := a.snap.BandRaise(g.cfg.Region, a.tenant, a.rt.id, b.Name, bandFill(b), g.sinceSnapshot()); ok {
 			if req.BandRaises == nil {
 				req.BandRaises = make([]limiter.Raise, len(rule.Bands))
 			}
@@ -188,6 +189,16 @@ func costRefusal(cost int64, lim regions.Limit, bands []regions.BandLimit) limit
 	// finds it: no band before it has its limit, or that one would refuse first).
 	st := states[over]
 	return limiter.Decision{Allowed: false, Limit: st.Limit, RefillPerSecond: st.RefillPerSecond, RetryAfter: fillTime(fill), Bands: states}
+}
+
+// bandFill is how long an empty bucket of band b takes to fill (the same at any share),
+// at most about 290 years.
+func bandFill(b regions.Band) time.Duration {
+	s := float64(b.Capacity) / b.RefillPerSecond
+	if !(s < float64(math.MaxInt64)/float64(time.Second)) {
+		return time.Duration(math.MaxInt64)
+	}
+	return time.Duration(s * float64(time.Second))
 }
 
 // fillTime is how long an empty bucket of lim takes to fill.

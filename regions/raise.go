@@ -93,29 +93,47 @@ func (s *Snapshot) Raise(region, tenant, route string, sinceLoad time.Duration) 
 	return max(ago, time.Nanosecond), r.Ratio, true
 }
 
-// BandRaise is Raise for the bucket of a rule's band (Rule.Bands): folded from the raises
-// of the region's shares of that pair (which scale every bucket of the rule, bands
-// included) and the raises of that band itself, marked ("*", tenant, route#band) by the
-// database when a band of the rule that applies grew (00012_bands.sql), for the pair,
-// the tenant's every route, the route for every tenant and everything. A raise of the
-// rule's own capacity does not hold its bands: a band it did not raise would otherwise
-// be held to the ratio for the band's whole fill time (a month for a monthly band).
-func (s *Snapshot) BandRaise(region, tenant, route, band string, sinceLoad time.Duration) (ago time.Duration, ratio float64, ok bool) {
-	var r Raise
+// BandRaise is Raise for the bucket of a rule's band (Rule.Bands), which takes fill to
+// fill from empty: the raises of the region's shares of that pair (which scale every
+// bucket of the rule, bands included) and the raises of that band itself, marked ("*",
+// tenant, route#band) by the database when a band of the rule that applies grew
+// (00012_bands.sql), for the pair, the tenant's every route, the route for every tenant
+// and everything. A raise of the rule's own capacity does not hold its bands: a band it
+// did not raise would be held to its ratio for the band's whole fill time (a month for a
+// monthly band).
+//
+// Of those raises, the one that holds the bucket tightest now (the smallest ratio plus
+// the fill since it) is returned, not a fold of them: each holds it on its own, and a
+// fold of a share raise older than the band's fill time (which holds nothing any more)
+// with a recent one would give the recent one the old one's small ratio. ok is false
+// when none holds the bucket below full.
+func (s *Snapshot) BandRaise(region, tenant, route, band string, fill, sinceLoad time.Duration) (ago time.Duration, ratio float64, ok bool) {
+	best := 1.0
+	consider := func(r Raise) {
+		if r.At.IsZero() {
+			return
+		}
+		a := max(s.loadedAt.Sub(r.At)+sinceLoad, time.Nanosecond)
+		f := r.Ratio
+		if fill > 0 {
+			f += a.Seconds() / fill.Seconds()
+		}
+		if f < best {
+			best, ago, ratio, ok = f, a, r.Ratio, true
+		}
+	}
 	if m := s.regionRaises[region]; m != nil {
-		r = merge(merge(m[raiseKey{tenant, route}], m[raiseKey{tenant, Wildcard}]),
-			merge(m[raiseKey{Wildcard, route}], m[raiseKey{Wildcard, Wildcard}]))
+		for _, k := range [4]raiseKey{{tenant, route}, {tenant, Wildcard}, {Wildcard, route}, {Wildcard, Wildcard}} {
+			consider(m[k])
+		}
 	}
 	if m := s.raises[region]; m != nil {
 		sfx := BandMarkSep + band
-		r = merge(r, merge(merge(m[raiseKey{tenant, route + sfx}], m[raiseKey{tenant, Wildcard + sfx}]),
-			merge(m[raiseKey{Wildcard, route + sfx}], m[raiseKey{Wildcard, Wildcard + sfx}])))
+		for _, k := range [4]raiseKey{{tenant, route + sfx}, {tenant, Wildcard + sfx}, {Wildcard, route + sfx}, {Wildcard, Wildcard + sfx}} {
+			consider(m[k])
+		}
 	}
-	if r.At.IsZero() {
-		return 0, 0, false
-	}
-	ago = s.loadedAt.Sub(r.At) + sinceLoad
-	return max(ago, time.Nanosecond), r.Ratio, true
+	return ago, ratio, ok
 }
 
 // BandMarkSep joins a route and a band's name in the route of a band's raise marker

@@ -344,13 +344,33 @@ func TestBandRaise(t *testing.T) {
 		{"us-east", "b", "r", "hour", 0, 0, false},                             // a's band, not b's
 		{"us-east", "b", "q", "day", 40*time.Second + time.Second, 0.25, true}, // every tenant's, every route's
 		{"eu-west", "a", "r", "month", 5*time.Second + time.Second, 0.8, true}, // a's share: every bucket
-		{"eu-west", "a", "r", "hour", 5*time.Second + time.Second, 0.5, true},  // the later, the smaller
+		{"eu-west", "a", "r", "hour", 20*time.Second + time.Second, 0.5, true}, // the tighter of the share's and its own
 		{"ap-south", "a", "r", "hour", 0, 0, false},
 	} {
-		ago, ratio, ok := s.BandRaise(tt.region, tt.tenant, tt.route, tt.band, time.Second)
+		ago, ratio, ok := s.BandRaise(tt.region, tt.tenant, tt.route, tt.band, 1000*time.Hour, time.Second)
 		if ago != tt.ago || ratio != tt.ratio || ok != tt.ok {
 			t.Errorf("BandRaise(%s, %s, %s, %s) = %v, %v, %v; want %v, %v, %v", tt.region, tt.tenant, tt.route, tt.band, ago, ratio, ok, tt.ago, tt.ratio, tt.ok)
 		}
+	}
+	// A share raise older than the band's fill time holds nothing: a recent raise of the
+	// band is not given its small ratio (a fold of the two would).
+	stale, err := NewSnapshot(SnapshotData{
+		Regions: []string{"us-east"},
+		Rules:   d.Rules,
+		Raises: []Raise{
+			{Region: "us-east", Tenant: Wildcard, Route: Wildcard, At: t0.Add(-48 * time.Hour), Ratio: 0.2},
+			{Region: Wildcard, Tenant: "a", Route: "r#day", At: t0.Add(-time.Minute), Ratio: 0.5},
+		},
+		LoadedAt: t0,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ago, ratio, ok := stale.BandRaise("us-east", "a", "r", "day", 24*time.Hour, 0); !ok || ratio != 0.5 || ago != time.Minute {
+		t.Errorf("a 2-day-old share raise and the band's own of a minute ago: %v, %v, %v; want the band's (1m, 0.5)", ago, ratio, ok)
+	}
+	if _, _, ok := stale.BandRaise("us-east", "b", "r", "day", 24*time.Hour, 0); ok {
+		t.Error("a share raise older than the band's fill time still holds it")
 	}
 	// The rule's own bucket is held by the route's raise, as before.
 	if _, ratio, ok := s.Raise("us-east", "a", "r", time.Second); !ok || ratio != 0.1 {

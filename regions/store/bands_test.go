@@ -474,10 +474,10 @@ func TestOldBandRaiseLoaded(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if ago, ratio, ok := snap.BandRaise("us-east", "a", "r", "month", 0); !ok || ratio != 0.5 || ago < 47*time.Hour {
+	if ago, ratio, ok := snap.BandRaise("us-east", "a", "r", "month", 30*24*time.Hour, 0); !ok || ratio != 0.5 || ago < 47*time.Hour {
 		t.Errorf("a 2-day-old raise of a 30-day band: %v, %v, %v; want held at 0.5", ago, ratio, ok)
 	}
-	if _, _, ok := snap.BandRaise("us-east", "a", "r", "week", 0); ok {
+	if _, _, ok := snap.BandRaise("us-east", "a", "r", "week", 30*24*time.Hour, 0); ok {
 		t.Error("a 40-day-old raise read back though no rule takes 40 days to fill")
 	}
 }
