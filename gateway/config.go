@@ -567,6 +567,8 @@ func ParseConfig(name string, data []byte) (c Config, err error) {
 	dec := yaml.NewDecoder(bytes.NewReader(data),
 		yaml.DisallowUnknownField(),
 		yaml.CustomUnmarshaler(unmarshalDuration),
+		yaml.CustomUnmarshaler(unmarshalInt64),
+		yaml.CustomUnmarshaler(unmarshalInt),
 	)
 	if err := dec.Decode(&c); err != nil {
 		if errors.Is(err, io.EOF) {
@@ -1347,10 +1349,10 @@ func parseLogLevel(s string) (slog.Level, error) {
 // unwrapInvalid drops the "invalid " prefix regions adds, the key already says what it is.
 func unwrapInvalid(err error) string { return strings.TrimPrefix(err.Error(), "invalid ") }
 
-// durationError is a bad duration value; yamlError finds its key in the document.
-type durationError struct{ value, reason string }
+// scalarError is a bad duration or whole number; yamlError finds its key in the document.
+type scalarError struct{ value, reason string }
 
-func (e *durationError) Error() string { return e.reason }
+func (e *scalarError) Error() string { return e.reason }
 
 // unmarshalDuration reads "5ms", "30s", "1m"; a bare number is an error (which unit?).
 func unmarshalDuration(d *time.Duration, b []byte) error {
@@ -1358,15 +1360,39 @@ func unmarshalDuration(d *time.Duration, b []byte) error {
 	s = strings.Trim(s, `"'`)
 	v, err := time.ParseDuration(s)
 	if err != nil {
-		return &durationError{value: s, reason: fmt.Sprintf("%q is not a duration (write e.g. 5ms, 30s, 1m)", s)}
+		return &scalarError{value: s, reason: fmt.Sprintf("%q is not a duration (write e.g. 5ms, 30s, 1m)", s)}
 	}
 	*d = v
 	return nil
 }
 
+// unmarshalInt64 and unmarshalInt read whole numbers (capacities, costs, counts) as
+// whole numbers only: goccy/go-yaml would truncate 1.5 into 1 without a word. Decimal,
+// 0x, 0o and 0b forms and _ separators are read, as YAML's and Go's integers.
+func unmarshalInt64(v *int64, b []byte) error {
+	n, err := parseWhole(b, 64)
+	*v = n
+	return err
+}
+
+func unmarshalInt(v *int, b []byte) error {
+	n, err := parseWhole(b, strconv.IntSize)
+	*v = int(n)
+	return err
+}
+
+func parseWhole(b []byte, bits int) (int64, error) {
+	s := strings.Trim(strings.TrimSpace(string(b)), `"'`)
+	n, err := strconv.ParseInt(s, 0, bits)
+	if err != nil {
+		return 0, &scalarError{value: s, reason: fmt.Sprintf("wrong type: want an integer, got %q", s)}
+	}
+	return n, nil
+}
+
 // yamlError turns a decoder error into a ConfigError with the key's dotted path.
 func yamlError(name string, data []byte, err error) error {
-	var de *durationError
+	var de *scalarError
 	if errors.As(err, &de) {
 		return &ConfigError{File: name, Key: findScalarKey(data, de.value), Reason: de.reason}
 	}

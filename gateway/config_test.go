@@ -137,7 +137,7 @@ func TestBadConfigs(t *testing.T) {
 		"unknown-key":                       `regoin: unknown key "regoin"`,
 		"unknown-nested-key":                `redis.timeuot: unknown key "timeuot"`,
 		"wildcard-tenant-with-keys":         `tenants[0].keys: tenant "*" carries route rules for every tenant and cannot have keys`,
-		"wrong-type":                        `expected_instances: wrong type: want an integer, got a string`,
+		"wrong-type":                        `expected_instances: wrong type: want an integer, got "many"`,
 		"trusted-proxy-not-cidr":            `trusted_proxies[1]: "10.0.0.1/33" is not a CIDR or an address`,
 		"unauthenticated-limit-zero-refill": `unauthenticated_limit.refill_per_second: must be > 0 and at most 1e+12, got 0`,
 		"max-header-bytes-too-small":        `max_header_bytes: must be between 4096 and 1048576, got 100`,
@@ -185,6 +185,8 @@ func TestBadConfigs(t *testing.T) {
 		"band-unknown-key":                  `tenants[0].rules[0].bands[0].window: unknown key "window"`,
 		"band-with-shards":                  `tenants[0].rules[0].shards: a rule with bands cannot be sharded (got 2): its buckets are decided in one script call`,
 		"band-zero-capacity":                `tenants[0].rules[0].bands[0].capacity: must be between 1 and 1000000000000000, got 0`,
+		"band-fractional-capacity":          `tenants[0].rules[0].bands[0].capacity: wrong type: want an integer, got "1.5"`,
+		"rule-fractional-capacity":          `tenants[0].rules[0].capacity: wrong type: want an integer, got "2.5"`,
 	}
 	files, err := filepath.Glob("testdata/bad/*.yaml")
 	if err != nil {
