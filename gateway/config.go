@@ -1188,7 +1188,7 @@ func checkBands(bands []BandConfig, shards int) *bucketError {
 		if err := regions.ValidateID("band", b.Name); err != nil {
 			return &bucketError{key + ".name", unwrapInvalid(err)}
 		}
-		if b.Name == regions.PrimaryBand {
+		if strings.EqualFold(b.Name, regions.PrimaryBand) {
 			return &bucketError{key + ".name", fmt.Sprintf("%q is the name of the rule's own capacity and refill_per_second", b.Name)}
 		}
 		if j, dup := seen[b.Name]; dup {

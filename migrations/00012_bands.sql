@@ -7,7 +7,7 @@
 -- order of the bands is the order a client sees them in.
 --
 -- The CHECKs enforce what regions.Rule.Validate does (limit_bands_valid): an array of at
--- most 8 objects of exactly those keys, names ^[A-Za-z0-9._-]{1,64}$, not "rate", unique;
+-- most 8 objects of exactly those keys, names ^[A-Za-z0-9._-]{1,64}$, not "rate" in any case, unique;
 -- a whole capacity 1..1e15; refill_per_second > 0 and <= 1e12; and no bands on a rule
 -- of more than one shard (a rule's buckets are decided in the tenant's slot). Existing
 -- rows get '[]': a rule of one band, as before.
@@ -65,7 +65,7 @@ CREATE FUNCTION limit_bands_valid(p_bands jsonb) RETURNS boolean LANGUAGE sql IM
                          IS DISTINCT FROM ARRAY['capacity', 'name', 'refill_per_second'] THEN false
                     WHEN jsonb_typeof(e -> 'name') <> 'string' OR jsonb_typeof(e -> 'capacity') <> 'number'
                          OR jsonb_typeof(e -> 'refill_per_second') <> 'number' THEN false
-                    WHEN NOT (e ->> 'name' ~ '^[A-Za-z0-9._-]{1,64}$') OR e ->> 'name' = 'rate' THEN false
+                    WHEN NOT (e ->> 'name' ~ '^[A-Za-z0-9._-]{1,64}$') OR lower(e ->> 'name') = 'rate' THEN false
                     WHEN (e ->> 'capacity')::numeric NOT BETWEEN 1 AND 1000000000000000
                          OR (e ->> 'capacity')::numeric <> trunc((e ->> 'capacity')::numeric) THEN false
                     ELSE (e ->> 'refill_per_second')::numeric > 0

@@ -133,7 +133,7 @@ func (r Rule) validateBands(what, owner string) error {
 		if err := ValidateID("band", b.Name); err != nil {
 			return fmt.Errorf("%s %s/%s: %w", what, owner, r.Route, err)
 		}
-		if b.Name == PrimaryBand {
+		if strings.EqualFold(b.Name, PrimaryBand) {
 			return fmt.Errorf("%w %s %s/%s: band %q is the name of the rule's own capacity and refill", ErrInvalid, what, owner, r.Route, b.Name)
 		}
 		if seen[b.Name] {

@@ -105,6 +105,7 @@ func TestRulesSetBands(t *testing.T) {
 		{[]string{"--band", "hour=ten/1h"}, `capacity "ten"`},
 		{[]string{"--band", "hour=10/1h", "--band", "hour=20/1h"}, "band hour is given twice"},
 		{[]string{"--band", "rate=10/1h"}, `band "rate" is the name of the rule's own capacity and refill`},
+		{[]string{"--band", "RATE=10/1h"}, `band "RATE" is the name of the rule's own capacity and refill`},
 		{[]string{"--band", "a b=10/1h"}, `invalid band id "a b"`},
 		{[]string{"--band", "week=0/1w"}, "band week: capacity 0 must be between 1"},
 		{[]string{"--band", "fast=10@0"}, "band fast: refill_per_second 0 must be > 0"},

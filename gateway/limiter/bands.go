@@ -3,6 +3,7 @@ package limiter
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/quotaplane/quotaplane/lua"
@@ -32,7 +33,7 @@ func (r Request) checkBands(cost int64) error {
 		return fmt.Errorf("%w %s/%s: %d band raises for %d bands", ErrInvalidRequest, r.Tenant, r.Route, len(r.BandRaises), len(r.Bands))
 	}
 	for i, b := range r.Bands {
-		if b.Name == "" || b.Name == regions.PrimaryBand {
+		if b.Name == "" || strings.EqualFold(b.Name, regions.PrimaryBand) {
 			return fmt.Errorf("%w %s/%s: band %d named %q: a band needs a name other than %q", ErrInvalidRequest, r.Tenant, r.Route, i, b.Name, regions.PrimaryBand)
 		}
 		for _, o := range r.Bands[:i] {

@@ -86,6 +86,12 @@ func TestBandsStored(t *testing.T) {
 	if err := s.SetPlanRule(ctx, bad); !contains(err, `band "rate"`) {
 		t.Errorf("a band named rate: %v", err)
 	}
+	// The database refuses it in any case, written past the store ("RATE" beside "rate"
+	// in RateLimit-Policy would read as one band).
+	if _, err := s.Pool().Exec(ctx, `INSERT INTO rate_limit_rule (tenant_id, route_id, capacity, refill_per_second, bands)
+		VALUES ('e', 'r', 5, 1, '[{"name": "RATE", "capacity": 1, "refill_per_second": 1}]')`); !contains(err, "bands_valid") {
+		t.Errorf("a band named RATE inserted directly: %v, want the bands CHECK", err)
+	}
 }
 
 // TestBandRaiseMarkers (#24): a change that may raise a band's capacity marks that band
