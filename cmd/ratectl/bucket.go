@@ -63,6 +63,12 @@ type bucketState struct {
 	// FullInMillis is how long until the bucket is full if nothing is taken.
 	TokensNow    *float64 `json:"tokens_now"`
 	FullInMillis *int64   `json:"full_in_ms"`
+	// HeldTo, with --region, is the most the gateways let the bucket hold now after a
+	// raise of its limit (the old limit plus the refill since the raise; docs/reliability.md,
+	// "A raise is marked"), and RaisedAgoMillis how long ago that raise was; absent when
+	// no raise holds it.
+	HeldTo          *float64 `json:"held_to,omitempty"`
+	RaisedAgoMillis *int64   `json:"raised_ago_ms,omitempty"`
 }
 
 type bucketOptions struct {
@@ -150,6 +156,9 @@ func (a *app) bucketInspect(cmd *cobra.Command, o bucketOptions) error {
 
 	var limit *bucketLimit
 	var bands []regions.BandLimit // the rule's further bands, scaled (with --region)
+	// holds is, with --region, the raise hold of bucket i (band "" the rule's own, or a
+	// shard of it) of limit l: the most it may hold now, since when, and whether it holds.
+	var holds func(i int, band string, l regions.Limit) (float64, time.Duration, bool)
 	switch {
 	case byFlags:
 		limit = &bucketLimit{Limit: regions.Limit{Capacity: o.capacity, RefillPerSecond: o.refill}, Source: "flags", Shards: o.shards}
@@ -166,7 +175,30 @@ func (a *app) bucketInspect(cmd *cobra.Command, o bucketOptions) error {
 			if !known {
 				return usagef("unknown region %q (see ratectl regions list)", o.region)
 			}
+			// The raises that may hold the buckets, as the gateways read them.
+			if v.raises, err = st.Raises(ctx, v.rules, v.planRules); err != nil {
+				return err
+			}
+			if err := v.build(); err != nil {
+				return err
+			}
 			rule, lim, share := v.snap.RegionalRule(o.region, o.tenant, o.route)
+			holds = func(i int, band string, l regions.Limit) (float64, time.Duration, bool) {
+				var ago time.Duration
+				var ratio float64
+				var ok bool
+				if band == "" {
+					ago, ratio, ok = v.snap.Raise(o.region, o.tenant, o.route, 0)
+				} else {
+					fill := time.Duration(float64(l.Capacity) / l.RefillPerSecond * float64(time.Second))
+					ago, ratio, ok = v.snap.BandRaise(o.region, o.tenant, o.route, band, fill, 0)
+				}
+				if !ok || (band == "" && i > 0) {
+					return 0, 0, false // a shard other than 0: held as a new one (ratio 0) by the gateway; not shown
+				}
+				held := float64(l.Capacity)*min(max(ratio, 0), 1) + l.RefillPerSecond*ago.Seconds()
+				return held, ago, held < float64(l.Capacity)
+			}
 			limit = &bucketLimit{Limit: regions.Limit{Capacity: lim.Capacity, RefillPerSecond: sig(lim.RefillPerSecond)}, Source: "database",
 				Region: o.region, Share: share, Shards: max(1, rule.Shards)}
 			bands = rule.ScaledBands(share)
@@ -224,6 +256,20 @@ func (a *app) bucketInspect(cmd *cobra.Command, o bucketOptions) error {
 		return fmt.Errorf("read bucket %s/%s: %w", o.tenant, o.route, err)
 	}
 	rep.Tenant, rep.Route, rep.Limit = o.tenant, o.route, limit
+	if holds != nil {
+		for i := range rep.Buckets {
+			band := ""
+			if i >= len(rep.Buckets)-len(bands) {
+				band = bands[i-(len(rep.Buckets)-len(bands))].Name
+			}
+			if l := limits[i]; l != nil {
+				if held, ago, ok := holds(i, band, l.Limit); ok {
+					h, ms := roundTo(held, 3), ago.Milliseconds()
+					rep.Buckets[i].HeldTo, rep.Buckets[i].RaisedAgoMillis = &h, &ms
+				}
+			}
+		}
+	}
 	if len(bands) > 0 {
 		rep.Buckets[0].Band = regions.PrimaryBand
 		for i, b := range bands {
@@ -351,6 +397,9 @@ func bucketTable(w io.Writer, rep bucketReport, shard *bucketLimit) {
 		if b.TokensNow != nil {
 			row(w, "TOKENS NOW", tokenCell(b.TokensNow))
 			row(w, "FULL IN", msCell(b.FullInMillis))
+		}
+		if b.HeldTo != nil {
+			row(w, "HELD TO", tokenCell(b.HeldTo)+" by a raise "+msCell(b.RaisedAgoMillis)+" ago (the old limit plus the refill since; the gateways take the lower)")
 		}
 	}
 }

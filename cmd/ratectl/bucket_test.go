@@ -20,7 +20,8 @@ func normBucket(s string) string {
 	for _, re := range []*regexp.Regexp{
 		regexp.MustCompile(`(?m)^(TTL\s+|FULL IN\s+)\S+$`),
 		regexp.MustCompile(`\(\S+ from now\)`),
-		regexp.MustCompile(`("ttl_ms": |"full_in_ms": )\d+`),
+		regexp.MustCompile(`("ttl_ms": |"full_in_ms": |"raised_ago_ms": )\d+`),
+		regexp.MustCompile(`(by a raise )\S+`),
 	} {
 		s = re.ReplaceAllString(s, "${1}X")
 	}

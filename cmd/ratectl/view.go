@@ -22,6 +22,7 @@ type view struct {
 	tenantPlans []regions.TenantPlan
 	shares      []regions.Share
 	insts       []regions.Instance
+	raises      []regions.Raise // only where asked for (bucket inspect: the holds)
 	now         time.Time
 	snap        *regions.Snapshot
 	byKey       map[shareKey]regions.Share
@@ -93,7 +94,7 @@ func (a *app) loadView(ctx context.Context, st *store.Store, tenant string) (*vi
 // build (re)builds the snapshot from the view's rows.
 func (v *view) build() error {
 	snap, err := regions.NewSnapshot(regions.SnapshotData{
-		Regions: v.regions, Rules: v.rules, PlanRules: v.planRules, TenantPlans: v.tenantPlans, Shares: v.shares, Instances: v.insts,
+		Regions: v.regions, Rules: v.rules, PlanRules: v.planRules, TenantPlans: v.tenantPlans, Shares: v.shares, Instances: v.insts, Raises: v.raises,
 		InstanceTTL: liveInstanceTTL, LoadedAt: v.now,
 	})
 	if err != nil {

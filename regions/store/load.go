@@ -208,11 +208,8 @@ func loadData(ctx context.Context, tx pgx.Tx, o LoadOptions, d *regions.Snapshot
 	// bucket for one fill time of it, so those older than the longest fill time of any
 	// rule or band loaded (at least a day, at most MaxRaiseWindow) hold none any more; a
 	// monthly band's raise holds its buckets for a month.
-	window := raiseWindow(d.Rules, d.PlanRules)
-	rows, _ = tx.Query(ctx, `SELECT region, tenant, route, raised_at, ratio, xid::text::bigint, gate_ratio FROM limit_raise WHERE raised_at > now() - make_interval(secs => $1)
-		UNION ALL SELECT *, 0::bigint, ratio FROM limit_raise_expired()`, window.Seconds())
-	if d.Raises, err = pgx.CollectRows(rows, pgx.RowToStructByPos[regions.Raise]); err != nil {
-		return nil, fmt.Errorf("read raise markers: %w", err)
+	if d.Raises, err = readRaises(ctx, tx, raiseWindow(d.Rules, d.PlanRules)); err != nil {
+		return nil, err
 	}
 
 	// Instances seen within the TTL count in the fallback's N; those seen within the ack
@@ -385,6 +382,26 @@ func scanShare(row pgx.CollectableRow) (regions.Share, error) {
 		sh.ExpiresAt = *expires
 	}
 	return sh, nil
+}
+
+// readRaises reads the raise markers of the last window, and those of overrides expired
+// but not deleted yet: the one query of LoadSnapshot and Raises.
+func readRaises(ctx context.Context, q interface {
+	Query(context.Context, string, ...any) (pgx.Rows, error)
+}, window time.Duration) ([]regions.Raise, error) {
+	rows, _ := q.Query(ctx, `SELECT region, tenant, route, raised_at, ratio, xid::text::bigint, gate_ratio FROM limit_raise WHERE raised_at > now() - make_interval(secs => $1)
+		UNION ALL SELECT *, 0::bigint, ratio FROM limit_raise_expired()`, window.Seconds())
+	out, err := pgx.CollectRows(rows, pgx.RowToStructByPos[regions.Raise])
+	if err != nil {
+		return nil, fmt.Errorf("read raise markers: %w", err)
+	}
+	return out, nil
+}
+
+// Raises are the raise markers that may still hold a bucket of rules (and their bands),
+// as a snapshot of them reads them (ratectl bucket inspect shows the hold).
+func (s *Store) Raises(ctx context.Context, rules ...[]regions.Rule) ([]regions.Raise, error) {
+	return readRaises(ctx, s.pool, raiseWindow(rules...))
 }
 
 // MaxRaiseWindow bounds how far back the snapshot reads raise markers: a rule or band
