@@ -374,6 +374,20 @@ routes:
 // startGateway starts the next gateway of region (ids region-1, region-2, ...; a number
 // is never used twice) and waits until it is ready. It does not add it to Gateways.
 func (s *Stack) startGateway(ctx context.Context, region string) (*Gateway, error) {
+	// A port free a moment ago can be taken before the gateway binds it: the outgoing
+	// connections of the load draw their source ports from the same ephemeral range
+	// (seen once in CI: "admin listen: ... address already in use" at a scale-out). Such
+	// a start is tried again with fresh ports, at most twice more.
+	for try := 0; ; try++ {
+		g, err := s.startGatewayOnce(ctx, region)
+		if err == nil || try == 2 || !strings.Contains(err.Error(), "address already in use") || ctx.Err() != nil {
+			return g, err
+		}
+		s.log.Warn("gateway port taken before it was bound; starting it again on other ports", "region", region, "err", err)
+	}
+}
+
+func (s *Stack) startGatewayOnce(ctx context.Context, region string) (*Gateway, error) {
 	s.mu.Lock()
 	s.next[region]++
 	id := fmt.Sprintf("%s-%d", region, s.next[region])
