@@ -71,7 +71,7 @@ reliability-figures: deps
 	$(GO) test -count=1 -timeout 15m -run TestFaults ./e2e/faults/ -update
 
 ## torture: the randomized fault-and-change checker over SEEDS seeds (default 20, about
-## 1.5 min each) and its seven fixed scenarios (about 3 min); rewrites its table in
+## 1.5 min each) and its eight fixed scenarios (about 3 min); rewrites its table in
 ## docs/reliability.md.
 ## One seed: go test -count=1 -run 'TestTorture/seed=N$$' ./e2e/torture/ -seed N
 torture: deps
