@@ -374,9 +374,6 @@ func TestPipelinedBandsExact(t *testing.T) {
 // one bucket, or of a route and a value, allocates nothing; one with bands allocates
 // only its Decision.Bands.
 func TestLocalAllocations(t *testing.T) {
-	if raceEnabled {
-		t.Skip("the race detector allocates")
-	}
 	l := newTestLocal(t, LocalOptions{Now: newFakeClock().Now})
 	lim := regions.Limit{Capacity: 1 << 40, RefillPerSecond: 1}
 	ctx := context.Background()
