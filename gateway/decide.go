@@ -3,7 +3,6 @@ package gateway
 import (
 	"context"
 	"errors"
-	"math"
 	"time"
 
 	"github.com/quotaplane/quotaplane/gateway/limiter"
@@ -130,24 +129,25 @@ func (g *Gateway) limiterRequest(a ask) (limiter.Request, regions.Rule) {
 			req.ValueLimit = regions.Scale(pv.Capacity, pv.RefillPerSecond, share)
 		}
 	}
+	// A raise's ratio relative to the old share in force (held), not the new.
+	inForce := func(ratio float64) float64 {
+		if held && pending > 0 {
+			return min(1, ratio/pending)
+		}
+		return ratio
+	}
 	// Within a fill time of a change that may have raised this limit, a bucket Redis no
 	// longer holds comes back at the old limit plus the refill since, not full.
 	if ago, ratio, ok := a.snap.Raise(g.cfg.Region, a.tenant, a.rt.id, g.sinceSnapshot()); ok {
-		if held && pending > 0 {
-			ratio = min(1, ratio/pending) // relative to the old share in force, not the new
-		}
-		req.RaisedAgo, req.RaiseRatio = ago, ratio
+		req.RaisedAgo, req.RaiseRatio = ago, inForce(ratio)
 	}
 	// Each band is held by its own raises (and the share's), not by the rule's own.
 	for i, b := range rule.Bands {
-		if ago, ratio, ok := a.snap.BandRaise(g.cfg.Region, a.tenant, a.rt.id, b.Name, bandFill(b), g.sinceSnapshot()); ok {
+		if ago, ratio, ok := a.snap.BandRaise(g.cfg.Region, a.tenant, a.rt.id, b.Name, b.Limit().FillTime(), g.sinceSnapshot()); ok {
 			if req.BandRaises == nil {
 				req.BandRaises = make([]limiter.Raise, len(rule.Bands))
 			}
-			if held && pending > 0 {
-				ratio = min(1, ratio/pending)
-			}
-			req.BandRaises[i] = limiter.Raise{Ago: ago, Ratio: ratio}
+			req.BandRaises[i] = limiter.Raise{Ago: ago, Ratio: inForce(ratio)}
 		}
 	}
 	return req, rule
@@ -189,16 +189,6 @@ func costRefusal(cost int64, lim regions.Limit, bands []regions.BandLimit) limit
 	// finds it: no band before it has its limit, or that one would refuse first).
 	st := states[over]
 	return limiter.Decision{Allowed: false, Limit: st.Limit, RefillPerSecond: st.RefillPerSecond, RetryAfter: fillTime(fill), Bands: states}
-}
-
-// bandFill is how long an empty bucket of band b takes to fill (the same at any share),
-// at most about 290 years.
-func bandFill(b regions.Band) time.Duration {
-	s := float64(b.Capacity) / b.RefillPerSecond
-	if !(s < float64(math.MaxInt64)/float64(time.Second)) {
-		return time.Duration(math.MaxInt64)
-	}
-	return time.Duration(s * float64(time.Second))
 }
 
 // fillTime is how long an empty bucket of lim takes to fill.

@@ -97,6 +97,9 @@ type Band struct {
 	RefillPerSecond float64 `json:"refill_per_second"`
 }
 
+// Limit is b's capacity and refill, unscaled.
+func (b Band) Limit() Limit { return Limit{Capacity: b.Capacity, RefillPerSecond: b.RefillPerSecond} }
+
 // PrimaryBand is the name of a rule's own bucket (Rule.Capacity, Rule.RefillPerSecond)
 // among its bands: in RateLimit-Policy, limits files and ratectl.
 const PrimaryBand = "rate"
@@ -118,7 +121,7 @@ func (r Rule) ScaledBands(share float64) []BandLimit {
 	}
 	out := make([]BandLimit, len(r.Bands))
 	for i, b := range r.Bands {
-		out[i] = BandLimit{Name: b.Name, Limit: Scale(b.Capacity, b.RefillPerSecond, share)}
+		out[i] = BandLimit{Name: b.Name, Limit: b.Limit().Scale(share)}
 	}
 	return out
 }
@@ -236,6 +239,16 @@ func Scale(capacity int64, refill float64, share float64) Limit {
 }
 
 // Scale is the package function Scale on l.
+// FillTime is how long an empty bucket of l takes to fill (the same at any share), at
+// most about 292 years (the largest time.Duration).
+func (l Limit) FillTime() time.Duration {
+	s := float64(l.Capacity) / l.RefillPerSecond
+	if !(s < float64(math.MaxInt64)/float64(time.Second)) {
+		return time.Duration(math.MaxInt64)
+	}
+	return time.Duration(s * float64(time.Second))
+}
+
 func (l Limit) Scale(share float64) Limit {
 	if !(share >= MinScaleShare) { // also catches NaN
 		share = MinScaleShare

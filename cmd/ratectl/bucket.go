@@ -190,8 +190,7 @@ func (a *app) bucketInspect(cmd *cobra.Command, o bucketOptions) error {
 				if band == "" {
 					ago, ratio, ok = v.snap.Raise(o.region, o.tenant, o.route, 0)
 				} else {
-					fill := time.Duration(float64(l.Capacity) / l.RefillPerSecond * float64(time.Second))
-					ago, ratio, ok = v.snap.BandRaise(o.region, o.tenant, o.route, band, fill, 0)
+					ago, ratio, ok = v.snap.BandRaise(o.region, o.tenant, o.route, band, l.FillTime(), 0)
 				}
 				if !ok || (band == "" && i > 0) {
 					return 0, 0, false // a shard other than 0: held as a new one (ratio 0) by the gateway; not shown

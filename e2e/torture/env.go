@@ -467,7 +467,7 @@ func (o *Observer) read(ctx context.Context, now time.Time) error {
 				if o.states[bk] == nil {
 					o.states[bk] = map[string][]State{}
 				}
-				bl := regions.Scale(b.Capacity, b.RefillPerSecond, share)
+				bl := b.Limit().Scale(share)
 				bst := State{From: from, Capacity: float64(bl.Capacity), Refill: bl.RefillPerSecond, C: b.Capacity, R: b.RefillPerSecond, S: share, Shards: 1}
 				if !slices.Contains(known, r) {
 					bst = State{From: from, C: b.Capacity, R: b.RefillPerSecond, Shards: 1}

@@ -412,19 +412,14 @@ const MaxRaiseWindow = 366 * 24 * time.Hour
 // time (capacity / refill) of the rules and plan rules and their bands, at least a day
 // (the window before bands) and at most MaxRaiseWindow.
 func raiseWindow(sets ...[]regions.Rule) time.Duration {
-	longest := 24 * time.Hour.Seconds()
-	fill := func(c int64, r float64) {
-		if r > 0 {
-			longest = max(longest, float64(c)/r)
-		}
-	}
+	longest := 24 * time.Hour
 	for _, rules := range sets {
 		for _, r := range rules {
-			fill(r.Capacity, r.RefillPerSecond)
+			longest = max(longest, regions.Limit{Capacity: r.Capacity, RefillPerSecond: r.RefillPerSecond}.FillTime())
 			for _, b := range r.Bands {
-				fill(b.Capacity, b.RefillPerSecond)
+				longest = max(longest, b.Limit().FillTime())
 			}
 		}
 	}
-	return time.Duration(min(longest, MaxRaiseWindow.Seconds()) * float64(time.Second))
+	return min(longest, MaxRaiseWindow)
 }
