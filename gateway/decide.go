@@ -121,7 +121,7 @@ func (g *Gateway) limiterRequest(a ask) (limiter.Request, regions.Rule) {
 		share *= pending
 		lim = regions.Scale(rule.Capacity, rule.RefillPerSecond, share)
 	}
-	bands := rule.ScaledBands(share)
+	bands := rule.ScaledBands(share, g.now(), nil)
 	req := limiter.Request{Tenant: a.tenant, Route: a.rt.id, Limit: lim, Cost: a.cost, Shards: rule.Shards, Bands: bands}
 	if a.value != "" {
 		req.Value, req.ValueLimit = a.value, lim

@@ -8,7 +8,9 @@ import (
 	"math"
 	"slices"
 	"strings"
+	"sync"
 	"time"
+	_ "time/tzdata" // quota zones load on any machine, a distroless image included
 )
 
 // Wildcard is the tenant or route id of a default rule, and the scope of a region-wide share.
@@ -87,18 +89,112 @@ func (r Rule) Equal(o Rule) bool {
 		r.UpdatedAt.Equal(o.UpdatedAt) && r.Plan == o.Plan && slices.Equal(r.Bands, o.Bands)
 }
 
-// Band is one further token bucket of a rule: "10,000 per hour" is Capacity 10000,
-// RefillPerSecond 10000/3600.
+// Band is one further limit of a rule: a token bucket ("10,000 per hour, refilled
+// smoothly" is Capacity 10000, RefillPerSecond 10000/3600), or a calendar quota when
+// Period is set ("1,000,000 per calendar month" is Capacity 1000000, Period "month"):
+// an amount per period, reset at each period boundary in Zone, and one budget for the
+// whole fleet that the regions split by usage and share (Allowance).
 type Band struct {
 	// Name is the band's stable name (an id, not PrimaryBand), shown in RateLimit-Policy.
 	Name string `json:"name"`
-	// Capacity (1..MaxCapacity) and RefillPerSecond (0 < r <= MaxRefillPerSecond), as a rule's.
+	// Capacity (1..MaxCapacity) and RefillPerSecond (0 < r <= MaxRefillPerSecond), as a
+	// rule's. A quota's Capacity is its amount per period and its RefillPerSecond 0.
 	Capacity        int64   `json:"capacity"`
 	RefillPerSecond float64 `json:"refill_per_second"`
+	// Period makes the band a calendar quota: PeriodHour, PeriodDay, PeriodWeek or
+	// PeriodMonth; "" for a token bucket. Left out of JSON when empty, so the
+	// fingerprint of token-bucket bands is what it was.
+	Period Period `json:"period,omitempty"`
+	// Zone is the IANA time zone whose calendar a quota's periods follow ("" is UTC);
+	// "" for a token bucket.
+	Zone string `json:"zone,omitempty"`
 }
 
-// Limit is b's capacity and refill, unscaled.
+// Quota reports whether b is a calendar quota (Period set), not a token bucket.
+func (b Band) Quota() bool { return b.Period != "" }
+
+// Limit is b's capacity and refill, unscaled (a quota's refill is 0).
 func (b Band) Limit() Limit { return Limit{Capacity: b.Capacity, RefillPerSecond: b.RefillPerSecond} }
+
+// Period is the calendar period of a quota band.
+type Period string
+
+// The periods of a quota. Every period starts on its calendar boundary in the band's
+// zone: the hour (:00 local), the day (00:00), the ISO week (Monday 00:00), the month
+// (the 1st, 00:00).
+const (
+	PeriodHour  Period = "hour"
+	PeriodDay   Period = "day"
+	PeriodWeek  Period = "week"
+	PeriodMonth Period = "month"
+)
+
+// Periods are the valid periods, shortest first.
+var Periods = []Period{PeriodHour, PeriodDay, PeriodWeek, PeriodMonth}
+
+// Window is the period of quota band b that holds t: [start, end), end the next
+// period's start. An hour is one hour of absolute time, starting at the zone's :00; a
+// day, week or month starts at local midnight and may be 23 or 25 hours a day long
+// across a daylight-saving change. b must be valid (its zone loads); a zone that does
+// not load is read as UTC.
+func (b Band) Window(t time.Time) (start, end time.Time) {
+	lt := t.In(Location(b.Zone))
+	y, m, d := lt.Date()
+	switch b.Period {
+	case PeriodHour:
+		start = lt.Add(-time.Duration(lt.Minute())*time.Minute - time.Duration(lt.Second())*time.Second - time.Duration(lt.Nanosecond()))
+		return start, start.Add(time.Hour)
+	case PeriodWeek:
+		back := (int(lt.Weekday()) + 6) % 7 // days since Monday
+		start = time.Date(y, m, d-back, 0, 0, 0, 0, lt.Location())
+		return start, time.Date(y, m, d-back+7, 0, 0, 0, 0, lt.Location())
+	case PeriodMonth:
+		start = time.Date(y, m, 1, 0, 0, 0, 0, lt.Location())
+		return start, time.Date(y, m+1, 1, 0, 0, 0, 0, lt.Location())
+	default: // PeriodDay
+		start = time.Date(y, m, d, 0, 0, 0, 0, lt.Location())
+		return start, time.Date(y, m, d+1, 0, 0, 0, 0, lt.Location())
+	}
+}
+
+var zones sync.Map // zone name -> *time.Location
+
+// Location is the time zone named zone ("" and "UTC" are UTC), loaded once (the
+// binaries embed the zone database: time/tzdata); UTC for a name that does not load
+// (Validate refuses such a band).
+func Location(zone string) *time.Location {
+	if zone == "" || zone == "UTC" {
+		return time.UTC
+	}
+	if l, ok := zones.Load(zone); ok {
+		return l.(*time.Location)
+	}
+	l, err := time.LoadLocation(zone)
+	if err != nil {
+		return time.UTC
+	}
+	zones.Store(zone, l)
+	return l
+}
+
+// Allowance is how far a region's counter of a quota may go this period: what the
+// region has used (mine, as the control plane last counted it) plus its share of what
+// the whole fleet has left of budget (budget - total, total counting every region,
+// mine included), rounded down; never below mine. The allowances of all regions add up
+// to the budget when they are computed from one count and shares that add up to 1; a
+// region that admits only within its allowance admits nothing once the count it was
+// computed from reaches the budget (docs/reliability.md, "Calendar quotas").
+func Allowance(budget int64, share float64, mine, total int64) int64 {
+	left := budget - total
+	if left <= 0 || !(share > 0) {
+		return mine
+	}
+	a := math.Floor(float64(left) * min(share, 1))
+	if a > float64(MaxCapacity-mine) {
+		return MaxCapacity
+	}
+	return mine + int64(a)
+}
 
 // PrimaryBand is the name of a rule's own bucket (Rule.Capacity, Rule.RefillPerSecond)
 // among its bands: in RateLimit-Policy, limits files and ratectl.
@@ -107,21 +203,58 @@ const PrimaryBand = "rate"
 // MaxBands is the most further bands a rule may have (besides its own bucket).
 const MaxBands = 8
 
-// BandLimit is one band of a rule as a region enforces it: scaled by its share.
+// BandLimit is one band of a rule as a region enforces it: a token bucket scaled by
+// its share, or a quota's counter for this period (Quota set).
 type BandLimit struct {
-	Name  string
+	Name string
+	// Limit is a token bucket's capacity and refill, scaled. For a quota, Capacity is
+	// the region's allowance (Allowance; 0 when nothing is left) and RefillPerSecond 0.
 	Limit Limit
+	// Quota is a quota's period and what it is counted against; nil for a token bucket.
+	Quota *QuotaCounter
 }
 
-// ScaledBands are r's further bands scaled by share (Limit.Scale), in order; nil for
-// a rule of one band.
-func (r Rule) ScaledBands(share float64) []BandLimit {
+// QuotaCounter is the period of a quota band that a decision falls in, and the region's
+// counter for it.
+type QuotaCounter struct {
+	// Start and End are the period (Band.Window): the counter is one per period, its
+	// key named by Start, and End is when a refused request may try again.
+	Start, End time.Time
+	// Floor is the region's usage this period as the control plane last counted it: the
+	// counter holds at least this much, so a counter Redis lost is not a fresh one.
+	Floor int64
+	// Policy is the band's amount scaled by the share (Limit.Scale), the amount that
+	// RateLimit-Policy shows: steady while the allowance moves with usage.
+	Policy int64
+}
+
+// QuotaUsage is what the control plane has counted of one period of a quota: this
+// region's usage and the whole fleet's (this region's included).
+type QuotaUsage struct {
+	Mine, Total int64
+}
+
+// ScaledBands are r's further bands as a region with share enforces them at now, in
+// order; nil for a rule of one band. A token bucket is scaled (Limit.Scale); a quota is
+// its period holding now, with the allowance of its usage (Allowance): usage gives what
+// the control plane has counted of a band's period, by the period's start.
+func (r Rule) ScaledBands(share float64, now time.Time, usage func(band string, start time.Time) QuotaUsage) []BandLimit {
 	if len(r.Bands) == 0 {
 		return nil
 	}
 	out := make([]BandLimit, len(r.Bands))
 	for i, b := range r.Bands {
-		out[i] = BandLimit{Name: b.Name, Limit: b.Limit().Scale(share)}
+		if !b.Quota() {
+			out[i] = BandLimit{Name: b.Name, Limit: b.Limit().Scale(share)}
+			continue
+		}
+		start, end := b.Window(now)
+		var u QuotaUsage
+		if usage != nil {
+			u = usage(b.Name, start)
+		}
+		q := &QuotaCounter{Start: start, End: end, Floor: u.Mine, Policy: b.Limit().Scale(share).Capacity}
+		out[i] = BandLimit{Name: b.Name, Limit: Limit{Capacity: Allowance(b.Capacity, share, u.Mine, u.Total)}, Quota: q}
 	}
 	return out
 }
@@ -146,8 +279,33 @@ func (r Rule) validateBands(what, owner string) error {
 		if b.Capacity <= 0 || b.Capacity > MaxCapacity {
 			return fmt.Errorf("%w %s %s/%s: band %s: capacity %d must be between 1 and %d", ErrInvalid, what, owner, r.Route, b.Name, b.Capacity, int64(MaxCapacity))
 		}
+		if b.Quota() {
+			if err := b.validateQuota(); err != nil {
+				return fmt.Errorf("%w %s %s/%s: band %s: %w", ErrInvalid, what, owner, r.Route, b.Name, err)
+			}
+			continue
+		}
+		if b.Zone != "" {
+			return fmt.Errorf("%w %s %s/%s: band %s: zone %q is for a calendar quota (a period), not a token bucket", ErrInvalid, what, owner, r.Route, b.Name, b.Zone)
+		}
 		if !(b.RefillPerSecond > 0) || b.RefillPerSecond > MaxRefillPerSecond {
 			return fmt.Errorf("%w %s %s/%s: band %s: refill_per_second %v must be > 0 and at most %g", ErrInvalid, what, owner, r.Route, b.Name, b.RefillPerSecond, float64(MaxRefillPerSecond))
+		}
+	}
+	return nil
+}
+
+// validateQuota checks a quota band's period, zone and refill (0).
+func (b Band) validateQuota() error {
+	if !slices.Contains(Periods, b.Period) {
+		return fmt.Errorf("period %q: want hour, day, week or month", b.Period)
+	}
+	if b.RefillPerSecond != 0 {
+		return fmt.Errorf("a calendar quota (period %s) has no refill_per_second, got %v", b.Period, b.RefillPerSecond)
+	}
+	if b.Zone != "" {
+		if _, err := time.LoadLocation(b.Zone); err != nil || b.Zone == "Local" || strings.HasPrefix(b.Zone, "/") {
+			return fmt.Errorf("zone %q: want an IANA time zone like Europe/Berlin, or none for UTC", b.Zone)
 		}
 	}
 	return nil

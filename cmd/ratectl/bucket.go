@@ -200,7 +200,7 @@ func (a *app) bucketInspect(cmd *cobra.Command, o bucketOptions) error {
 			}
 			limit = &bucketLimit{Limit: regions.Limit{Capacity: lim.Capacity, RefillPerSecond: sig(lim.RefillPerSecond)}, Source: "database",
 				Region: o.region, Share: share, Shards: max(1, rule.Shards)}
-			bands = rule.ScaledBands(share)
+			bands = rule.ScaledBands(share, time.Now(), nil)
 			return nil
 		})
 		if err != nil {
