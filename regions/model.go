@@ -234,6 +234,22 @@ type QuotaUsage struct {
 	Mine, Total int64
 }
 
+// QuotaKey names one period of one quota band of a tenant's route: the unit the
+// regions' usage is counted in (one Redis counter per region, one row per region in the
+// store).
+type QuotaKey struct {
+	Tenant, Route, Band string
+	// Start is the period's start (Band.Window), in Unix seconds.
+	Start int64
+}
+
+// QuotaReport is a region's usage of one quota period as its counter last showed it:
+// counters only grow, so a report is never below an earlier one of the same counter.
+type QuotaReport struct {
+	QuotaKey
+	Used int64
+}
+
 // ScaledBands are r's further bands as a region with share enforces them at now, in
 // order; nil for a rule of one band. A token bucket is scaled (Limit.Scale); a quota is
 // its period holding now, with the allowance of its usage (Allowance): usage gives what
