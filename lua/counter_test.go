@@ -63,8 +63,20 @@ func TestCounterTakeUpToAllowance(t *testing.T) {
 		t.Fatalf("take 1 at 5 of 5: %+v, want refused", o)
 	}
 	after := commandCalls(t, rdb)
-	if got := after["set"] - before["set"]; got != 0 {
-		t.Errorf("a refused take called SET %d times, want 0", got)
+	for cmd, want := range map[string]int64{"time": 1, "get": 1, "set": 0} {
+		if got := after[cmd] - before[cmd]; got != want {
+			t.Errorf("a refused take of a counter called %s %d times, want %d", cmd, got, want)
+		}
+	}
+	before = commandCalls(t, rdb)
+	mustDecide(t, b, Decision{Op: OpReturn, N: 1, Buckets: []Bucket{cb}})
+	after = commandCalls(t, rdb)
+	if got := after["set"] - before["set"]; got != 1 {
+		t.Errorf("a return to a counter called SET %d times, want 1", got)
+	}
+	mustDecide(t, b, Decision{Op: OpTake, N: 1, Buckets: []Bucket{cb}})
+	if err := rdb.Persist(ctx, key).Err(); err != nil {
+		t.Fatal(err)
 	}
 	if got, ttl := usedOf(t, rdb, key), rdb.PTTL(ctx, key).Val(); got != 5 || ttl != -1 {
 		t.Errorf("after a refused take: used %d, PTTL %v, want 5 and -1 (untouched)", got, ttl)
