@@ -117,3 +117,34 @@ func (b *TokenBucket) Inspect(ctx context.Context, key string, capacity int64, r
 	}
 	return st, nil
 }
+
+// counterScript reads a counter and its TTL in one round trip: TokenBucket holds a
+// redis.Scripter, which has no GET of its own.
+var counterScript = redis.NewScript(`return {redis.call('GET', KEYS[1]), redis.call('PTTL', KEYS[1])}`)
+
+// Counter reads the calendar-quota counter key (Bucket.Counter) as the scripts store it,
+// writing nothing: its used count, whether the key exists, and its time to live (-1 for a
+// key without expiry, -2 for a missing one, as Redis's PTTL).
+func (b *TokenBucket) Counter(ctx context.Context, key string) (used int64, exists bool, ttl time.Duration, err error) {
+	v, err := counterScript.Run(ctx, b.rdb, []string{key}).Slice()
+	if err != nil {
+		return 0, false, 0, fmt.Errorf("read counter %s: %w", key, scriptError(err))
+	}
+	if len(v) != 2 {
+		return 0, false, 0, fmt.Errorf("read counter %s: unexpected reply of %d elements, want 2", key, len(v))
+	}
+	pttl, _ := v[1].(int64)
+	ttl = time.Duration(pttl)
+	if pttl >= 0 {
+		ttl = ms(pttl)
+	}
+	s, ok := v[0].(string)
+	if !ok { // a missing key: GET's nil is false in Lua, and nil again in the reply
+		return 0, false, ttl, nil
+	}
+	used, err = strconv.ParseInt(s, 10, 64)
+	if err != nil {
+		return 0, true, ttl, fmt.Errorf("read counter %s: value %q: %w", key, s, err)
+	}
+	return used, true, ttl, nil
+}

@@ -1,5 +1,6 @@
--- decide.lua: decide a batch of requests against token buckets, atomically. Run with
--- state.lua in front of it (lua/script.go): see there for the storage and the clock.
+-- decide.lua: decide a batch of requests against token buckets and calendar-quota
+-- counters, atomically. Run with state.lua in front of it (lua/script.go): see there for
+-- the storage of a token bucket and the clock.
 --
 -- KEYS     every bucket of every decision, in order.
 -- ARGV[1]  the decisions, little-endian binary (decimal arguments would cost a strtod
@@ -24,17 +25,38 @@
 -- The buckets of one decision are, for example, a tenant's route bucket and the bucket
 -- of one client value nested inside it: both must admit.
 --
+-- A counter (r <= -1) is a bucket of another kind: the usage of a calendar quota (an
+-- amount per hour, day, week or month) in one region for one period. The gateway names
+-- one key per period, so the key changes at the period's end and the script never
+-- resets one. Its numbers, in the same 32 bytes:
+--   c     the allowance, the most it may reach: an integer 1..1e15
+--   r     -r is when the key expires, unix ms (an integer 1..2^53): SET PXAT
+--   debt  fallback admissions, added first, whole (an integer >= 0)
+--   cap   the floor, the least it holds: usage the control plane knows of, in case Redis
+--         lost the key (an integer 0..1e15; no -1 nor -2 - cap for a counter)
+-- Stored: the used count as a decimal integer (Redis int-encodes it, the smallest
+-- value). used = max(stored, floor) + debt, then, by op: a take admits only if
+-- used + n <= c for every counter (and every token bucket admits), then used += n; a
+-- lease grants at most c - used (>= 0), as the emptiest bucket; a return lowers used by
+-- n, not below 0, if the key exists; a charge adds the debt only; a settle adds n with
+-- no bound (above c). Used never passes MAX_USED (1e18, below): a settle or debt past it
+-- stops there, and g says how much a settle took. A counter is written only when it
+-- changed: taken, settled, returned, a debt charged, or the floor raised it.
+--
 -- A rule change on a stored bucket: it holds what it refilled under the rule it was
 -- written under until now, clipped to the new capacity, and refills at the new rate
 -- from now (the first call that sees a change applies it). So no change of rule, shard
 -- count or expiry creates tokens.
 --
 -- Reply, per decision:  g, retry_ms,  then per bucket:  remaining, reset_ms, charged
+-- (a counter:  remaining = max(c - used, 0), used, charged)
 --   g         take: 1 admitted, 0 refused;  lease: tokens granted;  return, charge: 0;
 --             settle: the whole tokens it took from every bucket (n, less what the
 --             depth bound clipped of the bucket it clipped most)
 --   retry_ms  0 unless refused (take) or nothing granted (lease): ms until the bucket
---             that refuses longest holds n tokens (a lease: one)
+--             that refuses longest holds n tokens (a lease: one). A counter that
+--             refuses counts for nothing here (the gateway knows its period's end): 0 if
+--             only counters refuse
 --   remaining whole tokens left (0 in debt);  reset_ms: ms until full;
 --   charged   whole tokens of the debt charged (less than debt where -c clipped it)
 -- Depth: only a settle takes a bucket below -c (a debt stops at -c, a take at 0; a
@@ -51,9 +73,14 @@
 -- the batch stand (a gateway checks every decision in Go before it joins a batch, so only
 -- another client can be refused here).
 --
--- Redis calls: TIME once per batch (state.lua); per bucket one GET, and one PSETEX only when
--- the bucket changed (tokens taken, settled or returned, a debt charged, a new rule). A refused
--- take writes nothing: refilling is a pure function of the stored time.
+-- Redis calls: TIME once per batch (state.lua); per token bucket one GET, and one PSETEX only
+-- when the bucket changed (tokens taken, settled or returned, a debt charged, a new rule); per
+-- counter one GET, and one SET .. PXAT only when it changed. A refused take writes nothing:
+-- refilling is a pure function of the stored time, and a counter's floor is written only when
+-- it raised the stored count.
+local MAX_USED = 1e18 -- a counter's most: a Redis integer (< 2^63) and an integer reply
+local MAX_EXPIRE = 2 ^ 53 -- a counter's latest expiry, unix ms (exact in a double)
+local format = string.format
 local s = ARGV[1]
 local len, nkeys = s and #s or 0, #KEYS
 -- The batch's shape first (one byte read per decision): whole decisions, one key per
@@ -69,8 +96,9 @@ end
 -- out, st: sized for one decision of one bucket (growing a table rehashes it).
 local out, st, o = {0, 0, 0, 0, 0}, {0, 0, 0, 0, 0, 0}, 0
 pos, k = 1, 0
--- st holds, per bucket of the decision at hand (6 slots each): c, r, tokens, whether it
--- exists, whether it must be written, the debt charged. One table for the whole batch.
+-- st holds, per bucket of the decision at hand (6 slots each): c, r, tokens (a counter:
+-- used), whether it exists, whether it must be written, the debt charged. One table for
+-- the whole batch.
 while pos <= len do
   local op, n, nb, from = unpack('<BdB', s, pos)
   -- One comparison chain per number (NaN fails every one). A bucket is read as it is
@@ -84,72 +112,98 @@ while pos <= len do
   for j = 0, 6 * (nb - 1), 6 do
     local c, r, debt, cap
     c, r, debt, cap, pos = unpack('<dddd', s, pos)
-    if not (c >= 1 and c <= MAX_CAPACITY and c % 1 == 0 and r > 0 and r <= MAX_REFILL
-        and debt >= 0 and debt <= 2 * MAX_CAPACITY and debt % 1 == 0
-        and cap >= -2 - MAX_CAPACITY and cap <= MAX_CAPACITY and (cap >= 0 or cap == -1 or cap <= -2)
-        and (op ~= 1 or n <= c)) then
-      return redis.error_reply('QPINVALID at byte ' .. pos - 32 .. ': a bucket needs an integer capacity 1..1e15 (a take at most it), refill in (0, 1e12], an integer debt >= 0 and a cap of -1, 0..1e15 or -2-1e15..-2')
+    if not (c >= 1 and c <= MAX_CAPACITY and c % 1 == 0
+        and debt >= 0 and debt <= 2 * MAX_CAPACITY and debt % 1 == 0 and (op ~= 1 or n <= c)
+        and (r > 0 and r <= MAX_REFILL
+          and cap >= -2 - MAX_CAPACITY and cap <= MAX_CAPACITY and (cap >= 0 or cap == -1 or cap <= -2)
+          or r <= -1 and r >= -MAX_EXPIRE and r % 1 == 0 and cap >= 0 and cap <= MAX_CAPACITY and cap % 1 == 0)) then
+      return redis.error_reply('QPINVALID at byte ' .. pos - 32 .. ': a bucket needs an integer capacity 1..1e15 (a take at most it) and an integer debt >= 0; a token bucket a refill in (0, 1e12] and a cap of -1, 0..1e15 or -2-1e15..-2; a counter an integer -expiry (unix ms) in [-2^53, -1] and an integer floor 0..1e15')
     end
-    local capAll = cap <= -2
-    if capAll then
-      cap = -2 - cap
-    end
-    local key = KEYS[k + j / 6 + 1]
-    -- GET: the bucket's one read (pcall: the old storage's WRONGTYPE comes back as a table).
-    local v, t, has, dirty, charged = pcall('GET', key), c, false, false, 0
-    if v then
-      local c0, r0
-      if type(v) == 'table' then
-        -- WRONGTYPE: the hash of the previous storage (state.lua), read once with HMGET
-        -- and refilled to now; the write below replaces it.
-        local h, ts = call('HMGET', key, 'tokens', 'ts', 'c', 'r')
-        t, ts, c0, r0 = tonumber(h[1]), tonumber(h[2]), tonumber(h[3]), tonumber(h[4])
-        if t and ts and c0 and r0 then
-          local el = (now_s * 1000000 + now_us) - ts
-          if el > 0 then
-            t = math.min(t + el * r0 / 1000000, math.max(t, c0))
+    if r < 0 then
+      -- A counter: its used count. Anything but a number (a missing key, another type, a
+      -- NaN) reads as the floor; an absurd count stops at MAX_USED.
+      local v = pcall('GET', KEYS[k + j / 6 + 1])
+      local u, dirty, charged = tonumber(v) or 0, false, debt
+      if not (u >= cap) then
+        u, dirty = cap, true -- the floor raised it (a missing key: unless the floor is 0)
+      elseif u > MAX_USED then
+        u, dirty = MAX_USED, true
+      end
+      if debt > 0 then
+        u, dirty = u + debt, true
+        if u > MAX_USED then
+          charged, u = debt - (u - MAX_USED), MAX_USED
+        end
+      end
+      if u + n > c then
+        ok = false
+      end
+      if c - u < low then
+        low = c - u
+      end
+      st[j + 1], st[j + 2], st[j + 3], st[j + 4], st[j + 5], st[j + 6] = c, r, u, v ~= false, dirty, charged
+    else
+      local capAll = cap <= -2
+      if capAll then
+        cap = -2 - cap
+      end
+      local key = KEYS[k + j / 6 + 1]
+      -- GET: the bucket's one read (pcall: the old storage's WRONGTYPE comes back as a table).
+      local v, t, has, dirty, charged = pcall('GET', key), c, false, false, 0
+      if v then
+        local c0, r0
+        if type(v) == 'table' then
+          -- WRONGTYPE: the hash of the previous storage (state.lua), read once with HMGET
+          -- and refilled to now; the write below replaces it.
+          local h, ts = call('HMGET', key, 'tokens', 'ts', 'c', 'r')
+          t, ts, c0, r0 = tonumber(h[1]), tonumber(h[2]), tonumber(h[3]), tonumber(h[4])
+          if t and ts and c0 and r0 then
+            local el = (now_s * 1000000 + now_us) - ts
+            if el > 0 then
+              t = math.min(t + el * r0 / 1000000, math.max(t, c0))
+            end
+          else
+            t = nil
           end
         else
-          t = nil
+          local full_s, full_us
+          full_s, full_us, c0, r0 = unpack(FORMAT, v)
+          local d = (full_s - now_s) * 1000000 + (full_us - now_us) -- us until full
+          t = c0
+          if d > 0 then
+            t = c0 - d * r0 / 1000000
+          end
         end
-      else
-        local full_s, full_us
-        full_s, full_us, c0, r0 = unpack(FORMAT, v)
-        local d = (full_s - now_s) * 1000000 + (full_us - now_us) -- us until full
-        t = c0
-        if d > 0 then
-          t = c0 - d * r0 / 1000000
+        if t then
+          has, dirty = true, c0 ~= c or r0 ~= r -- a new rule: store the converted state
+          if t > c then
+            t = c -- refilled past the top, or the rule shrank
+          elseif t < -c and c < c0 then
+            t = -c -- in debt past a capacity that shrank (a settle's debt past -c stays)
+          end
+        else
+          t = c
         end
       end
-      if t then
-        has, dirty = true, c0 ~= c or r0 ~= r -- a new rule: store the converted state
-        if t > c then
-          t = c -- refilled past the top, or the rule shrank
-        elseif t < -c and c < c0 then
-          t = -c -- in debt past a capacity that shrank (a settle's debt past -c stays)
+      if cap >= 0 and t > cap and (capAll or not has) then
+        t = cap
+      end
+      if debt > 0 then
+        local after = t - debt
+        if after < -c then
+          after = t < -c and t or -c -- never raised: a settle may have gone deeper
         end
-      else
-        t = c
+        charged = t - after + EPS
+        charged, t, dirty = charged - charged % 1, after, true
       end
-    end
-    if cap >= 0 and t > cap and (capAll or not has) then
-      t = cap
-    end
-    if debt > 0 then
-      local after = t - debt
-      if after < -c then
-        after = t < -c and t or -c -- never raised: a settle may have gone deeper
+      if t + EPS < n then
+        ok = false
       end
-      charged = t - after + EPS
-      charged, t, dirty = charged - charged % 1, after, true
+      if t < low then
+        low = t
+      end
+      st[j + 1], st[j + 2], st[j + 3], st[j + 4], st[j + 5], st[j + 6] = c, r, t, has, dirty, charged
     end
-    if t + EPS < n then
-      ok = false
-    end
-    if t < low then
-      low = t
-    end
-    st[j + 1], st[j + 2], st[j + 3], st[j + 4], st[j + 5], st[j + 6] = c, r, t, has, dirty, charged
   end
   local g, take = 0, 0
   if op == 1 then
@@ -176,73 +230,104 @@ while pos <= len do
   o = at
   for j = 0, 6 * (nb - 1), 6 do
     local c, r, t, dirty = st[j + 1], st[j + 2], st[j + 3], st[j + 5]
-    if take > 0 then
-      t, dirty = t - take, true
-      if t < 0 then
-        t = 0 -- t >= take - EPS: at most a rounding below 0
-      end
-    elseif op == 3 and n > 0 and st[j + 4] then
-      t, dirty = t + n, true
-      if t > c then
-        t = c
-      end
-    elseif refused then
-      local w = (want - t) * 1000 / r - EPS -- ms until this bucket holds want
-      if w > retry then
-        retry = w
-      end
-    elseif op == 5 and n > 0 then
-      -- settle: no floor but the depth bound (header), nor raised if already past it
-      local deep = UINT32 - now_s - 1
-      if deep > MAX_DEBT_S then
-        deep = MAX_DEBT_S
-      end
-      deep = c - r * deep
-      local after = t - n
-      if after < deep then
-        after = t < deep and t or deep
-        local took = t - after + EPS
-        took = took - took % 1
-        if took < out[at - 1] then
-          out[at - 1] = took
+    if r < 0 then
+      -- A counter: t is its used count.
+      if take > 0 then
+        t, dirty = t + take, true -- t + take <= c: the take and the lease checked it
+      elseif op == 3 and n > 0 and st[j + 4] then
+        t, dirty = t - n, true
+        if t < 0 then
+          t = 0
+        end
+      elseif op == 5 and n > 0 then
+        t, dirty = t + n, true -- no bound but MAX_USED: a settle may take it past c
+        if t > MAX_USED then
+          local took = n - (t - MAX_USED)
+          if took < out[at - 1] then
+            out[at - 1] = took
+          end
+          t = MAX_USED
         end
       end
-      t, dirty = after, true
-    end
-    if dirty then
-      -- The bucket as its full time: seconds within uint32 (until 2106), the rest in a
-      -- double, so a far-off full time (a refill once a century) loses nothing.
-      local d = (c - t) * 1000000 / r -- us until full
-      if d > 1e300 then
-        d = 1e300 -- a refill below ~1e-280 per second would overflow
+      if dirty then
+        -- SET .. PXAT: the counter's one write, only when it changed; it lives until its
+        -- period's key is no longer named. Decimal strings from format: Redis would send
+        -- a number as %.17g, and 1e+15 is no integer to SET.
+        call('SET', KEYS[k + j / 6 + 1], format('%.0f', t), 'PXAT', format('%.0f', -r))
       end
-      local total = now_us + d
-      local whole = total / 1000000
-      whole = whole - whole % 1
-      if whole > UINT32 - now_s then
-        whole = UINT32 - now_s
+      local left = c - t
+      if left < 0 then
+        left = 0
       end
-      local ttl = d / 1000
-      ttl = ttl - ttl % 1 + 1001 -- ms: rounded up, plus the second after full
-      if ttl > MAX_WAIT_MS then
-        ttl = MAX_WAIT_MS
+      out[o + 1], out[o + 2], out[o + 3] = left, t, st[j + 6]
+    else
+      if take > 0 then
+        t, dirty = t - take, true
+        if t < 0 then
+          t = 0 -- t >= take - EPS: at most a rounding below 0
+        end
+      elseif op == 3 and n > 0 and st[j + 4] then
+        t, dirty = t + n, true
+        if t > c then
+          t = c
+        end
+      elseif refused then
+        local w = (want - t) * 1000 / r - EPS -- ms until this bucket holds want
+        if w > retry then
+          retry = w
+        end
+      elseif op == 5 and n > 0 then
+        -- settle: no floor but the depth bound (header), nor raised if already past it
+        local deep = UINT32 - now_s - 1
+        if deep > MAX_DEBT_S then
+          deep = MAX_DEBT_S
+        end
+        deep = c - r * deep
+        local after = t - n
+        if after < deep then
+          after = t < deep and t or deep
+          local took = t - after + EPS
+          took = took - took % 1
+          if took < out[at - 1] then
+            out[at - 1] = took
+          end
+        end
+        t, dirty = after, true
       end
-      -- PSETEX: the bucket's one write, only when it changed; the TTL lets an idle bucket go.
-      call('PSETEX', KEYS[k + j / 6 + 1], ttl, pack(FORMAT, now_s + whole, total - whole * 1000000, c, r))
+      if dirty then
+        -- The bucket as its full time: seconds within uint32 (until 2106), the rest in a
+        -- double, so a far-off full time (a refill once a century) loses nothing.
+        local d = (c - t) * 1000000 / r -- us until full
+        if d > 1e300 then
+          d = 1e300 -- a refill below ~1e-280 per second would overflow
+        end
+        local total = now_us + d
+        local whole = total / 1000000
+        whole = whole - whole % 1
+        if whole > UINT32 - now_s then
+          whole = UINT32 - now_s
+        end
+        local ttl = d / 1000
+        ttl = ttl - ttl % 1 + 1001 -- ms: rounded up, plus the second after full
+        if ttl > MAX_WAIT_MS then
+          ttl = MAX_WAIT_MS
+        end
+        -- PSETEX: the bucket's one write, only when it changed; the TTL lets an idle bucket go.
+        call('PSETEX', KEYS[k + j / 6 + 1], ttl, pack(FORMAT, now_s + whole, total - whole * 1000000, c, r))
+      end
+      local left = t + EPS
+      left = left - left % 1
+      if left < 0 then
+        left = 0
+      end
+      local reset = (c - t) * 1000 / r - EPS -- ms until full
+      if reset < 0 then
+        reset = 0
+      elseif reset > MAX_WAIT_MS then
+        reset = MAX_WAIT_MS
+      end
+      out[o + 1], out[o + 2], out[o + 3] = left, reset - reset % -1, st[j + 6] -- ceil
     end
-    local left = t + EPS
-    left = left - left % 1
-    if left < 0 then
-      left = 0
-    end
-    local reset = (c - t) * 1000 / r - EPS -- ms until full
-    if reset < 0 then
-      reset = 0
-    elseif reset > MAX_WAIT_MS then
-      reset = MAX_WAIT_MS
-    end
-    out[o + 1], out[o + 2], out[o + 3] = left, reset - reset % -1, st[j + 6] -- ceil
-
     o = o + 3
   end
   if retry > MAX_WAIT_MS then

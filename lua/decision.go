@@ -52,11 +52,26 @@ const (
 	MaxRefill   = 1_000_000_000_000
 )
 
-// Bucket is one bucket of a decision and the rule it is decided under.
+// MaxExpireMillis is the latest expiry of a counter, in unix milliseconds (2^53: exact
+// in the script's doubles; about the year 287396).
+const MaxExpireMillis = 1 << 53
+
+// Bucket is one bucket of a decision and the rule it is decided under: a token bucket, or
+// with Counter a calendar-quota counter.
+//
+// A counter is the usage of a calendar quota (an amount per hour, day, week or month) in
+// one region for one period: the caller names one key per period, so the key changes at
+// the period's end and nothing resets it. Its Capacity is the allowance (the most it may
+// reach), Cap its floor (the least it holds: usage the control plane knows of, in case
+// Redis lost the key), Debt fallback admissions added first, Expire when its key expires;
+// Refill and CapAll do not apply. A take admits when used + N <= Capacity; a lease grants
+// at most Capacity - used; a return lowers used by N (not below 0) if the key exists; a
+// settle adds N with no bound.
 type Bucket struct {
 	// Key names the bucket (Keys).
 	Key string
-	// Capacity (1..MaxCapacity) and Refill per second (0 < Refill <= MaxRefill).
+	// Capacity (1..MaxCapacity) and Refill per second (0 < Refill <= MaxRefill). For a
+	// counter, Capacity is the allowance and Refill is ignored.
 	Capacity int64
 	Refill   float64
 	// Debt is what a gateway's fallback admitted without Redis, charged before the
@@ -66,9 +81,15 @@ type Bucket struct {
 	// missing: within one fill time of a change that may have raised its limit, a
 	// bucket that expired full under the old limit holds no more than the old limit plus
 	// the new refill since then. With CapAll the cap holds a stored bucket too (a shard
-	// other than shard 0, which may be one left over from an earlier layout).
+	// other than shard 0, which may be one left over from an earlier layout). For a
+	// counter, Cap is the floor: a whole number 0..MaxCapacity (NoCap and CapAll do not
+	// apply).
 	Cap    float64
 	CapAll bool
+	// Counter makes the bucket a calendar-quota counter (the type's comment), and Expire
+	// is when its key expires (after 1970, at most MaxExpireMillis): used only by counters.
+	Counter bool
+	Expire  time.Time
 }
 
 // Decision is one request's call: what to do to which buckets.
@@ -101,8 +122,12 @@ type BucketOutcome struct {
 	// ResetAfter is how long until the bucket is full if nothing more is taken.
 	ResetAfter time.Duration
 	// Charged is how much of the Debt the script charged: the debt, less what the
-	// -Capacity floor clipped.
+	// -Capacity floor clipped (a counter: the whole debt).
 	Charged int64
+	// Used is a counter's used count after the call (0 for a token bucket). A counter's
+	// Remaining is max(allowance - Used, 0) and its ResetAfter 0: the caller knows when
+	// its period ends.
+	Used int64
 }
 
 // ErrInvalidArgument is wrapped by every error about a decision's arguments, whether Go
@@ -131,6 +156,12 @@ func (d Decision) Check() error {
 		return fmt.Errorf("%w: op %d", ErrInvalidArgument, d.Op)
 	}
 	for _, b := range d.Buckets {
+		if b.Counter {
+			if err := d.checkCounter(b); err != nil {
+				return fmt.Errorf("counter %s: %w", b.Key, err)
+			}
+			continue
+		}
 		if err := checkRule(b.Capacity, b.Refill); err != nil {
 			return fmt.Errorf("bucket %s: %w", b.Key, err)
 		}
@@ -143,6 +174,26 @@ func (d Decision) Check() error {
 		if !(b.Cap == NoCap && !b.CapAll || (b.Cap >= 0 && b.Cap <= MaxCapacity)) {
 			return fmt.Errorf("bucket %s: %w: cap %v must be NoCap or between 0 and %d", b.Key, ErrInvalidArgument, b.Cap, int64(MaxCapacity))
 		}
+	}
+	return nil
+}
+
+// checkCounter validates counter b of d as decide.lua does.
+func (d Decision) checkCounter(b Bucket) error {
+	if b.Capacity < 1 || b.Capacity > MaxCapacity {
+		return fmt.Errorf("%w: allowance %d must be between 1 and %d", ErrInvalidArgument, b.Capacity, int64(MaxCapacity))
+	}
+	if d.Op == OpTake && d.N > b.Capacity {
+		return fmt.Errorf("%w: cost %d must be between 1 and allowance %d", ErrInvalidArgument, d.N, b.Capacity)
+	}
+	if b.Debt < 0 || b.Debt > 2*MaxCapacity {
+		return fmt.Errorf("%w: debt %d must be between 0 and %d", ErrInvalidArgument, b.Debt, int64(2*MaxCapacity))
+	}
+	if !(b.Cap >= 0 && b.Cap <= MaxCapacity && b.Cap == math.Trunc(b.Cap)) || b.CapAll {
+		return fmt.Errorf("%w: floor %v must be a whole number between 0 and %d (no CapAll)", ErrInvalidArgument, b.Cap, int64(MaxCapacity))
+	}
+	if ms := b.Expire.UnixMilli(); ms < 1 || ms > MaxExpireMillis {
+		return fmt.Errorf("%w: expiry %v must be after 1970 and at most %d ms after it", ErrInvalidArgument, b.Expire, int64(MaxExpireMillis))
 	}
 	return nil
 }
@@ -163,15 +214,16 @@ func checkRule(capacity int64, refill float64) error {
 // a Redis Cluster every key of a batch must be in one hash slot. The zero value is an
 // empty batch; Reset reuses one.
 type Batch struct {
-	keys []string
-	args []byte
-	nb   []int // buckets per decision, for Read
+	keys    []string
+	args    []byte
+	nb      []int  // buckets per decision, for Read
+	counter []bool // per key: a counter, whose reply says its used count (Read)
 }
 
 // Reset empties b, keeping its memory.
 func (b *Batch) Reset() {
 	clear(b.keys)
-	b.keys, b.args, b.nb = b.keys[:0], b.args[:0], b.nb[:0]
+	b.keys, b.args, b.nb, b.counter = b.keys[:0], b.args[:0], b.nb[:0], b.counter[:0]
 }
 
 // Len is the number of decisions in b.
@@ -187,14 +239,17 @@ func (b *Batch) Add(d Decision) {
 	b.args = append(b.args, byte(len(d.Buckets)))
 	for _, k := range d.Buckets {
 		b.keys = append(b.keys, k.Key)
-		c := k.Cap
+		b.counter = append(b.counter, k.Counter)
+		r, c := k.Refill, k.Cap
 		switch {
+		case k.Counter:
+			r = -float64(k.Expire.UnixMilli()) // r <= -1 marks a counter; c is its floor
 		case c < 0:
 			c = NoCap
 		case k.CapAll:
 			c = -2 - c
 		}
-		for _, v := range [4]float64{float64(k.Capacity), k.Refill, float64(k.Debt), c} {
+		for _, v := range [4]float64{float64(k.Capacity), r, float64(k.Debt), c} {
 			b.args = binary.LittleEndian.AppendUint64(b.args, math.Float64bits(v))
 		}
 	}
@@ -246,7 +301,7 @@ func (b *Batch) Read(cmd *redis.Cmd, out []Outcome) ([]Outcome, error) {
 		}
 		return n, nil
 	}
-	i := 0
+	i, key := 0, 0
 	for _, n := range b.nb {
 		var o Outcome
 		var vals [2]int64
@@ -265,8 +320,12 @@ func (b *Batch) Read(cmd *redis.Cmd, out []Outcome) ([]Outcome, error) {
 					return out, err
 				}
 			}
-			o.Buckets[k] = BucketOutcome{Remaining: bv[0], ResetAfter: ms(bv[1]), Charged: bv[2]}
-			i += 3
+			if b.counter[key] {
+				o.Buckets[k] = BucketOutcome{Remaining: bv[0], Used: bv[1], Charged: bv[2]}
+			} else {
+				o.Buckets[k] = BucketOutcome{Remaining: bv[0], ResetAfter: ms(bv[1]), Charged: bv[2]}
+			}
+			i, key = i+3, key+1
 		}
 		out = append(out, o)
 	}

@@ -12,7 +12,9 @@
 // matter; a rule change is converted on the stored bucket, and a caller-supplied cap
 // bounds a bucket after a possible raise, so neither a TTL nor a changed rule creates
 // tokens. A settle (OpSettle) takes a cost known only after the response into debt with
-// no floor but the depth a key can hold (MaxDebtSeconds). See state.lua and decide.lua
+// no floor but the depth a key can hold (MaxDebtSeconds). A bucket may instead be a
+// calendar-quota counter (Bucket.Counter): a used count, one key per period, that a
+// decision must also admit (TokenBucket.Counter reads one). See state.lua and decide.lua
 // for the details.
 //
 // Over the limit is an Outcome, not an error; an error means the script did not run or

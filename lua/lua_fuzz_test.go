@@ -2,7 +2,9 @@ package lua
 
 import (
 	"context"
+	"errors"
 	"math"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -28,6 +30,9 @@ import (
 // never more, never less. A script that reads a stored bucket under the new rule,
 // ignores the cap of a missing or every bucket, or floors a settle at -capacity, fails on
 // the seeds.
+//
+// A refill r <= -1 makes the bucket a counter (fuzzCounter), whose arithmetic is exact:
+// the oracle there computes its reply and stored count.
 func FuzzLuaArguments(f *testing.F) {
 	for _, s := range []struct {
 		op                 uint8
@@ -50,6 +55,22 @@ func FuzzLuaArguments(f *testing.F) {
 			f.Add(uint8(s[0]), s[1], s[2], s[3], s[4], s[5], used, []byte{})
 		}
 	}
+	// Counters (r = -expiry in unix ms), with a stored count of 4 (used) or none: takes to
+	// and past the allowance, a floor that raises it, leases, returns, charges, settles,
+	// an expiry in the past (the key written, then gone) and at 2^53 ms, and bad numbers.
+	exp := -float64(time.Now().Add(time.Hour).UnixMilli())
+	for _, s := range [][6]float64{
+		{1, 1, 10, exp, 0, 0}, {1, 6, 10, exp, 0, 0}, {1, 7, 10, exp, 0, 0}, {1, 1, 10, exp, 0, 9}, {1, 2, 10, exp, 0, 9},
+		{1, 1, 10, exp, 3, 2}, {2, 100, 10, exp, 2, 3}, {2, 1, 3, exp, 0, 5}, {3, 5, 10, exp, 0, 0}, {3, 0, 10, exp, 0, 6},
+		{4, 0, 10, exp, 3, 0}, {4, 0, 10, exp, 0, 0}, {5, 50, 10, exp, 1, 0}, {5, 2e15, 1e15, exp, 2e15, 1e15},
+		{1, 1, 10, -1, 0, 0}, {1, 1, 10, -(1 << 53), 0, 0}, {1, 1, 1e15, exp, 0, 1e15},
+		{1, 1, 10, exp - 0.5, 0, 0}, {1, 1, 10, -(1 << 53) - 2, 0, 0}, {1, 1, 10, -0.5, 0, 0}, {1, 1, 10, exp, 0, -1},
+		{1, 1, 10, exp, 0, 1.5}, {1, 1, 10, exp, 0, -5}, {1, 1, 0, exp, 0, 0}, {1, 1, 10, exp, 0.5, 0}, {1, 1, 10, math.Inf(-1), 0, 0},
+	} {
+		for _, used := range []bool{true, false} {
+			f.Add(uint8(s[0]), s[1], s[2], s[3], s[4], s[5], used, []byte{})
+		}
+	}
 	rp := testenv.Redis(f)
 	rdb := redis.NewClient(&redis.Options{Addr: rp.Addr()})
 	f.Cleanup(func() { _ = rdb.Close() })
@@ -59,6 +80,10 @@ func FuzzLuaArguments(f *testing.F) {
 	f.Fuzz(func(t *testing.T, op uint8, n, c, r, debt, cp float64, used bool, extra []byte) {
 		if err := rdb.Del(ctx, key).Err(); err != nil {
 			t.Fatal(err)
+		}
+		if r <= -1 {
+			fuzzCounter(t, rdb, op, n, c, r, debt, cp, used, extra)
+			return
 		}
 		// pre bounds what the bucket holds when the script reads it: a new bucket is
 		// full; the half-spent one holds what it refilled at its own rule (1/s) since.
@@ -169,6 +194,100 @@ func FuzzLuaArguments(f *testing.F) {
 	})
 }
 
+// fuzzCounter is FuzzLuaArguments for a counter (r <= -1): the script refuses exactly
+// what Check refuses and then changes nothing; else its reply and the stored count are
+// the oracle's, and the key is written, with PXAT -r, exactly when the count changed.
+func fuzzCounter(t *testing.T, rdb *redis.Client, op uint8, n, c, r, debt, cp float64, used bool, extra []byte) {
+	ctx := context.Background()
+	const key = "fz:{t}:r"
+	pre := 0.0
+	if used { // a counter at 4, without expiry: a write gives it one
+		pre = 4
+		if err := rdb.Set(ctx, key, "4", 0).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	before, _ := rdb.Get(ctx, key).Result()
+	arg := append(raw(op, n, [4]float64{c, r, debt, cp}), extra...)
+	reply, err := rdb.Eval(ctx, DecideSource(), []string{key}, arg).Result()
+	d, exact := goDecision(op, n, c, r, debt, cp)
+	firstOK := exact && d.Check() == nil
+	goOK := firstOK && len(extra) == 0
+	if err != nil {
+		if !strings.HasPrefix(err.Error(), invalidPrefix) {
+			t.Fatalf("%v: error %v, want QPINVALID or an answer", arg, err)
+		}
+		after, _ := rdb.Get(ctx, key).Result()
+		if after != before && !firstOK || !firstOK && used && rdb.PTTL(ctx, key).Val() != -1 {
+			t.Fatalf("%v refused but changed the counter %q -> %q", arg, before, after)
+		}
+		if goOK {
+			t.Fatalf("%+v: the script refused what Go accepts: %v", d, err)
+		}
+		return
+	}
+	if !goOK {
+		t.Fatalf("op %d n %v c %v r %v debt %v floor %v extra %d bytes: the script accepted what Go refuses", op, n, c, r, debt, cp, len(extra))
+	}
+	v, ok := reply.([]any)
+	if !ok || len(v) != 5 {
+		t.Fatalf("%+v: reply %v, want 5 integers", d, reply)
+	}
+	got := make([]int64, 5)
+	for i, e := range v {
+		if got[i], ok = e.(int64); !ok {
+			t.Fatalf("%+v: reply element %d = %v, want an integer", d, i, e)
+		}
+	}
+	// The oracle: exact integers (all below 2^53 here but a settle's 2e15 + 2e15 + 1e15).
+	u := max(pre, cp) + debt
+	dirty := cp > pre || debt > 0
+	var g float64
+	switch Op(op) {
+	case OpTake:
+		if u+n <= c {
+			g, u, dirty = 1, u+n, true
+		}
+	case OpLease:
+		g = min(n, max(c-u, 0))
+		u, dirty = u+g, dirty || g > 0
+	case OpReturn:
+		if used && n > 0 {
+			u, dirty = max(u-n, 0), true
+		}
+	case OpSettle:
+		g, u, dirty = n, u+n, dirty || n > 0
+	}
+	want := []int64{int64(g), 0, int64(max(c-u, 0)), int64(u), int64(debt)}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Fatalf("%+v (stored before: %q): reply %v, want %v (granted, retry, remaining, used, charged)", d, before, got, want)
+		}
+	}
+	after, err := rdb.Get(ctx, key).Result()
+	expire := time.UnixMilli(int64(-r))
+	switch {
+	case !dirty:
+		if after != before || used && rdb.PTTL(ctx, key).Val() != -1 {
+			t.Fatalf("%+v: nothing changed, but the counter was written: %q -> %q", d, before, after)
+		}
+	case time.Until(expire).Abs() < 10*time.Second:
+		// Written, expiring about now: gone or not, either is right.
+	case expire.Before(time.Now()):
+		if !errors.Is(err, redis.Nil) {
+			t.Fatalf("%+v: written with an expiry in the past (%v), but the key holds %q", d, expire, after)
+		}
+	default:
+		at := rdb.PExpireTime(ctx, key).Val()
+		if after != strconv.FormatInt(int64(u), 10) || at != time.Duration(-r)*time.Millisecond {
+			t.Fatalf("%+v: stored %q expiring at %v ms, want %d at %v", d, after, at.Milliseconds(), int64(u), -r)
+		}
+		if enc := rdb.ObjectEncoding(ctx, key).Val(); enc != "int" {
+			t.Fatalf("%+v: stored %q encoded %q, want int", d, after, enc)
+		}
+	}
+}
+
 // goDecision is the Decision the numbers mean, and whether Go can hold them exactly
 // (integers where the script wants integers), so the script and Go must agree on them.
 func goDecision(op uint8, n, c, r, debt, cp float64) (Decision, bool) {
@@ -178,7 +297,13 @@ func goDecision(op uint8, n, c, r, debt, cp float64) (Decision, bool) {
 		}
 	}
 	b := Bucket{Key: "k", Capacity: int64(c), Refill: r, Debt: int64(debt), Cap: cp}
-	if cp <= -2 {
+	switch {
+	case r <= -1: // a counter: -r its expiry in ms, cp its floor
+		if r != math.Trunc(r) || r < -(1<<62) {
+			return Decision{}, false
+		}
+		b.Counter, b.Expire, b.Refill = true, time.UnixMilli(int64(-r)), 0
+	case cp <= -2:
 		b.Cap, b.CapAll = -2-cp, true
 	}
 	return Decision{Op: Op(op), N: int64(n), Buckets: []Bucket{b}}, true
