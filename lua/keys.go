@@ -63,3 +63,11 @@ func (k Keys) Value(tenant, route, value string) string {
 func (k Keys) Band(tenant, route, band string) string {
 	return k.prefix() + ":{" + tenant + "}:" + route + ":b:" + band
 }
+
+// Quota is the counter of a calendar quota band for the period starting at start (Unix
+// seconds): "rl:{tenant}:route:q:name:start", in the tenant's slot. One key per period,
+// so a period boundary needs no reset: the next period's counter is a new key, and the
+// old one expires.
+func (k Keys) Quota(tenant, route, band string, start int64) string {
+	return k.prefix() + ":{" + tenant + "}:" + route + ":q:" + band + ":" + strconv.FormatInt(start, 10)
+}

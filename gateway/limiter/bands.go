@@ -41,6 +41,14 @@ func (r Request) checkBands(cost int64) error {
 				return fmt.Errorf("%w %s/%s: band %q appears twice", ErrInvalidRequest, r.Tenant, r.Route, b.Name)
 			}
 		}
+		if q := b.Quota; q != nil {
+			// A quota: its allowance may be 0 or below the cost (then it refuses); its
+			// period must hold a time and its floor be a count.
+			if b.Limit.Capacity < 0 || b.Limit.Capacity > lua.MaxCapacity || q.Floor < 0 || q.Floor > lua.MaxCapacity || !q.End.After(q.Start) {
+				return fmt.Errorf("%w %s/%s: quota band %s: allowance %d and floor %d must be between 0 and %d, and its period [%v, %v) not empty", ErrInvalidRequest, r.Tenant, r.Route, b.Name, b.Limit.Capacity, q.Floor, int64(lua.MaxCapacity), q.Start, q.End)
+			}
+			continue
+		}
 		if checkLimit(r, "", b.Limit) != nil {
 			return checkLimit(r, "band "+b.Name+" ", b.Limit) // the name only for an error
 		}
@@ -78,6 +86,9 @@ func (r Request) bandBuckets(ids *[maxBandBuckets]bucketID, lims *[maxBandBucket
 	n := 1
 	for _, b := range r.Bands {
 		ids[n], lims[n] = bucketID{tenant: r.Tenant, route: r.Route, band: b.Name}, b.Limit
+		if q := b.Quota; q != nil {
+			ids[n].period, ids[n].until = q.Start.Unix(), q.End.Add(QuotaGrace).UnixMilli()
+		}
 		n++
 	}
 	if r.Value != "" {
@@ -96,8 +107,31 @@ func (r Request) capOf(b int, lim regions.Limit) float64 {
 	return r.capFor(lim, 0)
 }
 
-// bucketOf is r.bucket for bucket b of r's buckets (capOf), at key.
+// QuotaGrace is how long a quota's counter outlives its period in Redis: a gateway
+// whose clock is behind still counts on it, and a request decided just before the end
+// can still be settled on it.
+const QuotaGrace = time.Hour
+
+// quotaOf is the quota of bucket b of r's buckets as bandBuckets lays them out; nil for
+// a token bucket.
+func (r Request) quotaOf(b int) *regions.QuotaCounter {
+	if b >= 1 && b <= len(r.Bands) {
+		return r.Bands[b-1].Quota
+	}
+	return nil
+}
+
+// counter is the Redis counter at key of quota q with allowance lim.Capacity (at least
+// 1: a decision is not sent to Redis with less, quotaShort refuses it first).
+func counter(key string, lim regions.Limit, q *regions.QuotaCounter) lua.Bucket {
+	return lua.Bucket{Key: key, Capacity: max(lim.Capacity, 1), Counter: true, Expire: q.End.Add(QuotaGrace), Cap: float64(q.Floor)}
+}
+
+// bucketOf is r.bucket for bucket b of r's buckets (capOf), at key; a quota's counter.
 func (r Request) bucketOf(b int, key string, lim regions.Limit) lua.Bucket {
+	if q := r.quotaOf(b); q != nil {
+		return counter(key, lim, q)
+	}
 	c := r.capOf(b, lim)
 	return lua.Bucket{Key: key, Capacity: lim.Capacity, Refill: lim.RefillPerSecond, Cap: c, CapAll: c >= 0}
 }
@@ -105,6 +139,8 @@ func (r Request) bucketOf(b int, key string, lim regions.Limit) lua.Bucket {
 // keyOf is the Redis key of the bucket id (its shard 0 for a route).
 func (l *Redis) keyOf(id bucketID) string {
 	switch {
+	case id.period != 0:
+		return l.keys.Quota(id.tenant, id.route, id.band, id.period)
 	case id.band != "":
 		return l.keys.Band(id.tenant, id.route, id.band)
 	case id.value != "":
@@ -117,6 +153,11 @@ func (l *Redis) keyOf(id bucketID) string {
 // held to r's raise cap under its own limit), or with the fallback when Redis does not
 // answer.
 func (l *Redis) takeBands(ctx context.Context, r Request, cost int64) (Decision, error) {
+	now := l.now()
+	if d, short := r.quotaShort(now, cost, 1); short {
+		d.Source = SourceRedis // refused on the region's allowance: nothing to ask Redis
+		return d, nil
+	}
 	var ids [maxBandBuckets]bucketID
 	var lims [maxBandBuckets]regions.Limit
 	n := r.bandBuckets(&ids, &lims)
@@ -132,20 +173,82 @@ func (l *Redis) takeBands(ctx context.Context, r Request, cost int64) (Decision,
 		return l.fb.decide(r, cost), nil
 	}
 	allowed := out.Granted > 0
+	retry := out.RetryAfter
 	var ds [maxBandBuckets]Decision
 	for b := range n {
 		o, lim := out.Buckets[b], lims[b]
 		d := Decision{Allowed: allowed, Limit: lim.Capacity, RefillPerSecond: lim.RefillPerSecond, Remaining: o.Remaining, ResetAfter: o.ResetAfter}
-		if !allowed && o.Remaining < cost {
+		if q := r.quotaOf(b); q != nil {
+			// A counter: what is left of the allowance, until the period ends.
+			d.ResetAfter, d.used, d.quota = untilEnd(now, q), o.Used, q
+			if !allowed && o.Remaining < cost {
+				d.RetryAfter = d.ResetAfter
+				retry = max(retry, d.RetryAfter)
+			}
+		} else if !allowed && o.Remaining < cost {
 			// This bucket refuses: it holds cost tokens (cap - cost)/refill before it is full.
 			d.RetryAfter = max(o.ResetAfter-secondsUp(float64(lim.Capacity-cost)/lim.RefillPerSecond), time.Millisecond)
 		}
 		ds[b] = d
 	}
-	d := r.banded(ds[:n], allowed, out.RetryAfter)
+	d := r.banded(ds[:n], allowed, retry)
 	d.Source = SourceRedis
 	return d, nil
 }
+
+// untilEnd is the time from now to the end of quota q's period, at least a millisecond.
+func untilEnd(now time.Time, q *regions.QuotaCounter) time.Duration {
+	return max(q.End.Sub(now), time.Millisecond)
+}
+
+// quotaShare is what one of n instances may take of quota band b (a BandLimit with
+// Quota) in a decision of its own: what is left of the allowance above the floor, split
+// n ways (rounded down; n = 1: the region's).
+func quotaShare(b regions.BandLimit, n int) int64 {
+	left := max(b.Limit.Capacity-b.Quota.Floor, 0)
+	if n > 1 {
+		left /= int64(n)
+	}
+	return left
+}
+
+// quotaShort is r refused at now when one of its quota bands cannot take cost within
+// an instance's part of it (quotaShare; n = 1: the region's): refused without a bucket
+// deciding, Retry-After until the end of the period of the quota that refuses longest.
+// ok is false when every quota has room (or r has none): the buckets decide.
+func (r Request) quotaShort(now time.Time, cost int64, n int) (Decision, bool) {
+	short := -1
+	for i, b := range r.Bands {
+		if b.Quota != nil && quotaShare(b, n) < cost && (short < 0 || b.Quota.End.After(r.Bands[short].Quota.End)) {
+			short = i
+		}
+	}
+	if short < 0 {
+		return Decision{}, false
+	}
+	ds := make([]Decision, 1+len(r.Bands))
+	ds[0] = Decision{Limit: r.Limit.Capacity, RefillPerSecond: r.Limit.RefillPerSecond}
+	for i, b := range r.Bands {
+		if b.Quota == nil {
+			ds[1+i] = Decision{Limit: fallbackLimit(b.Limit, n).Capacity, RefillPerSecond: fallbackLimit(b.Limit, n).RefillPerSecond}
+			continue
+		}
+		left := quotaShare(b, n)
+		ds[1+i] = Decision{Limit: left, Remaining: left, ResetAfter: untilEnd(now, b.Quota), quota: b.Quota}
+		if left < cost {
+			ds[1+i].RetryAfter = ds[1+i].ResetAfter
+		}
+	}
+	if r.Value != "" {
+		ds = append(ds, Decision{Limit: r.ValueLimit.Capacity, RefillPerSecond: r.ValueLimit.RefillPerSecond})
+	}
+	return r.banded(ds, false, ds[1+short].RetryAfter), true
+}
+
+// quotaRefill is the refill of the in-memory bucket that stands for a quota's counter
+// (a standalone Local's, a fallback's): small enough never to make a whole token within
+// any period (3e-5 tokens in a year), yet a valid refill.
+const quotaRefill = 1e-12
 
 // takeBands is take for a request with bands: each of its buckets holding 1/n of its
 // rule (fallbackLimit; n = 1 for a standalone Local), admitted together or not at all.
@@ -158,12 +261,20 @@ func (l *Local) takeBands(now time.Time, r Request, n int, cost int64, owe bool)
 	var shards [maxBandBuckets]*shard
 	var es [maxBandBuckets]entry
 	var found [maxBandBuckets]bool
+	if d, short := r.quotaShort(now, cost, n); short {
+		return d
+	}
 	m := r.bandBuckets(&ids, &rules)
 	// The distinct shards' indexes, sorted (insertion sort: at most maxBandBuckets).
 	var order [maxBandBuckets]uint8
 	locks := 0
 	for i := range m {
 		lims[i] = fallbackLimit(rules[i], n)
+		if q := r.quotaOf(i); q != nil {
+			// A quota's counter as a bucket of this instance's part of what is left,
+			// that never refills within a period (one bucket per period).
+			lims[i] = regions.Limit{Capacity: quotaShare(r.Bands[i-1], n), RefillPerSecond: quotaRefill}
+		}
 		keys[i], shards[i] = l.key(ids[i])
 		si := uint8(keys[i] >> 58)
 		j := 0
@@ -188,13 +299,24 @@ func (l *Local) takeBands(now time.Time, r Request, n int, cost int64, owe bool)
 	all := true
 	for i := range m {
 		es[i], found[i] = shards[i].m[keys[i]]
-		l.open(&es[i], found[i], now, lims[i], r.capOf(i, lims[i]))
+		if r.quotaOf(i) != nil {
+			// A quota starts with its part, a fallback's too: it never refills.
+			l.open(&es[i], true, now, lims[i], lua.NoCap)
+		} else {
+			l.open(&es[i], found[i], now, lims[i], r.capOf(i, lims[i]))
+		}
 		all = all && es[i].b.has(now, lims[i], cost)
 	}
 	var ds [maxBandBuckets]Decision
 	var retry time.Duration
 	for i := range m {
 		ds[i] = es[i].b.decide(now, lims[i], cost, all)
+		if q := r.quotaOf(i); q != nil {
+			ds[i].RefillPerSecond, ds[i].ResetAfter, ds[i].quota = 0, untilEnd(now, q), q
+			if ds[i].RetryAfter > 0 {
+				ds[i].RetryAfter = ds[i].ResetAfter
+			}
+		}
 		retry = max(retry, ds[i].RetryAfter)
 		// Looked up again: storing an earlier bucket of the same shard may have evicted it.
 		_, was := shards[i].m[keys[i]]
@@ -245,7 +367,7 @@ func closer(a, b Decision) bool {
 }
 
 func bandState(name string, d Decision) BandState {
-	return BandState{Name: name, Limit: d.Limit, RefillPerSecond: d.RefillPerSecond, Remaining: d.Remaining, ResetAfter: d.ResetAfter}
+	return BandState{Name: name, Limit: d.Limit, RefillPerSecond: d.RefillPerSecond, Remaining: d.Remaining, ResetAfter: d.ResetAfter, Quota: d.quota, Used: d.used}
 }
 
 // refusedBands fills d.Bands for a fallback refusal of r made with no bucket deciding:
@@ -259,6 +381,9 @@ func (r Request) refusedBands(d Decision, n int) Decision {
 	for i, b := range r.Bands {
 		lim := fallbackLimit(b.Limit, n)
 		d.Bands[1+i] = BandState{Name: b.Name, Limit: lim.Capacity, RefillPerSecond: lim.RefillPerSecond}
+		if b.Quota != nil {
+			d.Bands[1+i] = BandState{Name: b.Name, Limit: quotaShare(b, n), Quota: b.Quota}
+		}
 	}
 	return d
 }

@@ -66,6 +66,10 @@ type Decision struct {
 	ResetAfter time.Duration
 	// Source says which mechanism decided.
 	Source Source
+	// used is a quota band's counter after the decision (BandState.Used), carried
+	// from a bucket's decision to its band's state.
+	used  int64
+	quota *regions.QuotaCounter
 	// Bands, for a request with Bands, are the rule's bands after the decision: first
 	// the rule's own (regions.PrimaryBand, with the value's bucket folded in as the
 	// top-level fields fold it), then each of Request.Bands in order. The top-level
@@ -82,6 +86,14 @@ type BandState struct {
 	RefillPerSecond float64
 	Remaining       int64
 	ResetAfter      time.Duration
+	// Quota is a quota band's period and policy (regions.BandLimit.Quota), nil for a
+	// token bucket. Limit is then the allowance this decision enforced (a fallback's
+	// part of what is left of it), Remaining what is left of it and ResetAfter the time
+	// to the period's end.
+	Quota *regions.QuotaCounter
+	// Used is a quota band's counter after a decision Redis made: the region's usage this
+	// period, for the gateway to report (0 otherwise).
+	Used int64
 }
 
 // Request asks for tokens of one tenant's bucket for one route.

@@ -181,7 +181,7 @@ func (f *fallback) decide(r Request, cost int64) Decision {
 	vlim := fallbackLimit(r.ValueLimit, n)
 	above := cost > lim.Capacity || (r.Value != "" && cost > vlim.Capacity)
 	for _, b := range r.Bands {
-		above = above || cost > fallbackLimit(b.Limit, n).Capacity
+		above = above || b.Quota == nil && cost > fallbackLimit(b.Limit, n).Capacity // a quota short refuses in takeBands
 	}
 	if above {
 		f.m.costAboveFallback.Inc()

@@ -185,7 +185,12 @@ func (l *Local) Sweep() int {
 // bucketID names one in-memory bucket, and the shared bucket its debts are charged to: a
 // tenant's route, with a client value of it (Request.Value) or a further band of its
 // rule (Request.Bands, by name), or neither (""). Never both.
-type bucketID struct{ tenant, route, value, band string }
+type bucketID struct {
+	tenant, route, value, band string
+	// period is a quota band's period start (Unix s) and until its counter's expiry
+	// (Unix ms): one bucket per period. Both 0 for a token bucket.
+	period, until int64
+}
 
 // key hashes id and picks its shard. Each id is hashed on its own, with the seed (no
 // copy through a Hash's buffer), and the hashes are mixed by odd multipliers, so
@@ -198,6 +203,9 @@ func (l *Local) key(id bucketID) (uint64, *shard) {
 	}
 	if id.band != "" { // another multiplier: a band never shares a value's bucket
 		k = k*0x94d049bb133111eb ^ maphash.String(l.seed, id.band)
+	}
+	if id.period != 0 { // a quota's bucket of one period
+		k = (k ^ uint64(id.period)) * 0xd6e8feb86659fd93
 	}
 	return k, &l.shards[k>>58] // the top 6 bits pick one of 64 shards
 }

@@ -533,6 +533,9 @@ func (l *Redis) Flush(ctx context.Context) (charged, lost int64) {
 			bySlot[sl] = p
 		}
 		b := lua.Bucket{Key: key, Capacity: o.lim.Capacity, Refill: o.lim.RefillPerSecond, Debt: d, Cap: lua.NoCap}
+		if o.id.until != 0 { // a quota's counter, of the period the debt was admitted in
+			b = lua.Bucket{Key: key, Capacity: max(o.lim.Capacity, 1), Counter: true, Expire: time.UnixMilli(o.id.until), Debt: d}
+		}
 		if settle {
 			b.Debt = 0
 			p.batch.Add(lua.Decision{Op: lua.OpSettle, N: d, Buckets: []lua.Bucket{b}})

@@ -100,6 +100,9 @@ func (l *Redis) Settle(ctx context.Context, r Request, delta int64) error {
 	bs := make([]lua.Bucket, n)
 	for b := range n {
 		bs[b] = r.bucket(l.keyOf(ids[b]), lims[b], 0)
+		if q := r.quotaOf(b); q != nil {
+			bs[b] = counter(bs[b].Key, lims[b], q)
+		}
 	}
 	op, tokens := lua.OpSettle, delta
 	if delta < 0 {
@@ -188,10 +191,20 @@ func (l *Local) settle(now time.Time, r Request, delta int64) {
 	n := r.bandBuckets(&ids, &lims)
 	for i := range n {
 		lim := lims[i]
+		quota := r.quotaOf(i) != nil
+		if quota {
+			lim = regions.Limit{Capacity: quotaShare(r.Bands[i-1], 1), RefillPerSecond: quotaRefill}
+		}
 		k, s := l.key(ids[i])
 		s.mu.Lock()
 		e, ok := s.m[k]
-		if ok || delta > 0 {
+		switch {
+		case quota:
+			// A quota's bucket never refills: a settle goes as deep as delta takes it.
+			e.b.refill(now, float64(lim.Capacity), lim.RefillPerSecond)
+			e.b.tokens = min(max(e.b.tokens-float64(delta), -lua.MaxCapacity), float64(lim.Capacity))
+			l.store(s, k, e, ok, now, lim)
+		case ok || delta > 0:
 			l.open(&e, ok, now, lim, r.capFor(lim, 0))
 			e.b.settle(now, lim, delta)
 			l.store(s, k, e, ok, now, lim)
