@@ -1,0 +1,97 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"maps"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/quotaplane/quotaplane/regions"
+)
+
+func TestReportAndLoadUsage(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s, _ := newStore(t)
+	dec := time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC).Unix()
+	nov := time.Date(2026, 11, 1, 0, 0, 0, 0, time.UTC).Unix()
+	month := func(tenant string, start int64) regions.QuotaKey {
+		return regions.QuotaKey{Tenant: tenant, Route: "r", Band: "month", Start: start}
+	}
+	rep := func(k regions.QuotaKey, used int64) regions.QuotaReport { return regions.QuotaReport{QuotaKey: k, Used: used} }
+	// Two gateways of us-east report the same counter, out of order; a key twice in
+	// one batch counts its larger value.
+	for _, b := range []struct {
+		region string
+		rows   []regions.QuotaReport
+	}{
+		{"us-east", []regions.QuotaReport{rep(month("a", dec), 70), rep(month("a", nov), 900)}},
+		{"us-east", []regions.QuotaReport{rep(month("a", dec), 50)}}, // a stale report: no lower
+		{"eu-west", []regions.QuotaReport{rep(month("a", dec), 20), rep(month("b", dec), 5), rep(month("b", dec), 8)}},
+		{"us-east", nil},
+	} {
+		if err := s.ReportUsage(ctx, b.region, b.rows); err != nil {
+			t.Fatalf("report %s %v: %v", b.region, b.rows, err)
+		}
+	}
+	if err := s.ReportUsage(ctx, "us-east", []regions.QuotaReport{rep(month("a", dec), 70)}); err != nil {
+		t.Fatal(err) // the same report again
+	}
+	got, err := s.LoadUsage(ctx, "us-east", time.Unix(dec, 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[regions.QuotaKey]regions.QuotaUsage{
+		month("a", dec): {Mine: 70, Total: 90},
+		month("b", dec): {Mine: 0, Total: 8},
+	}
+	if !maps.Equal(got, want) {
+		t.Fatalf("us-east's usage since December: %v, want %v", got, want)
+	}
+	if got, err := s.LoadUsage(ctx, "eu-west", time.Unix(nov, 0)); err != nil || len(got) != 3 ||
+		got[month("a", nov)] != (regions.QuotaUsage{Mine: 0, Total: 900}) || got[month("b", dec)] != (regions.QuotaUsage{Mine: 8, Total: 8}) {
+		t.Fatalf("eu-west's usage since November: %v, %v", got, err)
+	}
+
+	n, err := s.PruneUsage(ctx, time.Unix(dec, 0))
+	if err != nil || n != 1 {
+		t.Fatalf("prune before December: %d rows, %v; want November's 1", n, err)
+	}
+	if got, err := s.LoadUsage(ctx, "us-east", time.Unix(0, 0)); err != nil || len(got) != 2 {
+		t.Fatalf("usage after pruning: %v, %v; want December's 2 periods", got, err)
+	}
+}
+
+func TestReportUsageRefusesBadInput(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s, _ := newStore(t)
+	good := regions.QuotaReport{QuotaKey: regions.QuotaKey{Tenant: "a", Route: "r", Band: "month", Start: 1795996800}, Used: 1}
+	for _, tc := range []struct {
+		region string
+		row    func(r *regions.QuotaReport)
+		want   string
+	}{
+		{"us east", func(*regions.QuotaReport) {}, "region id"},
+		{"us-east", func(r *regions.QuotaReport) { r.Tenant = "*" }, "tenant id"},
+		{"us-east", func(r *regions.QuotaReport) { r.Route = "" }, "route id"},
+		{"us-east", func(r *regions.QuotaReport) { r.Band = "a#b" }, "band id"},
+		{"us-east", func(r *regions.QuotaReport) { r.Used = -1 }, "negative"},
+		{"us-east", func(r *regions.QuotaReport) { r.Start = 1 << 62 }, "period start"},
+	} {
+		r := good
+		tc.row(&r)
+		err := s.ReportUsage(ctx, tc.region, []regions.QuotaReport{good, r})
+		if !errors.Is(err, regions.ErrInvalid) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("report %+v in %q: %v, want ErrInvalid naming %q", r, tc.region, err, tc.want)
+		}
+	}
+	if n := count(t, s, `SELECT count(*) FROM quota_usage`); n != 0 {
+		t.Fatalf("%d rows written by refused reports, want none", n)
+	}
+	if _, err := s.LoadUsage(ctx, "", time.Time{}); !errors.Is(err, regions.ErrInvalid) {
+		t.Fatalf("load usage of region \"\": %v, want ErrInvalid", err)
+	}
+}
