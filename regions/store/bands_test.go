@@ -452,6 +452,7 @@ func TestRaiseWindow(t *testing.T) {
 		{"fast rules", []regions.Rule{{Capacity: 10, RefillPerSecond: 1}}, day},
 		{"a 30-day band", []regions.Rule{{Capacity: 10, RefillPerSecond: 1, Bands: []regions.Band{{Name: "month", Capacity: 2_592_000, RefillPerSecond: 1}}}}, 30 * day},
 		{"a rule of 1e15 at 1e-3/s", []regions.Rule{{Capacity: 1e15, RefillPerSecond: 1e-3}}, MaxRaiseWindow},
+		{"a quota band", []regions.Rule{{Capacity: 10, RefillPerSecond: 1, Bands: []regions.Band{{Name: "month", Capacity: 1000, Period: regions.PeriodMonth}}}}, day},
 	} {
 		if got := raiseWindow(tc.rules); got != tc.want {
 			t.Errorf("%s: window %v, want %v", tc.name, got, tc.want)

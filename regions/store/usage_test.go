@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"maps"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -20,7 +21,9 @@ func TestReportAndLoadUsage(t *testing.T) {
 	month := func(tenant string, start int64) regions.QuotaKey {
 		return regions.QuotaKey{Tenant: tenant, Route: "r", Band: "month", Start: start}
 	}
-	rep := func(k regions.QuotaKey, used int64) regions.QuotaReport { return regions.QuotaReport{QuotaKey: k, Used: used} }
+	rep := func(k regions.QuotaKey, used int64) regions.QuotaReport {
+		return regions.QuotaReport{QuotaKey: k, Used: used}
+	}
 	// Two gateways of us-east report the same counter, out of order; a key twice in
 	// one batch counts its larger value.
 	for _, b := range []struct {
@@ -93,5 +96,56 @@ func TestReportUsageRefusesBadInput(t *testing.T) {
 	}
 	if _, err := s.LoadUsage(ctx, "", time.Time{}); !errors.Is(err, regions.ErrInvalid) {
 		t.Fatalf("load usage of region \"\": %v, want ErrInvalid", err)
+	}
+}
+
+// TestQuotaBandsStored: a rule's and a plan rule's quota bands (period, zone) are written
+// and read back as they were, by SetRule, SetPlanRule, Rules, Plans and the snapshot,
+// beside a token-bucket band; a quota band is never marked, however it grows.
+func TestQuotaBandsStored(t *testing.T) {
+	t.Parallel()
+	s, _ := newStore(t)
+	ctx := WithAudit(context.Background(), "test", "quota bands")
+	month := regions.Band{Name: "month", Capacity: 1_000_000, Period: regions.PeriodMonth}
+	day := regions.Band{Name: "day", Capacity: 5000, Period: regions.PeriodDay, Zone: "Europe/Berlin"}
+	r := regions.Rule{Tenant: "a", Route: "r", Capacity: 200, RefillPerSecond: 100, Shards: 1, Bands: []regions.Band{hourBand, month, day}}
+	if err := s.SetRule(ctx, r); err != nil {
+		t.Fatal(err)
+	}
+	pr := planRule("pro", "*", 200, 100)
+	pr.Bands = []regions.Band{day, month}
+	if err := s.SetPlanRule(ctx, pr); err != nil {
+		t.Fatal(err)
+	}
+	rules, err := s.Rules(ctx, "a", "r")
+	if err != nil || len(rules) != 1 || !reflect.DeepEqual(rules[0].Bands, r.Bands) {
+		t.Fatalf("rules: %+v, %v; want a/r with %+v", rules, err, r.Bands)
+	}
+	plans, err := s.Plans(ctx, "pro")
+	if err != nil || len(plans) != 1 || !reflect.DeepEqual(plans[0].Rules[0].Bands, pr.Bands) {
+		t.Fatalf("plans: %+v, %v; want pro/* with %+v", plans, err, pr.Bands)
+	}
+	snap, err := s.LoadSnapshot(ctx, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := snap.Rule("a", "r"); !reflect.DeepEqual(got.Bands, r.Bands) {
+		t.Errorf("snapshot rule a/r bands %+v, want %+v", got.Bands, r.Bands)
+	}
+	if len(snap.Skipped()) != 0 {
+		t.Errorf("snapshot skipped %+v", snap.Skipped())
+	}
+	exec(t, s, `DELETE FROM limit_raise`)
+	month.Capacity, day.Capacity = 10_000_000, 50_000
+	r.Bands = []regions.Band{hourBand, month, day}
+	if err := s.SetRule(ctx, r); err != nil {
+		t.Fatal(err)
+	}
+	pr.Bands = []regions.Band{day, month}
+	if err := s.SetPlanRule(ctx, pr); err != nil {
+		t.Fatal(err)
+	}
+	if n := count(t, s, `SELECT count(*) FROM limit_raise`); n != 0 {
+		t.Errorf("%d raise markers after quotas grew tenfold, want none", n)
 	}
 }
