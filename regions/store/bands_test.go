@@ -362,7 +362,8 @@ func TestParseBand(t *testing.T) {
 		"=1/1h":         "want NAME=CAPACITY/PER",
 		"hour=10000":    "want NAME=CAPACITY/PER",
 		"hour=1e4/1h":   "capacity \"1e4\"",
-		"hour=100/soon": `per "soon"`,
+		"hour=100/soon": `period "soon": want hour, day, week or month`,
+		"hour=100/1y":   `per "1y"`,
 		"hour=100@fast": `refill "fast"`,
 		"hour=100@NaN":  `refill "NaN"`,
 	} {
