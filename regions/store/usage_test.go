@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/quotaplane/quotaplane/internal/testenv"
+	"github.com/quotaplane/quotaplane/migrations"
 	"github.com/quotaplane/quotaplane/regions"
 )
 
@@ -147,5 +149,44 @@ func TestQuotaBandsStored(t *testing.T) {
 	}
 	if n := count(t, s, `SELECT count(*) FROM limit_raise`); n != 0 {
 		t.Errorf("%d raise markers after quotas grew tenfold, want none", n)
+	}
+}
+
+// TestUsageAsComponentRoles: the gateway's role reports and loads usage, the
+// rebalancer's prunes it (migrations/00013's grants), and the operator's reads it only.
+func TestUsageAsComponentRoles(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	_, url := newStore(t)
+	open := func(group, suffix string) *Store {
+		t.Helper()
+		s, err := Open(ctx, testenv.LoginRole(t, url, group, suffix))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(s.Close)
+		return s
+	}
+	gw, rb, op := open(migrations.RoleGateway, "gw"), open(migrations.RoleRebalancer, "rb"), open(migrations.RoleOperator, "op")
+	k := regions.QuotaKey{Tenant: "a", Route: "r", Band: "month", Start: time.Date(2026, 11, 1, 0, 0, 0, 0, time.UTC).Unix()}
+	for range 2 { // the second an update
+		if err := gw.ReportUsage(ctx, "us-east", []regions.QuotaReport{{QuotaKey: k, Used: 3}}); err != nil {
+			t.Fatalf("report as the gateway: %v", err)
+		}
+	}
+	if got, err := gw.LoadUsage(ctx, "us-east", time.Unix(k.Start, 0)); err != nil || got[k] != (regions.QuotaUsage{Mine: 3, Total: 3}) {
+		t.Fatalf("load as the gateway: %v, %v", got, err)
+	}
+	if _, err := op.LoadUsage(ctx, "us-east", time.Time{}); err != nil {
+		t.Fatalf("load as the operator: %v", err)
+	}
+	if _, err := op.PruneUsage(ctx, time.Now()); err == nil {
+		t.Fatal("the operator pruned usage")
+	}
+	if _, err := gw.PruneUsage(ctx, time.Now()); err == nil {
+		t.Fatal("the gateway pruned usage")
+	}
+	if n, err := rb.PruneUsage(ctx, time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)); err != nil || n != 1 {
+		t.Fatalf("prune as the rebalancer: %d, %v", n, err)
 	}
 }
