@@ -12,6 +12,8 @@
 // (session_user) and the name they give is kept as on_behalf_of. 00009 also creates the
 // group roles of the components (RoleGateway, RoleRebalancer, RoleOperator) with their
 // grants, and makes audit_log and region_share_history append-only for every role.
+// 00013 adds calendar quota bands and quota_usage, what each region has counted of each
+// quota period (written by the gateways, pruned by the rebalancer).
 // DownChecked rolls back one step unless it would lose data, remove a protection or pull
 // the schema from under live gateways (down.go).
 //

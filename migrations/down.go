@@ -224,6 +224,12 @@ var downChecks = map[int64]func(ctx context.Context, db *sql.DB) ([]Refusal, err
 		return dataLoss(ctx, db, "drops the bands of rules and plan rules (their further limits are no longer enforced)",
 			[]counted{{"rate_limit_rule", "rules with bands", "bands <> '[]'"}, {"plan_rule", "plan rules with bands", "bands <> '[]'"}})
 	},
+	13: func(ctx context.Context, db *sql.DB) ([]Refusal, error) {
+		return dataLoss(ctx, db, "drops the calendar quota bands of rules and plan rules (no longer enforced) and quota_usage (what each region has counted of them)",
+			[]counted{{"rate_limit_rule", "rules with quota bands", `jsonb_path_exists(bands, '$[*].period')`},
+				{"plan_rule", "plan rules with quota bands", `jsonb_path_exists(bands, '$[*].period')`},
+				{"quota_usage", "quota usage rows", ""}})
+	},
 }
 
 func noLoss(context.Context, *sql.DB) ([]Refusal, error) { return nil, nil }

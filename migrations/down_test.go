@@ -82,6 +82,20 @@ func TestDownChecked(t *testing.T) {
 	exec(`INSERT INTO gateway_instance (id, region, stopped_at) VALUES ('gw-2', 'us-east', now())`)
 	exec(`INSERT INTO plan (name) VALUES ('pro')`)
 	exec(`INSERT INTO plan_rule (plan, route_id, capacity, refill_per_second, bands) VALUES ('pro', '*', 200, 100, '[{"name": "hour", "capacity": 10000, "refill_per_second": 2.5}]')`)
+	exec(`INSERT INTO rate_limit_rule (tenant_id, route_id, capacity, refill_per_second, bands) VALUES ('q', 'r', 10, 1,
+		'[{"name": "hour", "capacity": 100, "refill_per_second": 1}, {"name": "month", "capacity": 1000, "refill_per_second": 0, "period": "month", "zone": "Europe/Berlin"}]')`)
+	exec(`INSERT INTO quota_usage (tenant, route, band, period_start, region, used) VALUES ('q', 'r', 'month', '2026-12-01T00:00:00+01:00', 'us-east', 5)`)
+	// 13: the quota band and its usage would go; the token-bucket bands stay.
+	refused(migrations.DownOptions{AllowLiveGateways: true}, map[migrations.RefusalKind]string{
+		migrations.RefusalDataLoss: "losing 1 rules with quota bands, 1 quota usage rows",
+	})
+	ok(migrations.DownOptions{AllowLiveGateways: true, AllowDataLoss: true})
+	var left string
+	if err := db.QueryRowContext(ctx, `SELECT bands::text FROM rate_limit_rule WHERE tenant_id = 'q'`).Scan(&left); err != nil ||
+		left != `[{"name": "hour", "capacity": 100, "refill_per_second": 1}]` {
+		t.Fatalf("bands of q/r after rolling back 13: %s, %v; want the hour band only", left, err)
+	}
+	exec(`DELETE FROM rate_limit_rule WHERE tenant_id = 'q'`)
 	// 12: the bands would go.
 	refused(migrations.DownOptions{}, map[migrations.RefusalKind]string{
 		migrations.RefusalLiveGateways: "gw-1 (us-east)",

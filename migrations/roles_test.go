@@ -88,7 +88,10 @@ func TestPrivilegeMatrix(t *testing.T) {
 		`INSERT INTO plan (name) VALUES ('pro'), ('free')`,
 		`INSERT INTO plan_rule (plan, route_id, capacity, refill_per_second) VALUES ('pro', '*', 200, 100)`,
 		`INSERT INTO tenant_plan (tenant_id, plan) VALUES ('shop-a', 'pro')`,
+		`INSERT INTO quota_usage (tenant, route, band, period_start, region, used) VALUES ('shop-a', 'r', 'month', '2026-12-01T00:00:00Z', 'us-east', 10)`,
 	)
+	report := `INSERT INTO quota_usage (tenant, route, band, period_start, region, used) VALUES ('shop-a', 'r', 'month', '2026-12-01T00:00:00Z', 'us-east', 12), ('shop-a', 'r', 'month', '2026-12-01T00:00:00Z', 'eu-west', 3)
+		ON CONFLICT (tenant, route, band, period_start, region) DO UPDATE SET used = greatest(quota_usage.used, EXCLUDED.used), updated_at = now()`
 	heartbeat := `INSERT INTO gateway_instance (id, region, last_seen, snapshot_xmin) VALUES ('gw-2', 'eu-west', now(), 5)
 		ON CONFLICT (id) DO UPDATE SET region = EXCLUDED.region, last_seen = now(), stopped_at = NULL, snapshot_xmin = EXCLUDED.snapshot_xmin`
 	appendOnly := []string{
@@ -134,6 +137,9 @@ func TestPrivilegeMatrix(t *testing.T) {
 		step{"gateway", `UPDATE plan_rule SET capacity = 1000`, denied},
 		step{"gateway", `INSERT INTO tenant_plan (tenant_id, plan) VALUES ('x', 'pro')`, denied},
 		step{"gateway", `DELETE FROM tenant_plan`, denied},
+		step{"gateway", report, allowed},
+		step{"gateway", `SELECT count(*) FROM quota_usage`, allowed},
+		step{"gateway", `DELETE FROM quota_usage`, denied},
 
 		// The rebalancer: its share rows under the lease, expired overrides, the lease.
 		step{"rebalancer", `SELECT epoch FROM rebalancer_lease WHERE id = 1 FOR SHARE`, allowed},
@@ -166,6 +172,9 @@ func TestPrivilegeMatrix(t *testing.T) {
 		step{"rebalancer", `INSERT INTO plan (name) VALUES ('x')`, denied},
 		step{"rebalancer", `UPDATE plan_rule SET capacity = 1000`, denied},
 		step{"rebalancer", `DELETE FROM tenant_plan`, denied},
+		step{"rebalancer", `SELECT count(*) FROM quota_usage`, allowed},
+		step{"rebalancer", `DELETE FROM quota_usage WHERE period_start < '2027-01-01T00:00:00Z'`, allowed},
+		step{"rebalancer", report, denied},
 
 		// The operator: rules, keys, regions, shares; reads everything.
 		step{"operator", `INSERT INTO rate_limit_rule (tenant_id, route_id, capacity, refill_per_second) VALUES ('x', 'r', 1, 1)`, allowed},
@@ -200,6 +209,9 @@ func TestPrivilegeMatrix(t *testing.T) {
 		step{"operator", `DELETE FROM tenant_plan WHERE tenant_id = 'shop-a'`, allowed},
 		step{"operator", `DELETE FROM plan WHERE name = 'free'`, allowed},
 		step{"operator", `SELECT limit_raise_plan_capacity('x', '*', 'pro', '{}')`, denied},
+		step{"operator", `SELECT count(*) FROM quota_usage`, allowed},
+		step{"operator", report, denied},
+		step{"operator", `DELETE FROM quota_usage`, denied},
 	)
 	conns := map[string]*pgx.Conn{}
 	for role, u := range p.urls {

@@ -11,7 +11,7 @@ import (
 
 // bandEdit is what the --band and --no-bands flags of `rules set` and `plans set` do to
 // a rule's bands: --no-bands drops them all first; each --band NAME=CAPACITY/PER (or
-// NAME=CAPACITY@REFILL) sets band NAME, in place if the rule has it, else after the
+// NAME=CAPACITY@REFILL, or a quota NAME=AMOUNT/PERIOD[@ZONE]) sets band NAME, in place if the rule has it, else after the
 // others; --band NAME= removes band NAME.
 type bandEdit struct {
 	clear  bool
@@ -19,7 +19,7 @@ type bandEdit struct {
 	remove map[string]bool
 }
 
-const bandFlagUsage = "a further bucket NAME=CAPACITY/PER (hour=10000/1h, day=1000000/30d) or NAME=CAPACITY@REFILL_PER_SECOND; NAME= removes band NAME; repeatable"
+const bandFlagUsage = "a further bucket NAME=CAPACITY/PER (hour=10000/1h, day=1000000/30d) or NAME=CAPACITY@REFILL_PER_SECOND, or a calendar quota NAME=AMOUNT/PERIOD[@ZONE] (PERIOD hour, day, week or month: month=1000000/month, day=5000/day@Europe/Berlin); NAME= removes band NAME; repeatable"
 
 func addBandFlags(f *pflag.FlagSet, specs *[]string, clear *bool) {
 	f.StringArrayVar(specs, "band", nil, bandFlagUsage)
@@ -115,7 +115,7 @@ func editBands(f *pflag.FlagSet, e bandEdit, old []regions.Band, nr regions.Rule
 	return bands, nil
 }
 
-// bandsCell is a rule's bands in a table: hour=10000/1h,day=1000000/30d; "-" for none.
+// bandsCell is a rule's bands in a table: hour=10000/1h,month=1000000/month; "-" for none.
 func bandsCell(bs []regions.Band) string {
 	if len(bs) == 0 {
 		return "-"

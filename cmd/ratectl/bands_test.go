@@ -101,7 +101,7 @@ func TestRulesSetBands(t *testing.T) {
 		want string
 	}{
 		{[]string{"--band", "hour"}, `--band "hour": invalid band "hour": want NAME=CAPACITY/PER`},
-		{[]string{"--band", "hour=10/soon"}, `per "soon"`},
+		{[]string{"--band", "hour=10/soon"}, `period "soon": want hour, day, week or month`},
 		{[]string{"--band", "hour=ten/1h"}, `capacity "ten"`},
 		{[]string{"--band", "hour=10/1h", "--band", "hour=20/1h"}, "band hour is given twice"},
 		{[]string{"--band", "rate=10/1h"}, `band "rate" is the name of the rule's own capacity and refill`},

@@ -155,7 +155,8 @@ func (a *app) bucketInspect(cmd *cobra.Command, o bucketOptions) error {
 	}
 
 	var limit *bucketLimit
-	var bands []regions.BandLimit // the rule's further bands, scaled (with --region)
+	var bands []regions.BandLimit // the rule's further token-bucket bands, scaled (with --region)
+	var quotas []string           // the names of its calendar quota bands, not shown
 	// holds is, with --region, the raise hold of bucket i (band "" the rule's own, or a
 	// shard of it) of limit l: the most it may hold now, since when, and whether it holds.
 	var holds func(i int, band string, l regions.Limit) (float64, time.Duration, bool)
@@ -200,7 +201,15 @@ func (a *app) bucketInspect(cmd *cobra.Command, o bucketOptions) error {
 			}
 			limit = &bucketLimit{Limit: regions.Limit{Capacity: lim.Capacity, RefillPerSecond: sig(lim.RefillPerSecond)}, Source: "database",
 				Region: o.region, Share: share, Shards: max(1, rule.Shards)}
-			bands = rule.ScaledBands(share, time.Now(), nil)
+			// A calendar quota is a counter per period, not a bucket (no capacity refilled,
+			// no raise hold): the buckets shown are the rule's and its token-bucket bands.
+			for _, b := range rule.ScaledBands(share, time.Now(), nil) {
+				if b.Quota == nil {
+					bands = append(bands, b)
+				} else {
+					quotas = append(quotas, b.Name)
+				}
+			}
 			return nil
 		})
 		if err != nil {
@@ -281,6 +290,9 @@ func (a *app) bucketInspect(cmd *cobra.Command, o bucketOptions) error {
 	}
 	if limit == nil {
 		a.warnf("tokens now needs the bucket's size: give --region (reads the rule and share from the database) or --capacity and --refill")
+	}
+	if len(quotas) > 0 {
+		a.warnf("the rule's calendar quota bands (%s) are counters per period, not buckets: not shown", strings.Join(quotas, ", "))
 	}
 	return nil
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/quotaplane/quotaplane/internal/testenv"
 	"github.com/quotaplane/quotaplane/lua"
+	"github.com/quotaplane/quotaplane/regions"
 )
 
 // normBucket blanks what depends on when the test ran: times, TTLs and times to full.
@@ -73,6 +74,21 @@ func TestBucketInspect(t *testing.T) {
 				golden(t, tc.name+"."+format, normBucket(r.stdout))
 			}
 		})
+	}
+
+	// A calendar quota band is a counter, not a bucket: left out, with a warning.
+	c.ok("rules", "set", "--apply", "--tenant", "shop-a", "--route", "quota", "--capacity", "100", "--refill", "0.00004",
+		"--band", "hour=60@0.00002", "--band", "month=1000/month")
+	{
+		r := c.ok("bucket", "inspect", "--tenant", "shop-a", "--route", "quota", "--region", "us-east", "-o", "json")
+		var rep bucketReport
+		if err := json.Unmarshal([]byte(r.stdout), &rep); err != nil {
+			t.Fatal(err)
+		}
+		if len(rep.Buckets) != 2 || rep.Buckets[0].Band != regions.PrimaryBand || rep.Buckets[1].Band != "hour" ||
+			!strings.Contains(r.stderr, "calendar quota bands (month) are counters per period, not buckets") {
+			t.Errorf("bucket inspect of a rule with a quota: %+v, stderr %q", rep.Buckets, r.stderr)
+		}
 	}
 
 	// Tokens now on Redis's clock, by the scripts' maths: a bucket of 10 refilling 2/s,

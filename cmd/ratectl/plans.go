@@ -152,9 +152,10 @@ the order is tenant+route, tenant+*, plan+route, plan+*, *+route, *+*. It is one
 all the plan's tenants change in one transaction, with one audit row.
 
 Flags not given keep the existing rule's values; a new rule needs --capacity and --refill.
---band NAME=CAPACITY/PER (hour=10000/1h), --band NAME= and --no-bands set and remove
-the rule's further buckets as with ratectl rules set: each tenant of the plan gets every
-band in buckets of its own.
+--band NAME=CAPACITY/PER (hour=10000/1h), --band NAME=AMOUNT/PERIOD[@ZONE] (a calendar
+quota: month=1000000/month), --band NAME= and --no-bands set and remove the rule's
+further limits as with ratectl rules set: each tenant of the plan gets every band in
+buckets (and quotas) of its own.
 Without --apply it prints the change and writes nothing; a plan with tenants gets a
 WARNING line on stderr.`,
 		Args: exactArgs(1, "a plan name"),

@@ -105,6 +105,13 @@ is admitted only if the rule's own bucket (the band "rate") and every band admit
 most 8 bands; a rule with bands has one shard. --band NAME= removes band NAME,
 --no-bands removes them all (then --band sets the new ones). Other bands are kept.
 
+--band NAME=AMOUNT/PERIOD[@ZONE] makes band NAME a calendar quota: AMOUNT requests per
+calendar hour, day, week (from Monday) or month, reset at each period's start in ZONE
+(an IANA time zone; UTC without one): month=1000000/month, day=5000/day@Europe/Berlin.
+A word is a quota, a duration a token bucket (day=5000/1d refills smoothly). A quota's
+amount is for the whole fleet: each region may use its own usage plus its share of what
+is left.
+
 Without --apply it prints the change and writes nothing; a tenant or route * (which reach
 every tenant or route at once) and, with --gateway-config, a route id no gateway config
 defines get a WARNING line on stderr.`,

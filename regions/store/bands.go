@@ -3,9 +3,11 @@ package store
 import (
 	"fmt"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
+	"unicode"
 
 	"github.com/quotaplane/quotaplane/internal/days"
 	"github.com/quotaplane/quotaplane/regions"
@@ -16,15 +18,41 @@ import (
 // refill per second), in ratectl's flags and tables; a limits file has the same fields
 // (per or refill_per_second). PER is a Go duration, or whole days and weeks first
 // (30d, 2w, 1d12h), as ratectl's duration flags.
+//
+// A calendar quota is written NAME=AMOUNT/PERIOD or NAME=AMOUNT/PERIOD@ZONE, PERIOD one
+// of the words hour, day, week, month (month=1000000/month, day=5000/day@Europe/Berlin):
+// AMOUNT per calendar period in ZONE (UTC without one). A word is a quota and a duration
+// a token bucket: day=5000/day resets at midnight, day=5000/1d refills smoothly.
 
-// ParseBand reads NAME=CAPACITY/PER or NAME=CAPACITY@REFILL[/s]. It checks the syntax and the
-// numbers' form; regions.Rule.Validate checks the rest (the name, the ranges, duplicates).
+const bandSyntax = "want NAME=CAPACITY/PER (hour=10000/1h), NAME=CAPACITY@REFILL_PER_SECOND or a calendar quota NAME=AMOUNT/PERIOD[@ZONE] (month=1000000/month)"
+
+// ParseBand reads NAME=CAPACITY/PER, NAME=CAPACITY@REFILL[/s] or NAME=AMOUNT/PERIOD[@ZONE].
+// It checks the syntax and the numbers' form; regions.Rule.Validate checks the rest
+// (the name, the ranges, the zone, duplicates).
 func ParseBand(s string) (regions.Band, error) {
 	name, spec, ok := strings.Cut(s, "=")
 	if !ok || name == "" || spec == "" {
-		return regions.Band{}, fmt.Errorf("%w band %q: want NAME=CAPACITY/PER (hour=10000/1h) or NAME=CAPACITY@REFILL_PER_SECOND", regions.ErrInvalid, s)
+		return regions.Band{}, fmt.Errorf("%w band %q: %s", regions.ErrInvalid, s, bandSyntax)
 	}
 	b := regions.Band{Name: name}
+	// AMOUNT/PERIOD[@ZONE] first: a zone holds '/' and a refill may end in "/s".
+	if amount, rest, ok := strings.Cut(spec, "/"); ok {
+		word, zone, zoned := strings.Cut(rest, "@")
+		if period, ok := ParsePeriod(word); ok || zoned {
+			if !ok {
+				return regions.Band{}, fmt.Errorf("%w band %s: %w", regions.ErrInvalid, name, periodError(word))
+			}
+			if zoned && zone == "" {
+				return regions.Band{}, fmt.Errorf("%w band %s: zone after '@' is empty: give an IANA time zone like Europe/Berlin, or no '@' for UTC", regions.ErrInvalid, name)
+			}
+			c, err := strconv.ParseInt(amount, 10, 64)
+			if err != nil {
+				return regions.Band{}, fmt.Errorf("%w band %s: amount %q: want a whole number per %s", regions.ErrInvalid, name, amount, period)
+			}
+			b.Capacity, b.Period, b.Zone = c, period, zone
+			return b, nil
+		}
+	}
 	// CAPACITY@REFILL (a trailing "/s" allowed: 500@10/s), else CAPACITY/PER.
 	capText, refill, isRefill := strings.Cut(spec, "@")
 	refill = strings.TrimSuffix(refill, "/s")
@@ -35,7 +63,7 @@ func ParseBand(s string) (regions.Band, error) {
 	if !isRefill {
 		capText, per, isPer = strings.Cut(spec, "/")
 		if !isPer {
-			return regions.Band{}, fmt.Errorf("%w band %q: want NAME=CAPACITY/PER (hour=10000/1h) or NAME=CAPACITY@REFILL_PER_SECOND", regions.ErrInvalid, s)
+			return regions.Band{}, fmt.Errorf("%w band %q: %s", regions.ErrInvalid, s, bandSyntax)
 		}
 	}
 	c, err := strconv.ParseInt(capText, 10, 64)
@@ -44,6 +72,9 @@ func ParseBand(s string) (regions.Band, error) {
 	}
 	b.Capacity = c
 	if isPer {
+		if _, perr := parsePer(per); perr != nil && isWord(per) {
+			return regions.Band{}, fmt.Errorf("%w band %s: %w", regions.ErrInvalid, name, periodError(per))
+		}
 		b.RefillPerSecond, err = RefillOver(c, per)
 		if err != nil {
 			return regions.Band{}, fmt.Errorf("%w band %s: %w", regions.ErrInvalid, name, err)
@@ -56,6 +87,27 @@ func ParseBand(s string) (regions.Band, error) {
 	}
 	b.RefillPerSecond = r
 	return b, nil
+}
+
+// ParsePeriod reads a quota's period word: hour, day, week or month.
+func ParsePeriod(s string) (regions.Period, bool) {
+	p := regions.Period(s)
+	return p, slices.Contains(regions.Periods, p)
+}
+
+// periodError says what is wrong with a period word that is none of regions.Periods.
+func periodError(word string) error {
+	return fmt.Errorf("period %q: want hour, day, week or month for a calendar quota (a duration like 1h or 30d makes a token bucket)", word)
+}
+
+// isWord reports whether s is letters only (a misspelt period, not a duration).
+func isWord(s string) bool {
+	for _, c := range s {
+		if !unicode.IsLetter(c) {
+			return false
+		}
+	}
+	return s != ""
 }
 
 // RefillOver is the refill per second of capacity tokens over per (a duration, see
@@ -120,9 +172,16 @@ func formatPer(d time.Duration) string {
 	return s
 }
 
-// FormatBand is b as ParseBand reads it: NAME=CAPACITY/PER where a per gives its refill
-// exactly, else NAME=CAPACITY@REFILL.
+// FormatBand is b as ParseBand reads it: a quota NAME=AMOUNT/PERIOD[@ZONE]; a token
+// bucket NAME=CAPACITY/PER where a per gives its refill exactly, else
+// NAME=CAPACITY@REFILL.
 func FormatBand(b regions.Band) string {
+	if b.Quota() {
+		if b.Zone != "" {
+			return fmt.Sprintf("%s=%d/%s@%s", b.Name, b.Capacity, b.Period, b.Zone)
+		}
+		return fmt.Sprintf("%s=%d/%s", b.Name, b.Capacity, b.Period)
+	}
 	if per, ok := BandPer(b); ok {
 		return fmt.Sprintf("%s=%d/%s", b.Name, b.Capacity, per)
 	}

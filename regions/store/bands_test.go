@@ -362,7 +362,8 @@ func TestParseBand(t *testing.T) {
 		"=1/1h":         "want NAME=CAPACITY/PER",
 		"hour=10000":    "want NAME=CAPACITY/PER",
 		"hour=1e4/1h":   "capacity \"1e4\"",
-		"hour=100/soon": `per "soon"`,
+		"hour=100/soon": `period "soon": want hour, day, week or month`,
+		"hour=100/1y":   `per "1y"`,
 		"hour=100@fast": `refill "fast"`,
 		"hour=100@NaN":  `refill "NaN"`,
 	} {
@@ -452,6 +453,7 @@ func TestRaiseWindow(t *testing.T) {
 		{"fast rules", []regions.Rule{{Capacity: 10, RefillPerSecond: 1}}, day},
 		{"a 30-day band", []regions.Rule{{Capacity: 10, RefillPerSecond: 1, Bands: []regions.Band{{Name: "month", Capacity: 2_592_000, RefillPerSecond: 1}}}}, 30 * day},
 		{"a rule of 1e15 at 1e-3/s", []regions.Rule{{Capacity: 1e15, RefillPerSecond: 1e-3}}, MaxRaiseWindow},
+		{"a quota band", []regions.Rule{{Capacity: 10, RefillPerSecond: 1, Bands: []regions.Band{{Name: "month", Capacity: 1000, Period: regions.PeriodMonth}}}}, day},
 	} {
 		if got := raiseWindow(tc.rules); got != tc.want {
 			t.Errorf("%s: window %v, want %v", tc.name, got, tc.want)

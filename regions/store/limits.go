@@ -145,13 +145,17 @@ type planRuleYAML struct {
 	Bands []bandYAML `yaml:"bands,omitempty" json:"bands,omitempty"`
 }
 
-// bandYAML is one further bucket of a rule: a name, a capacity and exactly one of per
-// (the capacity refills over it: 1h, 30d; see ParseBand) and refill_per_second.
+// bandYAML is one further limit of a rule: a name, a capacity and either exactly one of
+// per (the capacity refills over it: 1h, 30d; see ParseBand) and refill_per_second, a
+// token bucket, or a period (hour, day, week, month) and optionally a zone, a calendar
+// quota of capacity per period.
 type bandYAML struct {
 	Name            string   `yaml:"name" json:"name"`
 	Capacity        int64    `yaml:"capacity" json:"capacity"`
 	Per             string   `yaml:"per,omitempty" json:"per,omitempty"`
 	RefillPerSecond *float64 `yaml:"refill_per_second,omitempty" json:"refill_per_second,omitempty"`
+	Period          string   `yaml:"period,omitempty" json:"period,omitempty"`
+	Zone            string   `yaml:"zone,omitempty" json:"zone,omitempty"`
 }
 
 // bandsOf reads the bands of a rule (what names it in errors); none is nil.
@@ -163,6 +167,17 @@ func bandsOf(what string, ys []bandYAML) ([]regions.Band, error) {
 	for _, y := range ys {
 		b := regions.Band{Name: y.Name, Capacity: y.Capacity}
 		switch {
+		case y.Period != "":
+			p, ok := ParsePeriod(y.Period)
+			switch {
+			case !ok:
+				return nil, fmt.Errorf("%w %s: band %s: %w", regions.ErrInvalid, what, y.Name, periodError(y.Period))
+			case y.Per != "" || y.RefillPerSecond != nil:
+				return nil, fmt.Errorf("%w %s: band %s: a calendar quota (period %s) is an amount per period: give no per or refill_per_second", regions.ErrInvalid, what, y.Name, p)
+			}
+			b.Period, b.Zone = p, y.Zone
+		case y.Zone != "":
+			return nil, fmt.Errorf("%w %s: band %s: zone %q is for a calendar quota: give a period (hour, day, week, month) too", regions.ErrInvalid, what, y.Name, y.Zone)
 		case y.Per != "" && y.RefillPerSecond != nil:
 			return nil, fmt.Errorf("%w %s: band %s: give per or refill_per_second, not both", regions.ErrInvalid, what, y.Name)
 		case y.Per != "":
@@ -174,7 +189,7 @@ func bandsOf(what string, ys []bandYAML) ([]regions.Band, error) {
 		case y.RefillPerSecond != nil:
 			b.RefillPerSecond = *y.RefillPerSecond
 		default:
-			return nil, fmt.Errorf("%w %s: band %s: give per (1h, 30d) or refill_per_second", regions.ErrInvalid, what, y.Name)
+			return nil, fmt.Errorf("%w %s: band %s: give per (1h, 30d) or refill_per_second for a token bucket, or period (hour, day, week, month) for a calendar quota", regions.ErrInvalid, what, y.Name)
 		}
 		out = append(out, b)
 	}
@@ -189,7 +204,9 @@ func bandsYAML(bs []regions.Band) []bandYAML {
 	out := make([]bandYAML, 0, len(bs))
 	for _, b := range bs {
 		y := bandYAML{Name: b.Name, Capacity: b.Capacity}
-		if per, ok := BandPer(b); ok {
+		if b.Quota() {
+			y.Period, y.Zone = string(b.Period), b.Zone
+		} else if per, ok := BandPer(b); ok {
 			y.Per = per
 		} else {
 			r := b.RefillPerSecond
@@ -412,7 +429,7 @@ var limitsSchema = map[string]map[string]fieldKind{
 	"plans.rules":  {"route": kindString, "capacity": kindInt, "shards": kindInt},
 	"tenant_plans": {"tenant": kindString, "plan": kindString},
 	// The entries of a rule's (or a plan's rule's) bands list.
-	"bands": {"name": kindString, "capacity": kindInt, "per": kindString},
+	"bands": {"name": kindString, "capacity": kindInt, "per": kindString, "period": kindString, "zone": kindString},
 }
 
 // decodeLimits decodes a limits file strictly, and stops when ctx ends (SIGTERM, the

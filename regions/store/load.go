@@ -409,14 +409,18 @@ func (s *Store) Raises(ctx context.Context, rules ...[]regions.Rule) ([]regions.
 const MaxRaiseWindow = 366 * 24 * time.Hour
 
 // raiseWindow is how far back a raise marker may still hold a bucket: the longest fill
-// time (capacity / refill) of the rules and plan rules and their bands, at least a day
-// (the window before bands) and at most MaxRaiseWindow.
+// time (capacity / refill) of the rules and plan rules and their token-bucket bands
+// (a quota band has no bucket to hold, and would fill in forever), at least a day (the
+// window before bands) and at most MaxRaiseWindow.
 func raiseWindow(sets ...[]regions.Rule) time.Duration {
 	longest := 24 * time.Hour
 	for _, rules := range sets {
 		for _, r := range rules {
 			longest = max(longest, regions.Limit{Capacity: r.Capacity, RefillPerSecond: r.RefillPerSecond}.FillTime())
 			for _, b := range r.Bands {
+				if b.Quota() {
+					continue // no bucket, no marker (migrations/00013); its refill is 0
+				}
 				longest = max(longest, b.Limit().FillTime())
 			}
 		}
