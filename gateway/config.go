@@ -44,6 +44,7 @@ const (
 	DefaultBreakerFailures   = limiter.DefaultBreakerFailures
 	DefaultBreakerOpenFor    = limiter.DefaultBreakerOpenFor
 	DefaultReloadInterval    = 30 * time.Second
+	DefaultQuotaSyncInterval = 5 * time.Second
 	DefaultHeartbeatInterval = store.DefaultHeartbeatInterval
 	DefaultExpectedInstances = limiter.DefaultExpectedInstances
 	DefaultDrainTimeout      = 15 * time.Second
@@ -90,6 +91,10 @@ type Config struct {
 	Redis RedisConfig `yaml:"redis"`
 	// ReloadInterval is the safety-net reload period (NOTIFY reloads come sooner).
 	ReloadInterval time.Duration `yaml:"reload_interval"`
+	// QuotaSyncInterval is how often this instance reports its region's calendar-quota
+	// counters to the database and reads back every region's usage: the staleness of
+	// the quota allowances (docs/reliability.md, "Calendar quotas").
+	QuotaSyncInterval time.Duration `yaml:"quota_sync_interval"`
 	// HeartbeatInterval is how often this instance records itself alive; an instance unseen
 	// for three intervals counts as dead.
 	HeartbeatInterval time.Duration `yaml:"heartbeat_interval"`
@@ -464,6 +469,10 @@ type BandConfig struct {
 	// (store.RefillOver).
 	Per             string  `yaml:"per"`
 	RefillPerSecond float64 `yaml:"refill_per_second"`
+	// Period makes the band a calendar quota of capacity per hour, day, week or month
+	// (no per, no refill_per_second), counted in Zone's calendar ("" is UTC).
+	Period regions.Period `yaml:"period"`
+	Zone   string         `yaml:"zone"`
 }
 
 // band is b as a regions.Band (checkBands has checked it).
@@ -472,7 +481,10 @@ func (b BandConfig) band() regions.Band {
 	if r, err := store.RefillOver(b.Capacity, b.Per); b.Per != "" && err == nil {
 		refill = r
 	}
-	return regions.Band{Name: b.Name, Capacity: b.Capacity, RefillPerSecond: refill}
+	if b.Period != "" {
+		return regions.Band{Name: b.Name, Capacity: b.Capacity, Period: b.Period, Zone: b.Zone}
+	}
+	return regions.Band{Name: b.Name, Capacity: b.Capacity, RefillPerSecond: refill, Zone: b.Zone}
 }
 
 // regionsBands are bands as regions.Bands; nil for none.
@@ -650,6 +662,9 @@ func (c *Config) fillDefaults() {
 	if c.ReloadInterval == 0 {
 		c.ReloadInterval = DefaultReloadInterval
 	}
+	if c.QuotaSyncInterval == 0 {
+		c.QuotaSyncInterval = DefaultQuotaSyncInterval
+	}
 	if c.HeartbeatInterval == 0 {
 		c.HeartbeatInterval = DefaultHeartbeatInterval
 	}
@@ -758,6 +773,7 @@ func (c *Config) checkTimings() error {
 		{"redis.breaker.open_for", c.Redis.Breaker.OpenFor},
 		{"redis.breaker.failure_span", c.Redis.Breaker.FailureSpan},
 		{"reload_interval", c.ReloadInterval},
+		{"quota_sync_interval", c.QuotaSyncInterval},
 		{"heartbeat_interval", c.HeartbeatInterval},
 		{"drain_timeout", c.DrainTimeout},
 		{"metrics.tenant_interval", c.Metrics.TenantInterval},
@@ -783,6 +799,9 @@ func (c *Config) checkTimings() error {
 	}
 	if c.ReloadInterval < 100*time.Millisecond {
 		return c.bad("reload_interval", "%s is shorter than 100ms", c.ReloadInterval)
+	}
+	if c.QuotaSyncInterval < 100*time.Millisecond || c.QuotaSyncInterval > 10*time.Minute {
+		return c.bad("quota_sync_interval", "must be between 100ms and 10m (the quotas' staleness), got %s", c.QuotaSyncInterval)
 	}
 	if c.HeartbeatInterval < 10*time.Millisecond {
 		return c.bad("heartbeat_interval", "%s is shorter than 10ms", c.HeartbeatInterval)
@@ -1172,6 +1191,27 @@ func checkBucket(capacity int64, refill float64, shards int) *bucketError {
 // checkBands checks a rule's bands: at most regions.MaxBands, each an id other than
 // regions.PrimaryBand and unique, a bucket (per or refill_per_second, not both), and no
 // shards; then regions.Rule.Validate on them as the snapshot will hold them.
+// checkQuotaBand checks band b (at key) with a period or a zone: a calendar quota.
+func checkQuotaBand(key string, b BandConfig) *bucketError {
+	switch {
+	case b.Period == "":
+		return &bucketError{key + ".zone", "a zone is for a calendar quota: give period (hour, day, week or month) too"}
+	case b.Per != "" || b.RefillPerSecond != 0:
+		return &bucketError{key, "a calendar quota (period) has no per or refill_per_second: it resets at each period's start"}
+	case b.Capacity < 1 || b.Capacity > regions.MaxCapacity:
+		return &bucketError{key + ".capacity", fmt.Sprintf("must be between 1 and %d, got %d", int64(regions.MaxCapacity), b.Capacity)}
+	}
+	r := regions.Rule{Tenant: regions.Wildcard, Route: regions.Wildcard, Capacity: 1, RefillPerSecond: 1, Shards: 1, Bands: []regions.Band{b.band()}}
+	if err := r.Validate(); err != nil {
+		k := key + ".period"
+		if strings.Contains(err.Error(), "zone") {
+			k = key + ".zone"
+		}
+		return &bucketError{k, unwrapInvalid(err)}
+	}
+	return nil
+}
+
 func checkBands(bands []BandConfig, shards int) *bucketError {
 	if len(bands) == 0 {
 		return nil
@@ -1195,6 +1235,12 @@ func checkBands(bands []BandConfig, shards int) *bucketError {
 			return &bucketError{key + ".name", fmt.Sprintf("band %q is already bands[%d]", b.Name, j)}
 		}
 		seen[b.Name] = i
+		if b.Period != "" || b.Zone != "" {
+			if err := checkQuotaBand(key, b); err != nil {
+				return err
+			}
+			continue
+		}
 		switch {
 		case b.Per != "" && b.RefillPerSecond != 0:
 			return &bucketError{key, "give per or refill_per_second, not both"}

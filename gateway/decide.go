@@ -34,6 +34,9 @@ type verdict struct {
 	// region's; for a rule with bands, the reported band's), for the RLS status's
 	// current_limit.
 	refill float64
+	// quotaWindow is the length of the reported band's period when it is a calendar
+	// quota (0 for a token bucket), for the RLS status's current_limit.
+	quotaWindow time.Duration
 	// resetAfter is the time until the bucket (the reported band) is full (allowed) or
 	// until the next request can be admitted (throttled).
 	resetAfter time.Duration
@@ -82,6 +85,7 @@ func (g *Gateway) decide(ctx context.Context, a ask) (v verdict, ok bool) {
 		return verdict{dec: decAllowed, src: srcNone}, true
 	default:
 		v.src = sourceOf(d.Source)
+		g.sawQuotas(a.tenant, a.rt.id, d)
 	}
 	g.m.duration[v.src].Observe(elapsed.Seconds())
 	v.dec = decAllowed
@@ -99,6 +103,11 @@ func (g *Gateway) decide(ctx context.Context, a ask) (v verdict, ok bool) {
 	v.refill = d.RefillPerSecond
 	v.advertised = true
 	v.hdr = decisionHeaders(d)
+	if len(d.Bands) > 0 {
+		if q := d.Bands[reportedBand(d)].Quota; q != nil {
+			v.quotaWindow = q.End.Sub(q.Start)
+		}
+	}
 	v.resetAfter = d.ResetAfter
 	if !d.Allowed {
 		v.resetAfter = d.RetryAfter
@@ -107,6 +116,34 @@ func (g *Gateway) decide(ctx context.Context, a ask) (v verdict, ok bool) {
 		v.req, v.settleable = req, true
 	}
 	return v, true
+}
+
+// sawQuotas passes on the quota counters a decision Redis made showed (the region's
+// usage of each quota band's period) to be reported to the store.
+func (g *Gateway) sawQuotas(tenant, route string, d limiter.Decision) {
+	if g.usage == nil || d.Source != limiter.SourceRedis {
+		return
+	}
+	for _, b := range d.Bands {
+		if b.Quota != nil && b.Used > 0 {
+			g.usage.Saw(regions.QuotaKey{Tenant: tenant, Route: route, Band: b.Name, Start: b.Quota.Start.Unix()}, b.Used)
+		}
+	}
+}
+
+// quotaUsage is what the store has counted of one period of a quota band: nothing for a
+// standalone gateway (its Local counts alone); for a gateway whose store has not
+// answered yet, the whole budget spent, so a gateway that starts while the store is
+// down never hands out a fresh allowance (it refuses until the first count).
+func (g *Gateway) quotaUsage(tenant, route, band string, start time.Time) regions.QuotaUsage {
+	if g.usage == nil {
+		return regions.QuotaUsage{}
+	}
+	u, loaded := g.usage.Usage(regions.QuotaKey{Tenant: tenant, Route: route, Band: band, Start: start.Unix()})
+	if !loaded {
+		return regions.QuotaUsage{Total: regions.MaxCapacity}
+	}
+	return u
 }
 
 // limiterRequest is the limiter's request for a, under the rule the snapshot gives a's
@@ -121,7 +158,9 @@ func (g *Gateway) limiterRequest(a ask) (limiter.Request, regions.Rule) {
 		share *= pending
 		lim = regions.Scale(rule.Capacity, rule.RefillPerSecond, share)
 	}
-	bands := rule.ScaledBands(share, g.now(), nil)
+	bands := rule.ScaledBands(share, g.now(), func(band string, start time.Time) regions.QuotaUsage {
+		return g.quotaUsage(a.tenant, a.rt.id, band, start)
+	})
 	req := limiter.Request{Tenant: a.tenant, Route: a.rt.id, Limit: lim, Cost: a.cost, Shards: rule.Shards, Bands: bands}
 	if a.value != "" {
 		req.Value, req.ValueLimit = a.value, lim
@@ -143,6 +182,9 @@ func (g *Gateway) limiterRequest(a ask) (limiter.Request, regions.Rule) {
 	}
 	// Each band is held by its own raises (and the share's), not by the rule's own.
 	for i, b := range rule.Bands {
+		if b.Quota() {
+			continue // a quota has no bucket to hold: its allowance follows the share
+		}
 		if ago, ratio, ok := a.snap.BandRaise(g.cfg.Region, a.tenant, a.rt.id, b.Name, b.Limit().FillTime(), g.sinceSnapshot()); ok {
 			if req.BandRaises == nil {
 				req.BandRaises = make([]limiter.Raise, len(rule.Bands))
@@ -160,7 +202,7 @@ func costAboveBands(cost int64, lim regions.Limit, bands []regions.BandLimit) bo
 		return true
 	}
 	for _, b := range bands {
-		if cost > b.Limit.Capacity {
+		if b.Quota == nil && cost > b.Limit.Capacity { // a quota's allowance moves: the limiter refuses
 			return true
 		}
 	}
@@ -179,7 +221,7 @@ func costRefusal(cost int64, lim regions.Limit, bands []regions.BandLimit) limit
 	over, fill := 0, lim
 	if cost <= lim.Capacity {
 		for i, b := range bands {
-			if cost > b.Limit.Capacity {
+			if b.Quota == nil && cost > b.Limit.Capacity {
 				over, fill = i+1, b.Limit
 				break
 			}

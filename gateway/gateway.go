@@ -20,6 +20,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/quotaplane/quotaplane/gateway/limiter"
+	"github.com/quotaplane/quotaplane/gateway/usage"
 	"github.com/quotaplane/quotaplane/regions"
 	"github.com/quotaplane/quotaplane/regions/store"
 )
@@ -92,6 +93,9 @@ type Gateway struct {
 	admin     http.Handler
 
 	store *store.Store // database mode: opened by Run (it dials on first use)
+	// usage reports this region's quota counters and reads the fleet's (database mode;
+	// nil standalone: a Local counts its quotas alone).
+	usage *usage.Tracker
 }
 
 // redisBackend is what the gateway does with the Redis limiter besides deciding
@@ -246,6 +250,11 @@ func (g *Gateway) Run(ctx context.Context) error {
 			return fmt.Errorf("gateway %s: %w", g.cfg.Region, err)
 		}
 		g.store = st
+		g.usage, err = usage.New(g.cfg.Region, st, usage.Options{Now: g.now, Logger: g.log,
+			Registerer: prometheus.WrapRegistererWith(prometheus.Labels{"region": g.cfg.Region}, g.registerer)})
+		if err != nil {
+			return fmt.Errorf("gateway %s: %w", g.cfg.Region, err)
+		}
 	}
 	ln, err := net.Listen("tcp", g.cfg.Listen)
 	if err != nil {
@@ -323,6 +332,9 @@ func (g *Gateway) run(ctx context.Context, ln, aln, rln net.Listener) error {
 				return 0
 			}}
 		wg.Go(func() { hb.run(bg) })
+		if g.usage != nil {
+			wg.Go(func() { g.usage.Run(bg, g.cfg.QuotaSyncInterval, min(g.cfg.QuotaSyncInterval, 5*time.Second)) })
+		}
 	}
 	wg.Go(func() { g.rotateTenants(bg) })
 	if g.redis != nil {

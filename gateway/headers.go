@@ -81,6 +81,11 @@ func decisionHeaders(d limiter.Decision) rateHeaders {
 	h.policies = make([]bandPolicy, len(d.Bands))
 	for i, b := range d.Bands {
 		h.policies[i] = bandPolicy{name: b.Name, quota: b.Limit, window: windowOf(b.Limit, b.RefillPerSecond)}
+		if q := b.Quota; q != nil {
+			// A quota: its amount at this region's share (steady while the allowance
+			// moves with usage) over its calendar period.
+			h.policies[i].quota, h.policies[i].window = q.Policy, max(ceilSeconds(q.End.Sub(q.Start)), 1)
+		}
 	}
 	return h
 }

@@ -134,7 +134,11 @@ func (s *rlsService) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRe
 		if !v.advertised {
 			continue
 		}
-		st.status.CurrentLimit = currentLimit(&st.limit, v.hdr.quota, v.refill)
+		if v.quotaWindow > 0 {
+			st.status.CurrentLimit = quotaLimit(&st.limit, v.hdr.quota, v.quotaWindow)
+		} else {
+			st.status.CurrentLimit = currentLimit(&st.limit, v.hdr.quota, v.refill)
+		}
 		st.status.LimitRemaining = uint32(min(max(v.hdr.remaining, 0), math.MaxUint32))
 		st.status.DurationUntilReset = durationOf(&st.reset, v.resetAfter)
 		if !hasShown || moreRestrictive(&v, &shown) {
@@ -209,6 +213,27 @@ func currentLimit(into *rlsv3.RateLimitResponse_RateLimit, capacity int64, refil
 	into.Name = string(strconv.AppendInt(append(buf[:0], prefix...), capacity, 10))
 	into.RequestsPerUnit = uint32(min(math.Round(refill*u.sec), math.MaxUint32))
 	into.Unit = u.u
+	return into
+}
+
+// quotaLimit describes a calendar quota as Envoy's requests per unit, written into
+// into: the allowance per period, the unit its period's (window: the period's length,
+// 23 to 25 hours for a day across a daylight-saving change).
+func quotaLimit(into *rlsv3.RateLimitResponse_RateLimit, allowance int64, window time.Duration) *rlsv3.RateLimitResponse_RateLimit {
+	switch {
+	case window <= time.Hour:
+		into.Unit = rlsv3.RateLimitResponse_RateLimit_HOUR
+	case window <= 25*time.Hour:
+		into.Unit = rlsv3.RateLimitResponse_RateLimit_DAY
+	case window <= 8*24*time.Hour:
+		into.Unit = rlsv3.RateLimitResponse_RateLimit_WEEK
+	default:
+		into.Unit = rlsv3.RateLimitResponse_RateLimit_MONTH
+	}
+	const prefix = "calendar quota allowance="
+	var buf [len(prefix) + 20]byte
+	into.Name = string(strconv.AppendInt(append(buf[:0], prefix...), allowance, 10))
+	into.RequestsPerUnit = uint32(min(max(allowance, 0), math.MaxUint32))
 	return into
 }
 
