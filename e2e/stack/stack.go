@@ -97,6 +97,10 @@ type Options struct {
 	GatewayRedisFront func(gatewayID, region, redisAddr string) (string, error)
 	// RedisTimeout is the gateways' redis.timeout (default 5ms).
 	RedisTimeout time.Duration
+	// QuotaSyncInterval is the gateways' quota_sync_interval, how stale a region's
+	// count of the fleet's calendar-quota usage may be; zero leaves the gateway's
+	// default (5s).
+	QuotaSyncInterval time.Duration
 }
 
 // DemoTenants are the demo's tenants: one that shifts between regions above its limit,
@@ -411,6 +415,9 @@ func (s *Stack) startGatewayOnce(ctx context.Context, region string) (*Gateway, 
 	}
 	cfg := fmt.Sprintf(gatewayConfig, region, id, port, admin, s.GatewayDatabaseURL, redisURL, s.opts.RedisTimeout, rls, s.opts.GatewaysPerRegion, TrustedProxy,
 		Route, s.Upstream, BulkRoute, s.Upstream, BulkCost, ValueRoute, s.Upstream, ValueHeader, IPRoute, s.Upstream)
+	if iv := s.opts.QuotaSyncInterval; iv > 0 {
+		cfg += fmt.Sprintf("quota_sync_interval: %s\n", iv)
+	}
 	path := filepath.Join(dir, "gateway.yaml")
 	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
 		return nil, fmt.Errorf("gateway %s: %w", id, err)
