@@ -24,6 +24,9 @@ type State struct {
 type Admission struct {
 	Sent, Recv time.Time
 	Cost       int
+	// Gateway is the id of the gateway that answered (the calendar-quota check follows
+	// a fallback's admissions to the gateway that owes them).
+	Gateway string
 }
 
 // Tokens is what a counts for: its cost, at least 1.
@@ -75,6 +78,11 @@ type Input struct {
 	Gateways []GatewayRun
 	// Expected is the gateways' expected_instances, the floor of the fallback's N.
 	Expected int
+	// Quotas are the calendar-quota bands to check (CheckQuotas), QuotaSync the
+	// gateways' quota_sync_interval (I) and QuotaMargin the most one sync step takes on
+	// top of it (M): a count is at most S = 2·(I + M) old.
+	Quotas                 []Quota
+	QuotaSync, QuotaMargin time.Duration
 }
 
 // Window is one checked window and its bound.
@@ -124,6 +132,8 @@ func (w Window) String() string {
 type Result struct {
 	Worst    []Window
 	MaxRatio float64
+	// Quotas are the calendar-quota periods checked (CheckQuotas).
+	Quotas []QuotaPeriod
 }
 
 // Breaches are the worst windows that broke the bound.
@@ -132,6 +142,17 @@ func (r Result) Breaches() []Window {
 	for _, w := range r.Worst {
 		if w.Breach() {
 			out = append(out, w)
+		}
+	}
+	return out
+}
+
+// QuotaBreaches are the quota periods whose fleet total broke the bound.
+func (r Result) QuotaBreaches() []QuotaPeriod {
+	var out []QuotaPeriod
+	for _, q := range r.Quotas {
+		if q.Breach() {
+			out = append(out, q)
 		}
 	}
 	return out
@@ -615,6 +636,7 @@ func Check(in Input) Result {
 	for _, w := range res.Worst {
 		res.MaxRatio = max(res.MaxRatio, w.Ratio())
 	}
+	res.Quotas = CheckQuotas(in)
 	return res
 }
 

@@ -103,8 +103,10 @@ type Flow struct {
 	Hostile bool
 	// Door is how the requests reach the limiter (default the proxy).
 	Door Door
-	// Start is how long after the load starts the flow sends its first request.
-	Start time.Duration
+	// Start is how long after the load starts the flow sends its first request; Stop,
+	// when set, how long after it the flow sends its last (a tenant's traffic that moves
+	// from one region to another is two flows, one stopping as the other starts).
+	Start, Stop time.Duration
 	// Spellings, when set, are sent in turn (request i as Spellings[i mod n]): a hostile
 	// client's ways of writing one route, one key and one client value (issue 21). Every
 	// one admitted counts against the tenant's rule for the route it is loaded on, so a
@@ -184,7 +186,7 @@ func (r *Recorder) problem(kind, format string, args ...any) {
 
 // answer records one answer. A spelled request (sp non-nil) that is refused with a 3xx
 // or 4xx counts as refused, not as an unexpected status.
-func (r *Recorder) answer(f Flow, region string, sp *Spelling, code int, limit string, sent, recv time.Time) {
+func (r *Recorder) answer(f Flow, region, gateway string, sp *Spelling, code int, limit string, sent, recv time.Time) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	tenant, cost := f.Tenant, cmp.Or(f.Cost, 1)
@@ -215,7 +217,7 @@ func (r *Recorder) answer(f Flow, region string, sp *Spelling, code int, limit s
 		if r.admitted[tenant] == nil {
 			r.admitted[tenant] = map[string][]Admission{}
 		}
-		r.admitted[tenant][region] = append(r.admitted[tenant][region], Admission{Sent: sent, Recv: recv, Cost: cost})
+		r.admitted[tenant][region] = append(r.admitted[tenant][region], Admission{Sent: sent, Recv: recv, Cost: cost, Gateway: gateway})
 	}
 }
 
@@ -531,6 +533,9 @@ func (l *Load) flow(ctx context.Context, t *target, f Flow) {
 			return
 		case <-tick.C:
 		}
+		if f.Stop > 0 && time.Since(l.began) >= f.Stop {
+			return
+		}
 		if !t.routed.Load() {
 			continue
 		}
@@ -601,7 +606,7 @@ func (l *Load) send(t *target, f Flow, sp *Spelling) {
 	body, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<16))
 	resp.Body.Close()
 	limit := resp.Header.Get("X-RateLimit-Limit")
-	l.rec.answer(f, t.Region, sp, resp.StatusCode, limit, sent, time.Now())
+	l.rec.answer(f, t.Region, t.Gateway, sp, resp.StatusCode, limit, sent, time.Now())
 	if resp.StatusCode >= 500 {
 		l.rec.note("%s via %s %s %s at %s: %d %.200s", f.Tenant, f.Door, t.Gateway, path, sent.Format("15:04:05.000"), resp.StatusCode, body)
 	}
@@ -648,9 +653,9 @@ func (l *Load) sendRLS(t *target, f Flow, sp *Spelling) {
 		case errors.Is(err, context.DeadlineExceeded) || !ok:
 			l.rec.fail("%s via rls %s at %s: %v", f.Tenant, t.Gateway, sent.Format("15:04:05.000"), err)
 		case st.Code() == codes.InvalidArgument:
-			l.rec.answer(f, t.Region, sp, http.StatusBadRequest, "", sent, recv)
+			l.rec.answer(f, t.Region, t.Gateway, sp, http.StatusBadRequest, "", sent, recv)
 		default:
-			l.rec.answer(f, t.Region, sp, http.StatusInternalServerError, "", sent, recv)
+			l.rec.answer(f, t.Region, t.Gateway, sp, http.StatusInternalServerError, "", sent, recv)
 			l.rec.note("%s via rls %s at %s: %v", f.Tenant, t.Gateway, sent.Format("15:04:05.000"), err)
 		}
 		return
@@ -665,7 +670,7 @@ func (l *Load) sendRLS(t *target, f Flow, sp *Spelling) {
 	if resp.GetOverallCode() == rlsv3.RateLimitResponse_OVER_LIMIT {
 		code = http.StatusTooManyRequests
 	}
-	l.rec.answer(f, t.Region, sp, code, limit, sent, recv)
+	l.rec.answer(f, t.Region, t.Gateway, sp, code, limit, sent, recv)
 	if code == http.StatusOK && limit == "" {
 		l.rec.problem("undecided", "%s via rls %s at %s: OK without X-RateLimit-Limit", f.Tenant, t.Gateway, sent.Format("15:04:05.000"))
 	}

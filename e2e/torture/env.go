@@ -31,6 +31,12 @@ const (
 	// and covers a share change in flight and a gateway's count of live instances (the
 	// fallback's N) the same way.
 	Lag = ReloadInterval + PollInterval + time.Second
+	// QuotaSync is the gateways' quota_sync_interval (I): the checker's calendar-quota
+	// bound allows admissions within 2·I + QuotaSyncMargin of a period's last one.
+	QuotaSync = time.Second
+	// QuotaSyncMargin is the time a sync itself may take (report, then read back), on
+	// top of 2·I: the tracker runs each Sync under a timeout of one interval.
+	QuotaSyncMargin = time.Second
 	// Expected is the gateways' expected_instances (e2e/stack: the gateways per region
 	// at the start), the floor of the fallback's N.
 	Expected = 2
@@ -76,6 +82,7 @@ func Start(ctx context.Context, opts Options) (_ *Env, err error) {
 		GatewaysPerRegion: Expected,
 		RebalanceInterval: 4 * time.Second,
 		RedisTimeout:      opts.RedisTimeout,
+		QuotaSyncInterval: QuotaSync,
 		BinDir:            opts.BinDir,
 		Logger:            opts.Logger,
 		GatewayRedisFront: func(id, _, addr string) (string, error) { return e.Proxies.Front(id, addr) },
@@ -453,9 +460,13 @@ func (o *Observer) read(ctx context.Context, now time.Time) error {
 			// tenant's admissions against the band's regional limit (BandKey). A band
 			// the rule no longer has (deleted, so a default applies) limits nothing
 			// until it is back: unbounded meanwhile.
+			// A calendar quota is one budget for the fleet, not a bucket per region: it is
+			// checked per period (CheckQuotas), not here.
 			has := map[string]bool{}
 			for _, b := range rule.Bands {
-				has[BandKey(t, b.Name)] = true
+				if !b.Quota() {
+					has[BandKey(t, b.Name)] = true
+				}
 			}
 			for bk, byRegion := range o.states {
 				if prev := byRegion[r]; !has[bk] && strings.HasPrefix(bk, t+"#") && len(prev) > 0 && prev[len(prev)-1].Capacity != regions.MaxCapacity {
@@ -463,6 +474,9 @@ func (o *Observer) read(ctx context.Context, now time.Time) error {
 				}
 			}
 			for _, b := range rule.Bands {
+				if b.Quota() {
+					continue
+				}
 				bk := BandKey(t, b.Name)
 				if o.states[bk] == nil {
 					o.states[bk] = map[string][]State{}

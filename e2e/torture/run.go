@@ -133,6 +133,21 @@ func (x *Executor) RedisFaults() []Span {
 }
 
 // Log is what ran, when, and how long it took.
+// Quotas are the calendar-quota bands of the tenants' rules.
+func (x *Executor) Quotas() []Quota {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	var out []Quota
+	for _, id := range sortedKeys(x.rules) {
+		for _, b := range x.rules[id].Bands {
+			if b.Quota() {
+				out = append(out, Quota{Tenant: id, Band: b})
+			}
+		}
+	}
+	return out
+}
+
 func (x *Executor) Log() []string {
 	x.mu.Lock()
 	defer x.mu.Unlock()

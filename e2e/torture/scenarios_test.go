@@ -27,6 +27,7 @@ var scenarios = []scenario{
 	{"fleet-stall", fleetScenario},
 	{"delete-stall", deleteScenario},
 	{"bands-roll-stall", bandsScenario},
+	{"quota-swing", quotaSwingScenario},
 }
 
 // scenarioRun is the part every scenario shares: observe, load, act, stop, check. Each
@@ -294,5 +295,31 @@ func bandsScenario(t *testing.T, ctx context.Context, env *Env) row {
 		hold(ctx, 3*time.Second)
 	})
 	t.Logf("a band of 20 / 0.01 per s in %s through a rolling restart during an 8 s Redis stall: %d admitted", east, rec.Total(ids[0], time.Time{}))
+	return r
+}
+
+// quotaSwingScenario is a calendar quota whose traffic moves between regions mid-period
+// (docs/reliability.md, "Calendar quotas"): an hourly budget of 100 for the fleet,
+// about 6 requests/s by every door into us-east for 15 s, then into eu-west, unpinned,
+// so the rebalancer moves its shares after it; 5 s after the swing eu-west's Redis is
+// killed and restarted empty 2 s later, while its counter is under way. The fleet must
+// admit at most B + A(t* − S, t*] in the period with the slack of CheckQuotas; a region
+// allowed share × B regardless of the usage would admit about B·(s_east + s_west) with
+// both shares near their rebalanced high.
+func quotaSwingScenario(t *testing.T, ctx context.Context, env *Env) row {
+	west := env.Regions[1]
+	p := quotaPlan
+	p.unpinned, p.swing = true, 15*time.Second
+	p.capacity, p.refill = 1000, 100 // its own bucket never binds: the quota decides
+	p.bands = []regions.Band{{Name: "hour", Capacity: 100, Period: regions.PeriodHour}}
+	r, rec, ids, _, _ := scenarioRun(t, ctx, env, "quota-swing", []tenantPlan{p}, nil, func(ids []string, load *Load, do func(Event)) {
+		hold(ctx, 20*time.Second)
+		do(Event{Kind: RedisKill, Region: west, Hold: 2 * time.Second})
+		hold(ctx, 10*time.Second)
+	})
+	t.Logf("an hourly quota of 100 swung from %s to %s with %s's Redis restarted empty: %d admitted", env.Regions[0], west, west, rec.Total(ids[0], time.Time{}))
+	if r.quota.Budget == 0 {
+		t.Errorf("quota-swing: no quota period checked")
+	}
 	return r
 }

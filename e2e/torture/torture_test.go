@@ -44,6 +44,8 @@ type row struct {
 	// a gateway not counted yet, a cost above the fallback bucket), during the run.
 	refused float64
 	debts   debts
+	// quota is the run's worst calendar-quota period (Budget 0: none checked).
+	quota QuotaPeriod
 }
 
 // debts are the fallback's accounting over a run, summed over the gateways: the tokens
@@ -173,6 +175,12 @@ type tenantPlan struct {
 	joins  []string
 	joinAt time.Duration
 	fresh  bool
+	// swing sends the tenant's load to the first region's gateways until swing after
+	// the load starts, and to the second's from then on: the rebalancer moves its
+	// shares with it. keep: its rule is never deleted (a calendar quota's counter counts
+	// nothing while its rule is gone: the default that applies has no quota).
+	swing time.Duration
+	keep  bool
 }
 
 // The hostile client's spellings (issue 21): one route, one limit_by value and one
@@ -234,6 +242,27 @@ var seedTenants = []tenantPlan{
 	{prefix: "spell-path", capacity: 20, refill: 0.1, rate: 0.5, spell: map[Door][]Spelling{DoorProxy: pathSpellings, DoorCheck: pathSpellings, DoorRLS: routeSpellings}},
 	{prefix: "spell-value", capacity: 10, refill: 0.1, rate: 0.5, route: stack.ValueRoute, spell: map[Door][]Spelling{DoorProxy: valueSpellings, DoorCheck: valueSpellings, DoorRLS: valueSpellings}},
 	{prefix: "spell-ip", capacity: 10, refill: 0.1, rate: 0.5, route: stack.IPRoute, spell: map[Door][]Spelling{DoorProxy: ipSpellings, DoorCheck: ipSpellings, DoorRLS: ipSpellings}},
+	quotaPlan,
+}
+
+// quotaPlan is the calendar-quota tenant: an hourly quota of 200 for the fleet, far
+// below its own bucket (400 / 40 per s), by every door at 1 request/s per gateway each,
+// about 6/s into the region its traffic is in: the quota binds about 35 s into a seed's
+// run, after its traffic has swung from the first region to the second (swing, set per
+// run: half its length), so the rebalancer moves the shares of a period half spent.
+var quotaPlan = tenantPlan{prefix: "quota", capacity: 400, refill: 40, rate: 1, keep: true,
+	bands: []regions.Band{{Name: "hour", Capacity: 200, Period: regions.PeriodHour}},
+	spell: map[Door][]Spelling{DoorProxy: paths("/orders"), DoorCheck: paths("/orders"), DoorRLS: {{Route: "orders"}}}}
+
+// withSwing is plans with the swing of those that swing set to at.
+func withSwing(plans []tenantPlan, at time.Duration) []tenantPlan {
+	out := slices.Clone(plans)
+	for i := range out {
+		if len(out[i].bands) > 0 && out[i].bands[0].Quota() {
+			out[i].swing = at
+		}
+	}
+	return out
 }
 
 // setup is a run's tenants, once every gateway knows their keys, and the observer of
@@ -281,15 +310,26 @@ func addTenants(t *testing.T, ctx context.Context, env *Env, plans []tenantPlan,
 		routes[id] = route
 		s.ids = append(s.ids, id)
 		probes[id] = flow
+		var flows []Flow
 		if len(p.spell) == 0 {
-			s.flows = append(s.flows, flow)
+			flows = append(flows, flow)
 		}
 		for _, door := range []Door{DoorProxy, DoorCheck, DoorRLS} {
 			if sp := p.spell[door]; len(sp) > 0 {
 				f := flow
 				f.Door, f.Spellings = door, sp
-				s.flows = append(s.flows, f)
+				flows = append(flows, f)
 			}
+		}
+		for _, f := range flows {
+			if p.swing <= 0 {
+				s.flows = append(s.flows, f)
+				continue
+			}
+			from, to := f, f
+			from.Gateways, from.Region, from.Stop = nil, env.Regions[0], p.swing
+			to.Gateways, to.Region, to.Start = nil, env.Regions[1], p.swing
+			s.flows = append(s.flows, from, to)
 		}
 		if len(p.joins) > 0 {
 			f := flow
@@ -300,7 +340,7 @@ func addTenants(t *testing.T, ctx context.Context, env *Env, plans []tenantPlan,
 			s.unthrottled = append(s.unthrottled, id)
 		}
 		s.rules[id] = regions.Rule{Tenant: id, Route: route, Capacity: p.capacity, RefillPerSecond: p.refill, Shards: 1, Bands: p.bands}
-		s.specs = append(s.specs, TenantSpec{ID: id, Capacity: p.capacity, Refill: p.refill, Keep: p.unthrottled, Banded: len(p.bands) > 0})
+		s.specs = append(s.specs, TenantSpec{ID: id, Capacity: p.capacity, Refill: p.refill, Keep: p.unthrottled || p.keep, Banded: len(p.bands) > 0})
 		if p.pinned {
 			if err := env.Store.SetOverride(ctx, regions.Scope{Tenant: id, Route: regions.Wildcard}, half(env.Regions), "torture", "pin for a scenario", 0); err != nil {
 				t.Fatal(err)
@@ -389,7 +429,7 @@ func waitHeader(t *testing.T, ctx context.Context, g *stack.Gateway, f Flow, ok 
 }
 
 func runSeed(t *testing.T, ctx context.Context, env *Env, seed uint64) row {
-	su := addTenants(t, ctx, env, seedTenants, nil)
+	su := addTenants(t, ctx, env, withSwing(seedTenants, *lengthFlag/2), nil)
 	sched := Generate(seed, ScheduleConfig{Length: *lengthFlag, Regions: env.Regions, Gateways: env.GatewaySpecs(), Tenants: su.specs})
 	replay := fmt.Sprintf("go test -count=1 -run 'TestTorture/seed=%d$' ./e2e/torture/ -seed %d -length %v", seed, seed, *lengthFlag)
 	return runSchedule(t, ctx, env, fmt.Sprintf("seed %d", seed), su, sched, replay)
@@ -400,7 +440,7 @@ func runSeed(t *testing.T, ctx context.Context, env *Env, seed uint64) row {
 // timeout) does to the invariant, and what the doors do with a hostile client's
 // spellings when nothing else happens.
 func steadyScenario(t *testing.T, ctx context.Context, env *Env) row {
-	su := addTenants(t, ctx, env, seedTenants, nil)
+	su := addTenants(t, ctx, env, withSwing(seedTenants, 10*time.Second), nil)
 	return runSchedule(t, ctx, env, "scenario steady", su, Schedule{Length: 20 * time.Second}, "go test -count=1 -run 'TestTorture/scenario/steady$' ./e2e/torture/")
 }
 
@@ -469,9 +509,9 @@ func check(t *testing.T, env *Env, states map[string]map[string][]State, rec *Re
 			adm[key] = adm[tenant]
 		}
 	}
-	in := Input{Lag: Lag, States: states, Admitted: adm, Gateways: gws, Expected: Expected}
+	in := Input{Lag: Lag, States: states, Admitted: adm, Gateways: gws, Expected: Expected, QuotaSync: QuotaSync, QuotaMargin: QuotaSyncMargin}
 	if x != nil {
-		in.RedisRestarts, in.Outages = x.RedisRestarts(), x.Outages()
+		in.RedisRestarts, in.Outages, in.Quotas = x.RedisRestarts(), x.Outages(), x.Quotas()
 	}
 	return Check(in)
 }
@@ -545,7 +585,17 @@ func report(t *testing.T, env *Env, name string, x *Executor, sum Summary, res R
 		t.Errorf("invariant broken: %s", w)
 		t.Logf("limits in force for %s: %s", w.Tenant, describeStates(states[w.Tenant]))
 	}
-	r := row{name: name, sum: sum}
+	var worstQuota QuotaPeriod
+	for _, q := range res.Quotas {
+		t.Logf("quota period: %s", q)
+		if q.Breach() {
+			t.Errorf("calendar-quota invariant broken: %s", q)
+		}
+		if worstQuota.Budget == 0 || q.Ratio() > worstQuota.Ratio() {
+			worstQuota = q
+		}
+	}
+	r := row{name: name, sum: sum, quota: worstQuota}
 	for _, w := range res.Worst {
 		if w.Region != "" && w.Ratio() > r.worst.Ratio() {
 			r.worst = w
@@ -617,15 +667,20 @@ func eventCounts(events []Event) string {
 
 func figuresTable(rows []row) string {
 	var b strings.Builder
-	b.WriteString("| run | events | requests | admitted (tokens) | by the fallback | fallback tokens owed / repaid | Redis errors | 5xx | unanswered | max admitted / bound, one region | worst window | max admitted / bound, regions together | pass |\n")
-	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+	b.WriteString("| run | events | requests | admitted (tokens) | by the fallback | fallback tokens owed / repaid | Redis errors | 5xx | unanswered | max admitted / bound, one region | worst window | max admitted / bound, regions together | quota: fleet / (B + slack) | quota slack: stale / postgres / fallback / restart / stopped | pass |\n")
+	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, r := range rows {
 		worst := "-"
 		if r.worst.Admitted > 0 {
 			worst = fmt.Sprintf("%s %s, %.1f s: %d of %.1f", r.worst.Tenant[:max(0, strings.LastIndex(r.worst.Tenant, "-"))], r.worst.Region, r.worst.To.Sub(r.worst.From).Seconds(), r.worst.Admitted, r.worst.Bound)
 		}
-		fmt.Fprintf(&b, "| %s | %s | %d | %d | %.0f | %.0f / %.0f | %.0f | %d | %d | %.3f | %s | %.3f | %s |\n", r.name, r.events, r.sum.Requests, r.admitted, r.fallback, r.debts.owed, r.debts.repaid, r.redisErrs, r.sum.Status5xx, r.sum.ClientErrors,
-			r.worst.Ratio(), worst, r.global.Ratio(), map[bool]string{true: "yes", false: "**no**"}[r.ok])
+		quota, slack := "-", "-"
+		if q := r.quota; q.Budget > 0 {
+			quota = fmt.Sprintf("%d / (%d + %d) = %.3f", q.Admitted, q.Budget, q.Slack(), q.Ratio())
+			slack = fmt.Sprintf("%d / %d / %d / %d / %d", q.Stale, q.Postgres, q.Fallback, q.Restart, q.Stopped)
+		}
+		fmt.Fprintf(&b, "| %s | %s | %d | %d | %.0f | %.0f / %.0f | %.0f | %d | %d | %.3f | %s | %.3f | %s | %s | %s |\n", r.name, r.events, r.sum.Requests, r.admitted, r.fallback, r.debts.owed, r.debts.repaid, r.redisErrs, r.sum.Status5xx, r.sum.ClientErrors,
+			r.worst.Ratio(), worst, r.global.Ratio(), quota, slack, map[bool]string{true: "yes", false: "**no**"}[r.ok])
 	}
 	fmt.Fprintf(&b, "\nLoad average at the end: %s.\n", testenv.LoadAverage())
 	return b.String()
