@@ -71,6 +71,9 @@ type Input struct {
 	Admitted map[string]map[string][]Admission
 	// RedisRestarts are, per region, the spans in which its Redis came back empty.
 	RedisRestarts map[string][]Span
+	// RedisKills are, per region, the spans from a kill of its Redis to the end of its
+	// restart (empty): what the region counted before and has not reported is lost.
+	RedisKills map[string][]Span
 	// Outages are the spans in which PostgreSQL was down: a gateway cannot reload then,
 	// so a state replaced shortly before one may be enforced until one lag after it.
 	Outages []Span

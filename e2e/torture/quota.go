@@ -192,7 +192,7 @@ func CheckQuotas(in Input) []QuotaPeriod {
 					}
 				}
 				restart := false
-				for _, r := range in.RedisRestarts[a.region] {
+				for _, r := range in.RedisKills[a.region] {
 					restart = restart || (a.Recv.After(r.From.Add(-stale)) && !a.Sent.After(r.To))
 				}
 				if restart {

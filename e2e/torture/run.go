@@ -31,6 +31,8 @@ type Executor struct {
 	log       []string
 	ran       []ran
 	restarts  map[string][]Span
+	// kills are, per region, the spans from each Redis kill to its restart's end.
+	kills map[string][]Span
 	outages   []Span
 	errs      []error
 	deleted   map[string]bool               // tenant -> its rule deleted (RuleDelete), not written since
@@ -40,7 +42,7 @@ type Executor struct {
 
 // NewExecutor prepares to run events; rules are the tenants' rules as written.
 func NewExecutor(env *Env, load *Load, rules map[string]regions.Rule) *Executor {
-	return &Executor{env: env, load: load, rules: rules, restarts: map[string][]Span{}, deleted: map[string]bool{},
+	return &Executor{env: env, load: load, rules: rules, restarts: map[string][]Span{}, kills: map[string][]Span{}, deleted: map[string]bool{},
 		overrides: map[string]map[string]float64{}, extra: map[string][]string{}}
 }
 
@@ -178,6 +180,18 @@ func (x *Executor) RedisRestarts() map[string][]Span {
 	return out
 }
 
+// RedisKills are, per region, the spans from each kill of its Redis to the end of its
+// restart (empty).
+func (x *Executor) RedisKills() map[string][]Span {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	out := map[string][]Span{}
+	for r, s := range x.kills {
+		out[r] = append([]Span(nil), s...)
+	}
+	return out
+}
+
 // Outages are the spans in which PostgreSQL was down.
 func (x *Executor) Outages() []Span {
 	x.mu.Lock()
@@ -219,6 +233,7 @@ func (x *Executor) do(ctx context.Context, e Event) error {
 		return rd.Resume()
 	case RedisKill:
 		rd := env.Redis[e.Region]
+		killed := time.Now()
 		if err := rd.Kill(); err != nil {
 			return err
 		}
@@ -229,6 +244,7 @@ func (x *Executor) do(ctx context.Context, e Event) error {
 		err := rd.Restart(hctx)
 		x.mu.Lock()
 		x.restarts[e.Region] = append(x.restarts[e.Region], Span{From: from, To: time.Now()})
+		x.kills[e.Region] = append(x.kills[e.Region], Span{From: killed, To: time.Now()})
 		x.mu.Unlock()
 		return err
 	case BlackHole:

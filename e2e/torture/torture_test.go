@@ -511,7 +511,7 @@ func check(t *testing.T, env *Env, states map[string]map[string][]State, rec *Re
 	}
 	in := Input{Lag: Lag, States: states, Admitted: adm, Gateways: gws, Expected: Expected, QuotaSync: QuotaSync, QuotaMargin: QuotaSyncMargin}
 	if x != nil {
-		in.RedisRestarts, in.Outages, in.Quotas = x.RedisRestarts(), x.Outages(), x.Quotas()
+		in.RedisRestarts, in.RedisKills, in.Outages, in.Quotas = x.RedisRestarts(), x.RedisKills(), x.Outages(), x.Quotas()
 	}
 	return Check(in)
 }
