@@ -27,12 +27,12 @@ type Executor struct {
 	// then (it must name every region), so share changes wait.
 	regionMu sync.Mutex
 
-	mu        sync.Mutex
-	log       []string
-	ran       []ran
-	restarts  map[string][]Span
+	mu       sync.Mutex
+	log      []string
+	ran      []ran
+	restarts map[string][]Span
 	// kills are, per region, the spans from each Redis kill to its restart's end.
-	kills map[string][]Span
+	kills     map[string][]Span
 	outages   []Span
 	errs      []error
 	deleted   map[string]bool               // tenant -> its rule deleted (RuleDelete), not written since

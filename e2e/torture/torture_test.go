@@ -245,13 +245,15 @@ var seedTenants = []tenantPlan{
 	quotaPlan,
 }
 
-// quotaPlan is the calendar-quota tenant: an hourly quota of 200 for the fleet, far
+// quotaPlan is the calendar-quota tenant: an hourly quota of 120 for the fleet, far
 // below its own bucket (400 / 40 per s), by every door at 1 request/s per gateway each,
-// about 6/s into the region its traffic is in: the quota binds about 35 s into a seed's
-// run, after its traffic has swung from the first region to the second (swing, set per
-// run: half its length), so the rebalancer moves the shares of a period half spent.
+// about 6/s into the region its traffic is in (360 in a 60 s run): the quota refuses
+// from the first seconds on (a region gets its share of what is left) and the fleet
+// nears the budget after the traffic has swung from the first region to the second
+// (swing, set per run: half its length), as the rebalancer moves the shares of a
+// period half spent.
 var quotaPlan = tenantPlan{prefix: "quota", capacity: 400, refill: 40, rate: 1, keep: true,
-	bands: []regions.Band{{Name: "hour", Capacity: 200, Period: regions.PeriodHour}},
+	bands: []regions.Band{{Name: "hour", Capacity: 120, Period: regions.PeriodHour}},
 	spell: map[Door][]Spelling{DoorProxy: paths("/orders"), DoorCheck: paths("/orders"), DoorRLS: {{Route: "orders"}}}}
 
 // withSwing is plans with the swing of those that swing set to at.
