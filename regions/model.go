@@ -243,6 +243,10 @@ type QuotaKey struct {
 	Start int64
 }
 
+// QuotaLookback is how far back a read of quota usage goes: the longest period (a month
+// of 31 days) and a day, so every period still running is read.
+const QuotaLookback = 32 * 24 * time.Hour
+
 // QuotaReport is a region's usage of one quota period as its counter last showed it:
 // counters only grow, so a report is never below an earlier one of the same counter.
 type QuotaReport struct {

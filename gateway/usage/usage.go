@@ -27,10 +27,6 @@ type Store interface {
 	LoadUsage(ctx context.Context, region string, since time.Time) (map[regions.QuotaKey]regions.QuotaUsage, error)
 }
 
-// Lookback is how far back a load reads periods: the longest period (a month of 31
-// days) and a day, so every period still running is read.
-const Lookback = 32 * 24 * time.Hour
-
 // Tracker reports a region's quota counters and holds the fleet's usage as last read.
 // It is safe for concurrent use.
 type Tracker struct {
@@ -133,7 +129,7 @@ func (t *Tracker) Sync(ctx context.Context) error {
 			err = fmt.Errorf("report quota usage: %w", err)
 		}
 	}
-	m, lerr := t.st.LoadUsage(ctx, t.region, t.now().Add(-Lookback))
+	m, lerr := t.st.LoadUsage(ctx, t.region, t.now().Add(-regions.QuotaLookback))
 	if lerr != nil {
 		t.errors.Inc()
 		if err == nil {
