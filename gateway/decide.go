@@ -158,9 +158,23 @@ func (g *Gateway) limiterRequest(a ask) (limiter.Request, regions.Rule) {
 		share *= pending
 		lim = regions.Scale(rule.Capacity, rule.RefillPerSecond, share)
 	}
-	bands := rule.ScaledBands(share, g.now(), func(band string, start time.Time) regions.QuotaUsage {
+	now := g.now()
+	bands := rule.ScaledBands(share, now, func(band string, start time.Time) regions.QuotaUsage {
 		return g.quotaUsage(a.tenant, a.rt.id, band, start)
 	})
+	if g.usage != nil && len(bands) > 0 && !g.usage.Loaded() {
+		// No count of the quotas yet (quotaUsage: nothing left): the refusal says to try
+		// again after the next sync, not at the period's end.
+		for i, b := range bands {
+			if b.Quota != nil {
+				q := *b.Quota
+				if soon := now.Add(2 * g.cfg.QuotaSyncInterval); soon.Before(q.End) {
+					q.End = soon
+				}
+				bands[i].Quota = &q
+			}
+		}
+	}
 	req := limiter.Request{Tenant: a.tenant, Route: a.rt.id, Limit: lim, Cost: a.cost, Shards: rule.Shards, Bands: bands}
 	if a.value != "" {
 		req.Value, req.ValueLimit = a.value, lim

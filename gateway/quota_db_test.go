@@ -26,10 +26,10 @@ func TestQuotaTwoRegions(t *testing.T) {
 	db := newDatabase(t, testenv.PostgresDB(t), "us-east", "eu-west")
 	ctx := store.WithAudit(context.Background(), "test", "quota")
 	for _, route := range []string{"search", "export"} {
-		db.setRule(t, regions.Rule{Tenant: "shop-a", Route: route, Capacity: 100, RefillPerSecond: 100, Shards: 1,
+		db.setRule(t, regions.Rule{Tenant: "shop-a", Route: route, Capacity: 100000, RefillPerSecond: 100000, Shards: 1,
 			Bands: []regions.Band{{Name: "day", Capacity: 40, Period: regions.PeriodDay}}})
 	}
-	db.setRule(t, regions.Rule{Tenant: "shop-b", Route: "search", Capacity: 100, RefillPerSecond: 100, Shards: 1})
+	db.setRule(t, regions.Rule{Tenant: "shop-b", Route: "search", Capacity: 100000, RefillPerSecond: 100000, Shards: 1})
 	key, _ := db.createKey(t, "shop-a")
 	probe, _ := db.createKey(t, "shop-b")
 	db.forgetRaises(t)
@@ -39,6 +39,7 @@ func TestQuotaTwoRegions(t *testing.T) {
 mode: database
 reload_interval: 1s
 quota_sync_interval: 200ms
+redis: {timeout: 500ms}
 routes:
   - {id: search, match: "GET /search", upstream: %q}
   - {id: export, match: "GET /export", upstream: %q}
@@ -51,7 +52,7 @@ routes:
 		// shop-b, which has no quota to spend.
 		waitFor(t, 20*time.Second, region+" enforcing its share", func() bool {
 			resp, _ := call(t, http.MethodGet, p.url+"/search", probe)
-			return resp.Header.Get("RateLimit-Policy") == `"rate";q=50;w=1`
+			return resp.Header.Get("RateLimit-Policy") == `"rate";q=50000;w=1`
 		})
 	}
 	// drive sends n requests to region's gateway, 20 ms apart (ten syncs a second: the
@@ -67,7 +68,7 @@ routes:
 			case resp.StatusCode != http.StatusTooManyRequests:
 				t.Fatalf("%s %s request %d: %d %s", region, path, i+1, resp.StatusCode, body)
 			case !strings.HasPrefix(resp.Header.Get("RateLimit"), `"day";r=0;`):
-				t.Fatalf("%s %s request %d refused with RateLimit %q, want the quota's refusal", region, path, i+1, resp.Header.Get("RateLimit"))
+				t.Fatalf("%s %s request %d refused with headers %v, want the quota's refusal", region, path, i+1, resp.Header)
 			}
 			time.Sleep(20 * time.Millisecond) // pacing the load, not waiting for a state
 		}

@@ -107,6 +107,9 @@ func (t *Tracker) Usage(k regions.QuotaKey) (u regions.QuotaUsage, loaded bool) 
 	return (*m)[k], true
 }
 
+// Loaded reports whether a load has succeeded yet.
+func (t *Tracker) Loaded() bool { return t.view.Load() != nil }
+
 // Sync reports the counters seen since the last report, then reads the fleet's usage.
 // A report that fails is kept for the next Sync (a counter only grows, so reporting
 // its highest value later loses nothing); a load that fails keeps the last usage read,
