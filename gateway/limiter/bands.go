@@ -154,16 +154,24 @@ func (l *Redis) keyOf(id bucketID) string {
 // answer.
 func (l *Redis) takeBands(ctx context.Context, r Request, cost int64) (Decision, error) {
 	now := l.now()
-	if d, short := r.quotaShort(now, cost, 1); short {
-		d.Source = SourceRedis // refused on the region's allowance: nothing to ask Redis
-		return d, nil
-	}
 	var ids [maxBandBuckets]bucketID
 	var lims [maxBandBuckets]regions.Limit
 	n := r.bandBuckets(&ids, &lims)
 	bs := make([]lua.Bucket, n)
 	for b := range n {
 		bs[b] = r.bucketOf(b, l.keyOf(ids[b]), lims[b])
+	}
+	if d, short := r.quotaShort(now, cost, 1); short {
+		// Refused on the region's allowance: nothing to decide in Redis. But what a
+		// fallback admitted on these buckets is charged all the same (a charge only),
+		// or a spent quota's counter would never count it.
+		if l.fb.mayOwe() {
+			if _, _, err := l.callCharging(ctx, lua.OpCharge, 0, bs, ids[:n], r); err != nil && ctx.Err() == nil {
+				l.log.Debug("quota debts not charged", "tenant", r.Tenant, "route", r.Route, "err", err)
+			}
+		}
+		d.Source = SourceRedis
+		return d, nil
 	}
 	out, ok, err := l.callCharging(ctx, lua.OpTake, cost, bs, ids[:n], r)
 	if err != nil {
