@@ -58,6 +58,7 @@ routes:
 	// drive sends n requests to region's gateway, 20 ms apart (ten syncs a second: the
 	// allowance follows), and returns how many were admitted; every refusal names the
 	// quota.
+	var lastRetry string // Retry-After of the last refusal
 	drive := func(region, path string, n int) int {
 		admitted := 0
 		for i := range n {
@@ -69,6 +70,8 @@ routes:
 				t.Fatalf("%s %s request %d: %d %s", region, path, i+1, resp.StatusCode, body)
 			case !strings.HasPrefix(resp.Header.Get("RateLimit"), `"day";r=0;`):
 				t.Fatalf("%s %s request %d refused with headers %v, want the quota's refusal", region, path, i+1, resp.Header)
+			default:
+				lastRetry = resp.Header.Get("Retry-After")
 			}
 			time.Sleep(20 * time.Millisecond) // pacing the load, not waiting for a state
 		}
@@ -80,6 +83,11 @@ routes:
 		time.Sleep(600 * time.Millisecond) // pacing: the sync runs on its own timer
 	}
 	east := drive("us-east", "/search", 60)
+	// Refused on its allowance while the fleet has 1 left: try again after two syncs
+	// (0.4 s, rounded up), not at midnight.
+	if lastRetry != "1" {
+		t.Errorf("us-east refused with Retry-After %q, want 1 (two syncs: the fleet has budget left)", lastRetry)
+	}
 	settle()
 	west := drive("eu-west", "/search", 30)
 	t.Logf("search: us-east admitted %d, eu-west %d of a day's 40", east, west)
@@ -88,6 +96,20 @@ routes:
 	}
 	if east+west > 40 {
 		t.Errorf("the fleet admitted %d + %d = %d, want at most the budget of 40", east, west, east+west)
+	}
+	// A gateway of a region the database does not know would get an equal split on top of
+	// the known regions' shares: it admits nothing of a quota.
+	ap := startProc(t, fmt.Sprintf(`region: ap-south
+mode: database
+quota_sync_interval: 200ms
+redis: {timeout: 500ms}
+routes:
+  - {id: export, match: "GET /export", upstream: %q}
+`, app.URL), "RATELIMIT_DATABASE_URL="+db.url, "RATELIMIT_REDIS_URL="+testenv.RedisURL(testenv.Redis(t)))
+	ap.waitReady(t, 15*time.Second)
+	gw["ap-south"] = ap
+	if n := drive("ap-south", "/export", 5); n != 0 { // export's quota is untouched yet
+		t.Errorf("a gateway of region ap-south, unknown to the database, admitted %d of a quota", n)
 	}
 	if err := db.store.SetOverride(ctx, regions.Scope{Tenant: "shop-a"}, map[string]float64{"us-east": 0.9, "eu-west": 0.1}, "test", "quota test", time.Hour); err != nil {
 		t.Fatal(err)

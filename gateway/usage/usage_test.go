@@ -17,8 +17,9 @@ import (
 // other reads back as the fleet's usage; a lower report of the same counter (a late one,
 // or another gateway's older view) never lowers it; before its first load a tracker says
 // it has not loaded. With the server stopped a sync fails, the last usage read stays in
-// force (a cut-off region keeps its allowance, never a fresh one) and the counters seen
-// meanwhile are reported once the server is back.
+// force (a cut-off region keeps its allowance, never a fresh one), raised by what the
+// gateway saw itself, and the counters seen meanwhile are reported once the server is
+// back.
 func TestTrackerSyncs(t *testing.T) {
 	pg := testenv.PostgresServer(t)
 	ctx := context.Background()
@@ -76,9 +77,9 @@ func TestTrackerSyncs(t *testing.T) {
 		t.Error("a sync with the server stopped succeeded")
 	}
 	cancel()
-	// The last read stays, with what this gateway saw itself on top.
-	if u, loaded := east.Usage(k); !loaded || u != (regions.QuotaUsage{Mine: 30, Total: 35}) {
-		t.Errorf("with the store down us-east reads %+v (loaded %v), want the last read, 30 of 35", u, loaded)
+	// The last read stays, with what this gateway saw itself on top: 40 of 45.
+	if u, loaded := east.Usage(k); !loaded || u != (regions.QuotaUsage{Mine: 40, Total: 45}) {
+		t.Errorf("with the store down us-east reads %+v (loaded %v), want the last read and its own 40, 40 of 45", u, loaded)
 	}
 	if n := testutil.ToFloat64(east.errors); n < 1 {
 		t.Errorf("ratelimit_quota_sync_errors_total %v, want at least 1", n)
