@@ -118,6 +118,28 @@ func (g *Gateway) decide(ctx context.Context, a ask) (v verdict, ok bool) {
 	return v, true
 }
 
+// quotaInDatabaseMode adjusts the quota bands of a gateway that counts its quotas with
+// the other regions: a refusal while the fleet has budget left may try again after two
+// syncs (the allowance grows with the count); before the first count, and in a region
+// the snapshot does not know (which would get an equal split on top of the known
+// regions' shares: more than the budget), a quota allows nothing more.
+func (g *Gateway) quotaInDatabaseMode(s *regions.Snapshot, bands []regions.BandLimit) {
+	loaded := g.usage.Loaded()
+	known := s.KnowsRegion(g.cfg.Region)
+	for i, b := range bands {
+		if b.Quota == nil {
+			continue
+		}
+		q := *b.Quota
+		q.Retry = 2 * g.cfg.QuotaSyncInterval
+		if !loaded || !known {
+			q.Left = max(q.Left, 1) // try again after the syncs, not at the period's end
+			bands[i].Limit.Capacity = q.Floor
+		}
+		bands[i].Quota = &q
+	}
+}
+
 // sawQuotas passes on the quota counters a decision Redis made showed (the region's
 // usage of each quota band's period) to be reported to the store.
 func (g *Gateway) sawQuotas(tenant, route string, d limiter.Decision) {
@@ -158,9 +180,13 @@ func (g *Gateway) limiterRequest(a ask) (limiter.Request, regions.Rule) {
 		share *= pending
 		lim = regions.Scale(rule.Capacity, rule.RefillPerSecond, share)
 	}
-	bands := rule.ScaledBands(share, g.now(), func(band string, start time.Time) regions.QuotaUsage {
+	now := g.now()
+	bands := rule.ScaledBands(share, now, func(band string, start time.Time) regions.QuotaUsage {
 		return g.quotaUsage(a.tenant, a.rt.id, band, start)
 	})
+	if g.usage != nil && len(bands) > 0 {
+		g.quotaInDatabaseMode(a.snap, bands)
+	}
 	req := limiter.Request{Tenant: a.tenant, Route: a.rt.id, Limit: lim, Cost: a.cost, Shards: rule.Shards, Bands: bands}
 	if a.value != "" {
 		req.Value, req.ValueLimit = a.value, lim
@@ -216,7 +242,7 @@ func costRefusal(cost int64, lim regions.Limit, bands []regions.BandLimit) limit
 	states := make([]limiter.BandState, 0, 1+len(bands))
 	states = append(states, limiter.BandState{Name: regions.PrimaryBand, Limit: lim.Capacity, RefillPerSecond: lim.RefillPerSecond})
 	for _, b := range bands {
-		states = append(states, limiter.BandState{Name: b.Name, Limit: b.Limit.Capacity, RefillPerSecond: b.Limit.RefillPerSecond})
+		states = append(states, limiter.BandState{Name: b.Name, Limit: b.Limit.Capacity, RefillPerSecond: b.Limit.RefillPerSecond, Quota: b.Quota})
 	}
 	over, fill := 0, lim
 	if cost <= lim.Capacity {

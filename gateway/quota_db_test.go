@@ -26,10 +26,10 @@ func TestQuotaTwoRegions(t *testing.T) {
 	db := newDatabase(t, testenv.PostgresDB(t), "us-east", "eu-west")
 	ctx := store.WithAudit(context.Background(), "test", "quota")
 	for _, route := range []string{"search", "export"} {
-		db.setRule(t, regions.Rule{Tenant: "shop-a", Route: route, Capacity: 100, RefillPerSecond: 100, Shards: 1,
+		db.setRule(t, regions.Rule{Tenant: "shop-a", Route: route, Capacity: 100000, RefillPerSecond: 100000, Shards: 1,
 			Bands: []regions.Band{{Name: "day", Capacity: 40, Period: regions.PeriodDay}}})
 	}
-	db.setRule(t, regions.Rule{Tenant: "shop-b", Route: "search", Capacity: 100, RefillPerSecond: 100, Shards: 1})
+	db.setRule(t, regions.Rule{Tenant: "shop-b", Route: "search", Capacity: 100000, RefillPerSecond: 100000, Shards: 1})
 	key, _ := db.createKey(t, "shop-a")
 	probe, _ := db.createKey(t, "shop-b")
 	db.forgetRaises(t)
@@ -39,6 +39,7 @@ func TestQuotaTwoRegions(t *testing.T) {
 mode: database
 reload_interval: 1s
 quota_sync_interval: 200ms
+redis: {timeout: 500ms}
 routes:
   - {id: search, match: "GET /search", upstream: %q}
   - {id: export, match: "GET /export", upstream: %q}
@@ -51,12 +52,13 @@ routes:
 		// shop-b, which has no quota to spend.
 		waitFor(t, 20*time.Second, region+" enforcing its share", func() bool {
 			resp, _ := call(t, http.MethodGet, p.url+"/search", probe)
-			return resp.Header.Get("RateLimit-Policy") == `"rate";q=50;w=1`
+			return resp.Header.Get("RateLimit-Policy") == `"rate";q=50000;w=1`
 		})
 	}
 	// drive sends n requests to region's gateway, 20 ms apart (ten syncs a second: the
 	// allowance follows), and returns how many were admitted; every refusal names the
 	// quota.
+	var lastRetry string // Retry-After of the last refusal
 	drive := func(region, path string, n int) int {
 		admitted := 0
 		for i := range n {
@@ -67,7 +69,9 @@ routes:
 			case resp.StatusCode != http.StatusTooManyRequests:
 				t.Fatalf("%s %s request %d: %d %s", region, path, i+1, resp.StatusCode, body)
 			case !strings.HasPrefix(resp.Header.Get("RateLimit"), `"day";r=0;`):
-				t.Fatalf("%s %s request %d refused with RateLimit %q, want the quota's refusal", region, path, i+1, resp.Header.Get("RateLimit"))
+				t.Fatalf("%s %s request %d refused with headers %v, want the quota's refusal", region, path, i+1, resp.Header)
+			default:
+				lastRetry = resp.Header.Get("Retry-After")
 			}
 			time.Sleep(20 * time.Millisecond) // pacing the load, not waiting for a state
 		}
@@ -79,6 +83,11 @@ routes:
 		time.Sleep(600 * time.Millisecond) // pacing: the sync runs on its own timer
 	}
 	east := drive("us-east", "/search", 60)
+	// Refused on its allowance while the fleet has 1 left: try again after two syncs
+	// (0.4 s, rounded up), not at midnight.
+	if lastRetry != "1" {
+		t.Errorf("us-east refused with Retry-After %q, want 1 (two syncs: the fleet has budget left)", lastRetry)
+	}
 	settle()
 	west := drive("eu-west", "/search", 30)
 	t.Logf("search: us-east admitted %d, eu-west %d of a day's 40", east, west)
@@ -87,6 +96,20 @@ routes:
 	}
 	if east+west > 40 {
 		t.Errorf("the fleet admitted %d + %d = %d, want at most the budget of 40", east, west, east+west)
+	}
+	// A gateway of a region the database does not know would get an equal split on top of
+	// the known regions' shares: it admits nothing of a quota.
+	ap := startProc(t, fmt.Sprintf(`region: ap-south
+mode: database
+quota_sync_interval: 200ms
+redis: {timeout: 500ms}
+routes:
+  - {id: export, match: "GET /export", upstream: %q}
+`, app.URL), "RATELIMIT_DATABASE_URL="+db.url, "RATELIMIT_REDIS_URL="+testenv.RedisURL(testenv.Redis(t)))
+	ap.waitReady(t, 15*time.Second)
+	gw["ap-south"] = ap
+	if n := drive("ap-south", "/export", 5); n != 0 { // export's quota is untouched yet
+		t.Errorf("a gateway of region ap-south, unknown to the database, admitted %d of a quota", n)
 	}
 	if err := db.store.SetOverride(ctx, regions.Scope{Tenant: "shop-a"}, map[string]float64{"us-east": 0.9, "eu-west": 0.1}, "test", "quota test", time.Hour); err != nil {
 		t.Fatal(err)

@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"context"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -24,6 +25,16 @@ func (g *Gateway) onReload(s *regions.Snapshot) {
 	if !known {
 		g.log.Warn("this region is not in the database; limits use an equal split of the known regions",
 			"region", g.cfg.Region)
+	}
+	if g.usage != nil && !g.usage.Loaded() {
+		// Before the first snapshot is served, the first count of the quotas: a gateway
+		// that served quota requests without one would refuse them all (it never hands
+		// out a fresh period's allowance).
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		if err := g.usage.Sync(ctx); err != nil {
+			g.log.Warn("quota usage not read before serving; quota requests are refused until it is", "region", g.cfg.Region, "err", err)
+		}
+		cancel()
 	}
 	g.setSnapshot(s)
 	g.log.Debug("snapshot loaded", "region", g.cfg.Region, "rules", s.RuleCount(),

@@ -226,6 +226,13 @@ type QuotaCounter struct {
 	// Policy is the band's amount scaled by the share (Limit.Scale), the amount that
 	// RateLimit-Policy shows: steady while the allowance moves with usage.
 	Policy int64
+	// Left is what the whole fleet has left of the budget this period as counted (the
+	// budget less the total; <= 0 when spent).
+	Left int64
+	// Retry, when > 0, is how soon a request refused on the allowance may try again
+	// while Left > 0: the allowance grows as the count does (the gateway's next syncs).
+	// 0: at the period's end.
+	Retry time.Duration
 }
 
 // QuotaUsage is what the control plane has counted of one period of a quota: this
@@ -242,6 +249,10 @@ type QuotaKey struct {
 	// Start is the period's start (Band.Window), in Unix seconds.
 	Start int64
 }
+
+// QuotaLookback is how far back a read of quota usage goes: the longest period (a month
+// of 31 days) and a day, so every period still running is read.
+const QuotaLookback = 32 * 24 * time.Hour
 
 // QuotaReport is a region's usage of one quota period as its counter last showed it:
 // counters only grow, so a report is never below an earlier one of the same counter.
@@ -269,7 +280,7 @@ func (r Rule) ScaledBands(share float64, now time.Time, usage func(band string, 
 		if usage != nil {
 			u = usage(b.Name, start)
 		}
-		q := &QuotaCounter{Start: start, End: end, Floor: u.Mine, Policy: b.Limit().Scale(share).Capacity}
+		q := &QuotaCounter{Start: start, End: end, Floor: u.Mine, Policy: b.Limit().Scale(share).Capacity, Left: b.Capacity - u.Total}
 		out[i] = BandLimit{Name: b.Name, Limit: Limit{Capacity: Allowance(b.Capacity, share, u.Mine, u.Total)}, Quota: q}
 	}
 	return out
@@ -320,7 +331,11 @@ func (b Band) validateQuota() error {
 		return fmt.Errorf("a calendar quota (period %s) has no refill_per_second, got %v", b.Period, b.RefillPerSecond)
 	}
 	if b.Zone != "" {
-		if _, err := time.LoadLocation(b.Zone); err != nil || b.Zone == "Local" || strings.HasPrefix(b.Zone, "/") {
+		// Go's database has a few names that are files, not zones, and that PostgreSQL's
+		// pg_timezone_names (the database's check) does not list.
+		special := b.Zone == "Local" || b.Zone == "localtime" || b.Zone == "posixrules" || b.Zone == "Factory" ||
+			strings.HasPrefix(b.Zone, "posix/") || strings.HasPrefix(b.Zone, "right/")
+		if _, err := time.LoadLocation(b.Zone); err != nil || special || strings.HasPrefix(b.Zone, "/") {
 			return fmt.Errorf("zone %q: want an IANA time zone like Europe/Berlin, or none for UTC", b.Zone)
 		}
 	}

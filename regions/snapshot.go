@@ -302,6 +302,9 @@ func (s *Snapshot) InTransition() bool { return len(s.transitional) > 0 }
 // AsOf is the store time the snapshot's shares are judged at: LoadedAt, or At's time.
 func (s *Snapshot) AsOf() time.Time { return s.asOf }
 
+// KnowsRegion reports whether region is one of the snapshot's regions.
+func (s *Snapshot) KnowsRegion(region string) bool { return slices.Contains(s.regions, region) }
+
 // Regions lists the known regions in the order they were loaded.
 func (s *Snapshot) Regions() []string { return append([]string(nil), s.regions...) }
 

@@ -1,12 +1,15 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"os"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/quotaplane/quotaplane/regions"
+	"github.com/quotaplane/quotaplane/regions/store"
 )
 
 // TestApplyQuotaBands: a limits file with calendar quota bands applies; diff then finds
@@ -91,4 +94,73 @@ func TestRulesSetQuotaBands(t *testing.T) {
 	if r := c.ok("plans", "get", "pro"); !strings.Contains(r.stdout, "BANDS") || !strings.Contains(r.stdout, "month=1000000/month@America/New_York") {
 		t.Errorf("plans get pro:\n%s", r.stdout)
 	}
+}
+
+// TestStatusTenantQuotas (#24): status --tenant with a database and no Prometheus shows the
+// tenant's bands: plan pro's rate and hour buckets with their limits, its quotas for "*"
+// (each route its own), and the route search, which used the monthly quota, with the
+// fleet's usage of this period as reported (us-east 800, eu-west 434 of 1,000,000), what
+// is left, when the period resets and each region's allowance (regions.Allowance at the
+// equal split); -o json says the same.
+func TestStatusTenantQuotas(t *testing.T) {
+	t.Parallel()
+	c, url := newDB(t)
+	c.ok("regions", "add", "us-east")
+	c.ok("regions", "add", "eu-west")
+	c.ok("apply", "-f", "testdata/apply/quotas.yaml", "--apply")
+	ctx := context.Background()
+	st, err := store.Open(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	now, err := st.Now(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	month := regions.Band{Name: "month", Capacity: 1_000_000, Period: regions.PeriodMonth}
+	start, end := month.Window(now)
+	k := regions.QuotaKey{Tenant: "acme", Route: "search", Band: "month", Start: start.Unix()}
+	for region, used := range map[string]int64{"us-east": 800, "eu-west": 434} {
+		if err := st.ReportUsage(ctx, region, []regions.QuotaReport{{QuotaKey: k, Used: used}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r := c.ok("status", "--tenant", "acme")
+	rows := map[string]string{} // ROUTE BAND -> the row's other cells, single-spaced
+	for _, line := range strings.Split(r.stdout, "\n") {
+		if f := strings.Fields(line); len(f) > 2 && !strings.HasPrefix(line, "#") {
+			rows[f[0]+" "+f[1]] = strings.Join(f[2:], " ")
+		}
+	}
+	// Allowances at 0.5 each: 800 + 0.5 x 998,766 and 434 + 0.5 x 998,766.
+	for key, want := range map[string]string{
+		"search month": "quota month=1000000/month plan pro 1234 998766 " + end.UTC().Format(time.RFC3339) + " eu-west=434/499817 us-east=800/500183",
+		"* month":      "quota month=1000000/month plan pro - - - each route its own (routes with usage: below)",
+		"* rate":       "bucket 200@100/s plan pro - - - bucket inspect --region R",
+		"search hour":  "bucket hour=10000/1h plan pro - - - bucket inspect --region R",
+	} {
+		if rows[key] != want {
+			t.Errorf("status --tenant acme: %s is %q, want %q\n%s", key, rows[key], want, r.stdout)
+		}
+	}
+	if !strings.HasPrefix(rows["search day"], "quota day=50000/day@Europe/Berlin plan pro 0 50000 ") {
+		t.Errorf("status --tenant acme: search day is %q, want the Berlin day quota unused", rows["search day"])
+	}
+	var rep struct {
+		Bands []bandStatus `json:"bands"`
+	}
+	if err := json.Unmarshal([]byte(c.ok("status", "--tenant", "acme", "-o", "json").stdout), &rep); err != nil {
+		t.Fatal(err)
+	}
+	var q *bandStatus
+	for i := range rep.Bands {
+		if rep.Bands[i].Band == "month" {
+			q = &rep.Bands[i]
+		}
+	}
+	if q == nil || q.Used == nil || *q.Used != 1234 || *q.Left != 998766 || !q.PeriodEnd.Equal(end) || len(q.Regions) != 2 {
+		t.Errorf("status -o json: month band %+v, want 1234 used, 998766 left, two regions", q)
+	}
+	checkError(t, c.run("status", "--tenant", "no/such"), exitUsage, "tenant", "")
 }

@@ -25,6 +25,9 @@ type statusReport struct {
 	Tenant        string         `json:"tenant,omitempty"`
 	Regions       []regionStatus `json:"regions"`
 	Total         regionStatus   `json:"total"`
+	// Bands, with --tenant and a database, are the bands of the tenant's rules: each
+	// calendar quota's usage of its period, what is left and each region's allowance.
+	Bands []bandStatus `json:"bands,omitempty"`
 }
 
 // regionStatus is one region's live figures (figures.Region, rounded); a field is null
@@ -70,7 +73,13 @@ the offered traffic (allowed + throttled + shadow_throttled, as the rebalancer c
 whether any gateway is on its local fallback (Redis unreachable), the live gateways,
 the age of the oldest successful rule reload, and the effective share of the default
 scope. With --tenant, the request figures are that tenant's (ratelimit_tenant_requests_total).
-With a database URL, regions that have no series at all are listed as no-data.`,
+With a database URL, regions that have no series at all are listed as no-data.
+
+With --tenant and a database URL, the bands of the tenant's rules follow: for each
+calendar quota, its period, what the fleet has used of it as the gateways last reported
+(every quota_sync_interval), what is left, when it resets, and each region's usage and
+allowance; for each token bucket its limit (its tokens now: ratectl bucket inspect). Without
+a Prometheus URL only the bands are shown.`,
 		Args: noArgs,
 		RunE: runE(func(cmd *cobra.Command, _ []string) error { return a.status(cmd, o) }),
 	}
@@ -84,8 +93,11 @@ With a database URL, regions that have no series at all are listed as no-data.`,
 }
 
 func (a *app) status(cmd *cobra.Command, o statusOptions) error {
+	if len(a.prometheusURLs) == 0 && o.tenant != "" && a.databaseURL != "" {
+		return a.statusBands(cmd, o)
+	}
 	if len(a.prometheusURLs) == 0 {
-		return usagef("no Prometheus: set --prometheus-url or %s", envPrometheusURL)
+		return usagef("no Prometheus: set --prometheus-url or %s (or, for a tenant's bands only, --tenant and a database URL)", envPrometheusURL)
 	}
 	sources, err := demand.ParseSources(a.prometheusURLs)
 	if err != nil {
@@ -144,7 +156,50 @@ func (a *app) status(cmd *cobra.Command, o statusOptions) error {
 	if o.tenant != "" && total.Rates == nil {
 		a.warnf("tenant %s has no series of its own in the window (gateways export only the busiest tenants; the rest count as _other)", o.tenant)
 	}
-	return a.render(cmd, rep, func(w io.Writer) { statusTable(w, rep) })
+	var bandsAt time.Time
+	if o.tenant != "" && a.databaseURL != "" {
+		err := a.withStore(cmd, func(ctx context.Context, st *store.Store) error {
+			rep.Bands, bandsAt, err = a.tenantBands(ctx, st, o.tenant)
+			return err
+		})
+		if err != nil {
+			a.warnf("the tenant's bands are not shown: %s", oneLine(err, a.secrets()))
+		}
+	}
+	return a.render(cmd, rep, func(w io.Writer) {
+		statusTable(w, rep)
+		if rep.Bands != nil {
+			fmt.Fprintln(w)
+			bandsTable(w, o.tenant, bandsAt, rep.Bands)
+		}
+	})
+}
+
+// statusBands is `ratectl status --tenant T` without Prometheus: the tenant's bands only.
+func (a *app) statusBands(cmd *cobra.Command, o statusOptions) error {
+	if err := checkID("tenant", o.tenant); err != nil {
+		return err
+	}
+	var (
+		bs []bandStatus
+		at time.Time
+	)
+	err := a.withStore(cmd, func(ctx context.Context, st *store.Store) (err error) {
+		bs, at, err = a.tenantBands(ctx, st, o.tenant)
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	if bs == nil {
+		bs = []bandStatus{}
+	}
+	rep := struct {
+		At     time.Time    `json:"at"`
+		Tenant string       `json:"tenant"`
+		Bands  []bandStatus `json:"bands"`
+	}{at.UTC().Truncate(time.Millisecond), o.tenant, bs}
+	return a.render(cmd, rep, func(w io.Writer) { bandsTable(w, o.tenant, at, bs) })
 }
 
 // readFigures reads the figures from every source (figures.Read), a regional one for its

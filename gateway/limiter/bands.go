@@ -154,16 +154,24 @@ func (l *Redis) keyOf(id bucketID) string {
 // answer.
 func (l *Redis) takeBands(ctx context.Context, r Request, cost int64) (Decision, error) {
 	now := l.now()
-	if d, short := r.quotaShort(now, cost, 1); short {
-		d.Source = SourceRedis // refused on the region's allowance: nothing to ask Redis
-		return d, nil
-	}
 	var ids [maxBandBuckets]bucketID
 	var lims [maxBandBuckets]regions.Limit
 	n := r.bandBuckets(&ids, &lims)
 	bs := make([]lua.Bucket, n)
 	for b := range n {
 		bs[b] = r.bucketOf(b, l.keyOf(ids[b]), lims[b])
+	}
+	if d, short := r.quotaShort(now, cost, 1); short {
+		// Refused on the region's allowance: nothing to decide in Redis. But what a
+		// fallback admitted on these buckets is charged all the same (a charge only),
+		// or a spent quota's counter would never count it.
+		if l.fb.mayOwe() {
+			if _, _, err := l.callCharging(ctx, lua.OpCharge, 0, bs, ids[:n], r); err != nil && ctx.Err() == nil {
+				l.log.Debug("quota debts not charged", "tenant", r.Tenant, "route", r.Route, "err", err)
+			}
+		}
+		d.Source = SourceRedis
+		return d, nil
 	}
 	out, ok, err := l.callCharging(ctx, lua.OpTake, cost, bs, ids[:n], r)
 	if err != nil {
@@ -182,7 +190,7 @@ func (l *Redis) takeBands(ctx context.Context, r Request, cost int64) (Decision,
 			// A counter: what is left of the allowance, until the period ends.
 			d.ResetAfter, d.used, d.quota = untilEnd(now, q), o.Used, q
 			if !allowed && o.Remaining < cost {
-				d.RetryAfter = d.ResetAfter
+				d.RetryAfter = quotaRetry(now, q)
 				retry = max(retry, d.RetryAfter)
 			}
 		} else if !allowed && o.Remaining < cost {
@@ -199,6 +207,17 @@ func (l *Redis) takeBands(ctx context.Context, r Request, cost int64) (Decision,
 // untilEnd is the time from now to the end of quota q's period, at least a millisecond.
 func untilEnd(now time.Time, q *regions.QuotaCounter) time.Duration {
 	return max(q.End.Sub(now), time.Millisecond)
+}
+
+// quotaRetry is how long a request quota q refuses should wait: until the period's end
+// when the fleet has nothing left, else q.Retry (the allowance grows with the count), at
+// most the period's end.
+func quotaRetry(now time.Time, q *regions.QuotaCounter) time.Duration {
+	end := untilEnd(now, q)
+	if q.Left > 0 && q.Retry > 0 {
+		return min(q.Retry, end)
+	}
+	return end
 }
 
 // quotaShare is what one of n instances may take of quota band b (a BandLimit with
@@ -219,7 +238,7 @@ func quotaShare(b regions.BandLimit, n int) int64 {
 func (r Request) quotaShort(now time.Time, cost int64, n int) (Decision, bool) {
 	short := -1
 	for i, b := range r.Bands {
-		if b.Quota != nil && quotaShare(b, n) < cost && (short < 0 || b.Quota.End.After(r.Bands[short].Quota.End)) {
+		if b.Quota != nil && quotaShare(b, n) < cost && (short < 0 || quotaRetry(now, b.Quota) > quotaRetry(now, r.Bands[short].Quota)) {
 			short = i
 		}
 	}
@@ -236,7 +255,7 @@ func (r Request) quotaShort(now time.Time, cost int64, n int) (Decision, bool) {
 		left := quotaShare(b, n)
 		ds[1+i] = Decision{Limit: left, Remaining: left, ResetAfter: untilEnd(now, b.Quota), quota: b.Quota}
 		if left < cost {
-			ds[1+i].RetryAfter = ds[1+i].ResetAfter
+			ds[1+i].RetryAfter = quotaRetry(now, b.Quota)
 		}
 	}
 	if r.Value != "" {
@@ -314,7 +333,7 @@ func (l *Local) takeBands(now time.Time, r Request, n int, cost int64, owe bool)
 		if q := r.quotaOf(i); q != nil {
 			ds[i].RefillPerSecond, ds[i].ResetAfter, ds[i].quota = 0, untilEnd(now, q), q
 			if ds[i].RetryAfter > 0 {
-				ds[i].RetryAfter = ds[i].ResetAfter
+				ds[i].RetryAfter = quotaRetry(now, q)
 			}
 		}
 		retry = max(retry, ds[i].RetryAfter)

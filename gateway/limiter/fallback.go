@@ -118,6 +118,12 @@ func (f *fallback) fix() {
 	}
 }
 
+// mayOwe reports, from atomics only, whether the fallback may owe anything: an episode
+// in progress, ended ones not fixed, or debts in the table.
+func (f *fallback) mayOwe() bool {
+	return f.episode.Load() != nil || f.endedN.Load() > 0 || f.debts.size.Load() > 0
+}
+
 // owing is every token the fallback admitted that Redis has not been charged: the debts
 // of the episode in progress, of the ended ones not fixed yet, and the fixed ones.
 func (f *fallback) owing() int64 {

@@ -213,3 +213,43 @@ func TestQuotaFallback(t *testing.T) {
 		t.Errorf("first decision from redis: %+v, want admitted with 36 used (floor, debts, this one)", d.Bands[1])
 	}
 }
+
+// TestQuotaDebtsReachASpentCounter (F4 of the attack): what the fallback admitted on a
+// quota is charged to its counter even when the quota is spent by the time Redis answers
+// again (refused without a decision in Redis: a charge still goes), so the region's usage
+// counts it.
+func TestQuotaDebtsReachASpentCounter(t *testing.T) {
+	p := testenv.Redis(t)
+	rdb := newClient(t, p)
+	bh := startBlackHole(t, p.Addr())
+	clock := quotaClock()
+	clock.Advance(-15 * 24 * time.Hour)
+	l := newTestRedis(t, newClient(t, &testenv.Process{Host: "127.0.0.1", Port: bh.port()}), Options{
+		Region: "test", Now: clock.Now, Timeout: 100 * time.Millisecond, Instances: func() int { return 2 },
+		Breaker: BreakerOptions{Failures: 1, FailureSpan: time.Millisecond, OpenFor: 200 * time.Millisecond},
+	})
+	ctx := context.Background()
+	if err := l.Load(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r := quotaRequest("spent", regions.PeriodMonth, clock.Now(), 100, 0.5, regions.QuotaUsage{Mine: 30, Total: 80})
+	bh.set(true)
+	openBreaker(t, l, clock)
+	mustDecide(t, l, r) // the episode's rate bucket starts empty
+	clock.Advance(10 * time.Second)
+	if n := decideN(t, l, r, 20); n != 5 {
+		t.Fatalf("the fallback admitted %d, want 5", n)
+	}
+	bh.set(false)
+	// Meanwhile the other region spent the rest: nothing is left, the quota refuses.
+	spent := quotaRequest("spent", regions.PeriodMonth, clock.Now(), 100, 0.5, regions.QuotaUsage{Mine: 30, Total: 100})
+	key := l.keys.Quota("t", "spent", "q", spent.Bands[0].Quota.Start.Unix())
+	pollUntil(t, 5*time.Second, "the fallback's 5 charged to the counter", func() bool {
+		clock.Advance(200 * time.Millisecond)
+		if d := mustDecide(t, l, spent); d.Allowed {
+			t.Fatalf("a spent quota admitted: %+v", d)
+		}
+		v, _ := rdb.Get(ctx, key).Int64()
+		return v == 35 // the floor of 30 and the 5 owed
+	})
+}

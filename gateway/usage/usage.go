@@ -27,10 +27,6 @@ type Store interface {
 	LoadUsage(ctx context.Context, region string, since time.Time) (map[regions.QuotaKey]regions.QuotaUsage, error)
 }
 
-// Lookback is how far back a load reads periods: the longest period (a month of 31
-// days) and a day, so every period still running is read.
-const Lookback = 32 * 24 * time.Hour
-
 // Tracker reports a region's quota counters and holds the fleet's usage as last read.
 // It is safe for concurrent use.
 type Tracker struct {
@@ -39,8 +35,9 @@ type Tracker struct {
 	now    func() time.Time
 	log    *slog.Logger
 
-	mu   sync.Mutex
-	seen map[regions.QuotaKey]int64 // the highest counter seen since the last report
+	mu       sync.Mutex
+	seen     map[regions.QuotaKey]int64 // the highest counter seen since the last report
+	inflight map[regions.QuotaKey]int64 // the report being sent, until the load after it
 
 	view atomic.Pointer[map[regions.QuotaKey]regions.QuotaUsage]
 
@@ -80,7 +77,7 @@ func New(region string, st Store, o Options) (*Tracker, error) {
 	}, func() float64 {
 		t.mu.Lock()
 		defer t.mu.Unlock()
-		return float64(len(t.seen))
+		return float64(len(t.seen) + len(t.inflight))
 	})
 	if o.Registerer != nil {
 		for _, c := range []prometheus.Collector{t.errors, t.loaded, t.pending} {
@@ -101,15 +98,28 @@ func (t *Tracker) Saw(k regions.QuotaKey, used int64) {
 	t.mu.Unlock()
 }
 
-// Usage is what the last load counted of k; loaded is false before the first load
-// succeeded.
+// Usage is what the last load counted of k, with this gateway's own region's usage raised
+// to the highest counter it has seen since (not reported yet): a fresher count of it, so
+// a counter Redis lost comes back at least at what this gateway saw. loaded is false
+// before the first load succeeded.
 func (t *Tracker) Usage(k regions.QuotaKey) (u regions.QuotaUsage, loaded bool) {
 	m := t.view.Load()
 	if m == nil {
 		return regions.QuotaUsage{}, false
 	}
-	return (*m)[k], true
+	u = (*m)[k]
+	t.mu.Lock()
+	seen := max(t.seen[k], t.inflight[k])
+	t.mu.Unlock()
+	if seen > u.Mine {
+		u.Total += seen - u.Mine
+		u.Mine = seen
+	}
+	return u, true
 }
+
+// Loaded reports whether a load has succeeded yet.
+func (t *Tracker) Loaded() bool { return t.view.Load() != nil }
 
 // Sync reports the counters seen since the last report, then reads the fleet's usage.
 // A report that fails is kept for the next Sync (a counter only grows, so reporting
@@ -118,8 +128,13 @@ func (t *Tracker) Usage(k regions.QuotaKey) (u regions.QuotaUsage, loaded bool) 
 func (t *Tracker) Sync(ctx context.Context) error {
 	t.mu.Lock()
 	seen := t.seen
-	t.seen = make(map[regions.QuotaKey]int64, len(seen))
+	t.seen, t.inflight = make(map[regions.QuotaKey]int64, len(seen)), seen
 	t.mu.Unlock()
+	defer func() {
+		t.mu.Lock()
+		t.inflight = nil
+		t.mu.Unlock()
+	}()
 	var err error
 	if len(seen) > 0 {
 		rows := make([]regions.QuotaReport, 0, len(seen))
@@ -133,7 +148,7 @@ func (t *Tracker) Sync(ctx context.Context) error {
 			err = fmt.Errorf("report quota usage: %w", err)
 		}
 	}
-	m, lerr := t.st.LoadUsage(ctx, t.region, t.now().Add(-Lookback))
+	m, lerr := t.st.LoadUsage(ctx, t.region, t.now().Add(-regions.QuotaLookback))
 	if lerr != nil {
 		t.errors.Inc()
 		if err == nil {

@@ -50,7 +50,13 @@ type Store interface {
 	// ExpireOverrides deletes the overrides past their expiry, recording each in the
 	// share history and the audit log.
 	ExpireOverrides(ctx context.Context, actor string) ([]regions.Share, error)
+	// PruneUsage deletes the quota usage of periods that started before before.
+	PruneUsage(ctx context.Context, before time.Time) (int64, error)
 }
+
+// usageKept is how long the quotas' usage rows are kept after their period started: the
+// longest period and a week more (the gateways read back 32 days).
+const usageKept = 40 * 24 * time.Hour
 
 // epocher is an Elector that hands out a fencing token (*Elector does).
 type epocher interface{ Epoch() int64 }
@@ -435,6 +441,14 @@ func (j *Job) tickLocked(ctx context.Context, k kind) Report {
 				"share", sh.Share, "expired_at", sh.ExpiresAt)
 		}
 		j.m.overridesExpired.Add(float64(len(gone)))
+		if k == kindRun {
+			// The usage of quota periods long over: nothing reads it any more.
+			if n, err := j.store.PruneUsage(ctx, now.Add(-usageKept)); err != nil {
+				j.log.Warn("quota usage not pruned", "err", err)
+			} else if n > 0 {
+				j.log.Info("quota usage pruned", "rows", n)
+			}
+		}
 	}
 	snap, err := j.store.Load(ctx, store.LoadOptions{InstanceTTL: j.cfg.InstanceTTL, WithoutKeys: true})
 	if err != nil {
