@@ -174,8 +174,9 @@ func TestBandsFallbackAndDebts(t *testing.T) {
 	p := testenv.Redis(t)
 	bh := startBlackHole(t, p.Addr())
 	clock := newFakeClock()
+	reg := prometheus.NewRegistry()
 	l := newTestRedis(t, newClient(t, &testenv.Process{Host: "127.0.0.1", Port: bh.port()}), Options{
-		Region: "test", Registerer: prometheus.NewRegistry(), Now: clock.Now, Timeout: 100 * time.Millisecond,
+		Region: "test", Registerer: reg, Now: clock.Now, Timeout: 100 * time.Millisecond,
 		Breaker: BreakerOptions{Failures: 1, FailureSpan: time.Millisecond, OpenFor: 200 * time.Millisecond},
 	})
 	ctx := context.Background()
@@ -237,6 +238,14 @@ func TestBandsFallbackAndDebts(t *testing.T) {
 	}
 	if owing := l.fb.owing(); owing != 0 {
 		t.Errorf("the fallback still owes %d after both routes were charged", owing)
+	}
+	// Owed once for each bucket a token went to, as each is repaid: 3 and 2 admitted, on
+	// three buckets each, 15 owed; every one repaid or written off, none twice.
+	owed, repaid, off := metricValue(t, reg, "ratelimit_fallback_owed_tokens_total", nil),
+		metricValue(t, reg, "ratelimit_fallback_repaid_tokens_total", nil),
+		metricValue(t, reg, "ratelimit_fallback_debt_written_off_tokens_total", nil)
+	if owed != 15 || repaid+off != owed {
+		t.Errorf("owed %v, repaid %v, written off %v: want 15 owed, all of it repaid or written off", owed, repaid, off)
 	}
 
 	l2 := newTestRedis(t, newClient(t, p), Options{Region: "test2", Registerer: prometheus.NewRegistry(), Now: clock.Now})

@@ -202,10 +202,22 @@ func (f *fallback) decide(r Request, cost int64) Decision {
 		d = ep.take(f.now(), plain, lim, vlim, cost, true)
 	}
 	if d.Allowed {
-		f.m.owed.Add(float64(cost))
+		// Owed to every bucket it took from (the rule's, each band's, a value's), as each
+		// is charged, written off or lost on its own.
+		f.m.owed.Add(float64(cost) * float64(r.owingBuckets()))
 	}
 	d.Source = SourceFallback
 	return d
+}
+
+// owingBuckets is how many buckets a fallback admission of r owes its cost to: the
+// route's, each band's and the value's.
+func (r Request) owingBuckets() int {
+	n := 1 + len(r.Bands)
+	if r.Value != "" {
+		n++
+	}
+	return n
 }
 
 // taken is a debt owed took: from the fixed debts of ended episodes, and from a bucket of

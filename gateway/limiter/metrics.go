@@ -145,7 +145,7 @@ func newRedisMetrics() *redisMetrics {
 		}),
 		owed: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "ratelimit_fallback_owed_tokens_total",
-			Help: "Tokens the fallback admitted, every one owed to the shared bucket in Redis. Each ends up repaid, written off, lost (never charged: still owed at shutdown with Redis down) or still owed (ratelimit_fallback_debt_tokens).",
+			Help: "Tokens the fallback admitted, every one owed to the shared bucket in Redis, counted once for each bucket it is owed to (a rule's own, each band's, a value's). Each ends up repaid, written off, lost (never charged: still owed at shutdown with Redis down) or still owed (ratelimit_fallback_debt_tokens).",
 		}),
 		repaid: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "ratelimit_fallback_repaid_tokens_total",
