@@ -133,7 +133,7 @@ func (g *Gateway) quotaInDatabaseMode(s *regions.Snapshot, bands []regions.BandL
 		q := *b.Quota
 		q.Retry = 2 * g.cfg.QuotaSyncInterval
 		if !loaded || !known {
-			q.Left = max(q.Left, 1) // try again after the syncs, not at the period's end
+			q.Grow = regions.MaxCapacity // try again after the syncs, not at the period's end
 			bands[i].Limit.Capacity = q.Floor
 		}
 		bands[i].Quota = &q

@@ -226,12 +226,13 @@ type QuotaCounter struct {
 	// Policy is the band's amount scaled by the share (Limit.Scale), the amount that
 	// RateLimit-Policy shows: steady while the allowance moves with usage.
 	Policy int64
-	// Left is what the whole fleet has left of the budget this period as counted (the
-	// budget less the total; <= 0 when spent).
-	Left int64
+	// Grow is the most the region's allowance can still grow this period as counted: its
+	// share of what the whole fleet has left, rounded down (0 once that is spent, or too
+	// small to give it a whole unit).
+	Grow int64
 	// Retry, when > 0, is how soon a request refused on the allowance may try again
-	// while Left > 0: the allowance grows as the count does (the gateway's next syncs).
-	// 0: at the period's end.
+	// while Grow covers its cost: the allowance grows as the count does (the gateway's
+	// next syncs). Otherwise, and when 0: at the period's end.
 	Retry time.Duration
 }
 
@@ -280,8 +281,9 @@ func (r Rule) ScaledBands(share float64, now time.Time, usage func(band string, 
 		if usage != nil {
 			u = usage(b.Name, start)
 		}
-		q := &QuotaCounter{Start: start, End: end, Floor: u.Mine, Policy: b.Limit().Scale(share).Capacity, Left: b.Capacity - u.Total}
-		out[i] = BandLimit{Name: b.Name, Limit: Limit{Capacity: Allowance(b.Capacity, share, u.Mine, u.Total)}, Quota: q}
+		allowance := Allowance(b.Capacity, share, u.Mine, u.Total)
+		q := &QuotaCounter{Start: start, End: end, Floor: u.Mine, Policy: b.Limit().Scale(share).Capacity, Grow: allowance - u.Mine}
+		out[i] = BandLimit{Name: b.Name, Limit: Limit{Capacity: allowance}, Quota: q}
 	}
 	return out
 }

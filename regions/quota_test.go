@@ -122,7 +122,7 @@ func TestScaledQuotaBand(t *testing.T) {
 		t.Errorf("token band %+v, want 2520 tokens and no quota", bands[0])
 	}
 	q := bands[1]
-	if q.Quota == nil || q.Limit.Capacity != 810 || q.Quota.Floor != 600 || q.Quota.Policy != 700 || q.Quota.Left != 300 {
+	if q.Quota == nil || q.Limit.Capacity != 810 || q.Quota.Floor != 600 || q.Quota.Policy != 700 || q.Quota.Grow != 210 {
 		t.Fatalf("quota band %+v %+v, want allowance 810, floor 600, policy 700", q, q.Quota)
 	}
 	if want := time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC); !asked.Equal(want) || !q.Quota.Start.Equal(want) || !q.Quota.End.Equal(want.AddDate(0, 1, 0)) {

@@ -190,7 +190,7 @@ func (l *Redis) takeBands(ctx context.Context, r Request, cost int64) (Decision,
 			// A counter: what is left of the allowance, until the period ends.
 			d.ResetAfter, d.used, d.quota = untilEnd(now, q), o.Used, q
 			if !allowed && o.Remaining < cost {
-				d.RetryAfter = quotaRetry(now, q)
+				d.RetryAfter = quotaRetry(now, q, cost)
 				retry = max(retry, d.RetryAfter)
 			}
 		} else if !allowed && o.Remaining < cost {
@@ -209,12 +209,12 @@ func untilEnd(now time.Time, q *regions.QuotaCounter) time.Duration {
 	return max(q.End.Sub(now), time.Millisecond)
 }
 
-// quotaRetry is how long a request quota q refuses should wait: until the period's end
-// when the fleet has nothing left, else q.Retry (the allowance grows with the count), at
-// most the period's end.
-func quotaRetry(now time.Time, q *regions.QuotaCounter) time.Duration {
+// quotaRetry is how long a request of cost that quota q refuses should wait: q.Retry
+// when the region's allowance can still grow by the cost (it grows with the count), else
+// until the period's end; at most that.
+func quotaRetry(now time.Time, q *regions.QuotaCounter, cost int64) time.Duration {
 	end := untilEnd(now, q)
-	if q.Left > 0 && q.Retry > 0 {
+	if q.Grow >= cost && q.Retry > 0 {
 		return min(q.Retry, end)
 	}
 	return end
@@ -238,7 +238,7 @@ func quotaShare(b regions.BandLimit, n int) int64 {
 func (r Request) quotaShort(now time.Time, cost int64, n int) (Decision, bool) {
 	short := -1
 	for i, b := range r.Bands {
-		if b.Quota != nil && quotaShare(b, n) < cost && (short < 0 || quotaRetry(now, b.Quota) > quotaRetry(now, r.Bands[short].Quota)) {
+		if b.Quota != nil && quotaShare(b, n) < cost && (short < 0 || quotaRetry(now, b.Quota, cost) > quotaRetry(now, r.Bands[short].Quota, cost)) {
 			short = i
 		}
 	}
@@ -255,7 +255,7 @@ func (r Request) quotaShort(now time.Time, cost int64, n int) (Decision, bool) {
 		left := quotaShare(b, n)
 		ds[1+i] = Decision{Limit: left, Remaining: left, ResetAfter: untilEnd(now, b.Quota), quota: b.Quota}
 		if left < cost {
-			ds[1+i].RetryAfter = quotaRetry(now, b.Quota)
+			ds[1+i].RetryAfter = quotaRetry(now, b.Quota, cost)
 		}
 	}
 	if r.Value != "" {
@@ -333,7 +333,7 @@ func (l *Local) takeBands(now time.Time, r Request, n int, cost int64, owe bool)
 		if q := r.quotaOf(i); q != nil {
 			ds[i].RefillPerSecond, ds[i].ResetAfter, ds[i].quota = 0, untilEnd(now, q), q
 			if ds[i].RetryAfter > 0 {
-				ds[i].RetryAfter = quotaRetry(now, q)
+				ds[i].RetryAfter = quotaRetry(now, q, cost)
 			}
 		}
 		retry = max(retry, ds[i].RetryAfter)

@@ -146,12 +146,17 @@ func TestQuotaAllowanceAndFloor(t *testing.T) {
 	if r.Bands[0].Limit.Capacity != 40 || r.Bands[0].Quota.Floor != 30 || r.Bands[0].Quota.Policy != 50 {
 		t.Fatalf("quota band %+v %+v, want allowance 40, floor 30, policy 50", r.Bands[0], r.Bands[0].Quota)
 	}
+	r.Bands[0].Quota.Retry = 400 * time.Millisecond // the gateway's two syncs
 	if n := decideN(t, l, r, 20); n != 10 {
 		t.Fatalf("admitted %d, want 10 (from the floor of 30 to the allowance of 40)", n)
 	}
 	d := mustDecide(t, l, r)
 	if d.Bands[1].Used != 40 || d.Bands[1].Remaining != 0 {
 		t.Fatalf("after the allowance: %+v, want 40 used and none left", d.Bands[1])
+	}
+	// The fleet has 20 left, its share 10: the allowance grows at the next count.
+	if d.RetryAfter != 400*time.Millisecond {
+		t.Errorf("refused on the allowance with budget left: Retry-After %v, want the two syncs' 400ms", d.RetryAfter)
 	}
 	// The store has counted the 40 (and the fleet 90); Redis loses the counter.
 	if err := rdb.FlushAll(ctx).Err(); err != nil {
@@ -166,6 +171,7 @@ func TestQuotaAllowanceAndFloor(t *testing.T) {
 	}
 	// Nothing left for the fleet: refused without a call, Retry-After to the month's end.
 	r = quotaRequest("floor", regions.PeriodMonth, clock.Now(), 100, 0.5, regions.QuotaUsage{Mine: 45, Total: 100})
+	r.Bands[0].Quota.Retry = 400 * time.Millisecond // nothing to grow into: not used
 	d = mustDecide(t, l, r)
 	if end := r.Bands[0].Quota.End; d.Allowed || d.RetryAfter != end.Sub(clock.Now()) {
 		t.Errorf("with the budget spent: %+v, want refused until %v", d, end)
