@@ -39,6 +39,25 @@ type Status struct {
 	// Changes are the most recent share changes, newest first.
 	Changes []Change `json:"changes"`
 	Charts  Charts   `json:"charts"`
+	// Quotas are the calendar-quota periods running with the most usage, most first (at
+	// most TopScopes); QuotasRead is false (and Quotas empty) when the usage could not be
+	// read.
+	Quotas     []QuotaUse `json:"quotas"`
+	QuotasRead bool       `json:"quotas_read"`
+}
+
+// QuotaUse is one period of a calendar quota band (a rule's band with a period) as the
+// gateways last reported it: the fleet's usage and each region's. Its budget and the
+// regions' allowances: ratectl status --tenant.
+type QuotaUse struct {
+	Tenant      string    `json:"tenant"`
+	Route       string    `json:"route"`
+	Band        string    `json:"band"`
+	PeriodStart time.Time `json:"period_start"`
+	Used        int64     `json:"used"`
+	// ByRegion is each region's usage, in the order of Status.Regions.
+	ByRegion  []int64   `json:"by_region"`
+	UpdatedAt time.Time `json:"updated_at"`
 }
 
 // PromState says whether the live figures could be read.
@@ -206,6 +225,7 @@ type storeData struct {
 	shares    []regions.Share
 	history   []store.HistoryEntry
 	seen      map[string]time.Time // store.RegionsLastSeen
+	quotas    []store.QuotaPeriod  // nil when they could not be read
 }
 
 func (h *Handler) readStore(ctx context.Context) (storeData, error) {
@@ -231,6 +251,14 @@ func (h *Handler) readStore(ctx context.Context) (storeData, error) {
 		if d.history, err = h.store.History(ctx, store.HistoryFilter{Limit: h.cfg.HistoryLimit}); err != nil {
 			return d, err
 		}
+	}
+	// The quotas' usage is one section: a failure to read it (a database not migrated
+	// to it yet) leaves the section empty, not the page.
+	if d.quotas, err = h.store.TopUsage(ctx, h.cfg.Now().Add(-regions.QuotaLookback), h.cfg.TopScopes); err != nil {
+		h.log.Debug("status page cannot read quota usage", "err", err)
+		d.quotas = nil
+	} else if d.quotas == nil {
+		d.quotas = []store.QuotaPeriod{}
 	}
 	return d, nil
 }
@@ -310,6 +338,17 @@ func (h *Handler) build(now time.Time, db storeData, pd promData) (*Status, erro
 	}
 
 	st.TenantShares, st.TenantScopes = tenantShares(snap, db, defaults, now, h.cfg.TopScopes)
+	st.Quotas, st.QuotasRead = []QuotaUse{}, db.quotas != nil
+	if db.quotas != nil {
+		for _, q := range db.quotas {
+			u := QuotaUse{Tenant: q.Tenant, Route: q.Route, Band: q.Band, PeriodStart: time.Unix(q.Start, 0).UTC(),
+				Used: q.Total, ByRegion: make([]int64, len(st.Regions)), UpdatedAt: q.UpdatedAt.UTC()}
+			for i, r := range st.Regions {
+				u.ByRegion[i] = q.Used[r.Name]
+			}
+			st.Quotas = append(st.Quotas, u)
+		}
+	}
 	for _, e := range db.history {
 		st.Changes = append(st.Changes, change(e, h.log))
 	}

@@ -47,6 +47,8 @@ type Store interface {
 	RegionsLastSeen(ctx context.Context) (map[string]time.Time, error)
 	Shares(ctx context.Context) ([]regions.Share, error)
 	History(ctx context.Context, f store.HistoryFilter) ([]store.HistoryEntry, error)
+	// TopUsage is the calendar-quota periods with the most usage (store.Store.TopUsage).
+	TopUsage(ctx context.Context, since time.Time, n int) ([]store.QuotaPeriod, error)
 }
 
 // Prometheus is the part of the Prometheus HTTP API the page queries (promv1.API).

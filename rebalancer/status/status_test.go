@@ -491,3 +491,46 @@ func TestCleanStopIsNotDark(t *testing.T) {
 		t.Errorf("eu-west after a clean stop: %+v, want not dark with no live gateway", eu)
 	}
 }
+
+// TestQuotasShown (#24): the page lists the calendar-quota periods running with the most
+// usage, each region's usage beside the fleet's, most used first; an ended period (older
+// than any running one) is left out.
+func TestQuotasShown(t *testing.T) {
+	t.Parallel()
+	st := openStore(t, testenv.PostgresDB(t))
+	seed(t, st)
+	ctx := t.Context()
+	now := time.Now()
+	month := regions.Band{Name: "month", Capacity: 1000, Period: regions.PeriodMonth}
+	start, _ := month.Window(now)
+	k := func(tenant string, at time.Time) regions.QuotaKey {
+		return regions.QuotaKey{Tenant: tenant, Route: "orders", Band: "month", Start: at.Unix()}
+	}
+	for region, rows := range map[string][]regions.QuotaReport{
+		usEast: {{QuotaKey: k("acme", start), Used: 800}, {QuotaKey: k("small", start), Used: 3}},
+		euWest: {{QuotaKey: k("acme", start), Used: 434}, {QuotaKey: k("old", start.AddDate(0, -3, 0)), Used: 99999}},
+	} {
+		if err := st.ReportUsage(ctx, region, rows); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h, err := status.New(status.Config{InstanceTTL: time.Minute, Timeout: 3 * time.Second}, st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := h.Collect(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !s.QuotasRead || len(s.Quotas) != 2 {
+		t.Fatalf("quotas %+v (read %v), want acme's and small's", s.Quotas, s.QuotasRead)
+	}
+	// Regions are listed eu-west, us-east.
+	if q := s.Quotas[0]; q.Tenant != "acme" || q.Used != 1234 || len(q.ByRegion) != 2 || q.ByRegion[0] != 434 || q.ByRegion[1] != 800 || !q.PeriodStart.Equal(start) {
+		t.Errorf("first quota %+v, want acme's 1234 (eu-west 434, us-east 800) of the month from %v", q, start)
+	}
+	code, _, body := get(t, h, "/")
+	if code != http.StatusOK || !strings.Contains(body, "Calendar quotas most used") || !strings.Contains(body, "<code>acme/orders</code>") || !strings.Contains(body, ">1234<") {
+		t.Errorf("page %d does not show acme's quota:\n%s", code, body)
+	}
+}

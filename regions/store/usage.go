@@ -90,6 +90,48 @@ func (s *Store) LoadUsage(ctx context.Context, region string, since time.Time) (
 	return out, nil
 }
 
+// QuotaPeriod is one period of one quota band as the store counted it: every region's
+// usage and their sum.
+type QuotaPeriod struct {
+	regions.QuotaKey
+	// Used is each region's usage, by region.
+	Used  map[string]int64
+	Total int64
+	// UpdatedAt is the latest report of the period, the store's clock.
+	UpdatedAt time.Time
+}
+
+// TopUsage is the n quota periods that started at or after since with the most usage
+// (the fleet's), most first: what a status page shows.
+func (s *Store) TopUsage(ctx context.Context, since time.Time, n int) ([]QuotaPeriod, error) {
+	rows, _ := s.pool.Query(ctx, `WITH top AS (
+			SELECT tenant, route, band, period_start, least(sum(used), 9223372036854775807)::bigint AS total,
+				max(updated_at) AS updated
+			FROM quota_usage WHERE period_start >= $1
+			GROUP BY tenant, route, band, period_start
+			ORDER BY total DESC, tenant, route, band, period_start LIMIT $2)
+		SELECT t.tenant, t.route, t.band, extract(epoch FROM t.period_start)::bigint, t.total, t.updated, u.region, u.used
+		FROM top t JOIN quota_usage u USING (tenant, route, band, period_start)
+		ORDER BY t.total DESC, t.tenant, t.route, t.band, t.period_start, u.region`, since, n)
+	var (
+		out     []QuotaPeriod
+		p       QuotaPeriod
+		region  string
+		used    int64
+		updated time.Time
+	)
+	if _, err := pgx.ForEachRow(rows, []any{&p.Tenant, &p.Route, &p.Band, &p.Start, &p.Total, &updated, &region, &used}, func() error {
+		if len(out) == 0 || out[len(out)-1].QuotaKey != p.QuotaKey {
+			out = append(out, QuotaPeriod{QuotaKey: p.QuotaKey, Used: map[string]int64{}, Total: p.Total, UpdatedAt: updated})
+		}
+		out[len(out)-1].Used[region] = used
+		return nil
+	}); err != nil {
+		return nil, fmt.Errorf("top quota usage since %s: %w", since.UTC().Format(time.RFC3339), err)
+	}
+	return out, nil
+}
+
 // PruneUsage deletes the usage of the periods that started before before, and returns
 // how many rows it deleted. before must be no later than the start of every period still
 // running (for a monthly quota, 31 days and a zone's offset ago at most): a running
