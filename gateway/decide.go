@@ -154,17 +154,14 @@ func (g *Gateway) sawQuotas(tenant, route string, d limiter.Decision) {
 }
 
 // quotaUsage is what the store has counted of one period of a quota band: nothing for a
-// standalone gateway (its Local counts alone); for a gateway whose store has not
-// answered yet, the whole budget spent, so a gateway that starts while the store is
-// down never hands out a fresh allowance (it refuses until the first count).
+// standalone gateway (its Local counts alone). Before the first count it is nothing too;
+// quotaInDatabaseMode then allows nothing more, so a gateway that starts while the store
+// is down never hands out a fresh allowance.
 func (g *Gateway) quotaUsage(tenant, route, band string, start time.Time) regions.QuotaUsage {
 	if g.usage == nil {
 		return regions.QuotaUsage{}
 	}
-	u, loaded := g.usage.Usage(regions.QuotaKey{Tenant: tenant, Route: route, Band: band, Start: start.Unix()})
-	if !loaded {
-		return regions.QuotaUsage{Total: regions.MaxCapacity}
-	}
+	u, _ := g.usage.Usage(regions.QuotaKey{Tenant: tenant, Route: route, Band: band, Start: start.Unix()})
 	return u
 }
 
