@@ -107,6 +107,47 @@ func TestScriptCalls(t *testing.T) {
 	}
 }
 
+// TestLargeBatch: a batch of thousands of decisions decides every bucket as separate calls
+// would, a bucket named twice seeing its first take, and reads a bucket of the previous
+// storage after many missing ones.
+func TestLargeBatch(t *testing.T) {
+	rdb := newRedis(t)
+	b := NewTokenBucket(rdb)
+	ctx := context.Background()
+	old := Keys{}.Bucket("old", "r")
+	if err := rdb.HSet(ctx, old, "tokens", "0", "ts", redisMicros(t, rdb), "c", "10", "r", "0.001").Err(); err != nil {
+		t.Fatal(err)
+	}
+	const n = 2500
+	var ds []Decision
+	for i := range n {
+		ds = append(ds, Decision{Op: OpTake, N: 1, Buckets: one(Keys{}.Bucket(fmt.Sprintf("t%d", i%(n-500)), "r"), 1, 0.001)})
+	}
+	out := mustDecide(t, b, ds...)
+	if len(out) != n {
+		t.Fatalf("%d outcomes for %d decisions", len(out), n)
+	}
+	for i, o := range out {
+		want := int64(1)
+		if i >= n-500 { // the second take of a 1-token bucket named before in the batch
+			want = 0
+		}
+		if o.Granted != want {
+			t.Fatalf("decision %d: %+v, want granted %d", i, o, want)
+		}
+	}
+	// The previous storage's hash after many missing buckets.
+	ds = ds[:0]
+	for i := range 1500 {
+		ds = append(ds, Decision{Op: OpTake, N: 1, Buckets: one(Keys{}.Bucket(fmt.Sprintf("new%d", i), "r"), 1, 0.001)})
+	}
+	ds = append(ds, Decision{Op: OpTake, N: 1, Buckets: one(old, 10, 0.001)})
+	out = mustDecide(t, b, ds...)
+	if o := out[len(out)-1]; o.Granted != 0 {
+		t.Errorf("take from an old-storage bucket holding 0 after 1500 missing ones: %+v, want refused", o)
+	}
+}
+
 // TestBucketMemory: one key per bucket, its value 28 bytes.
 func TestBucketMemory(t *testing.T) {
 	rdb := newRedis(t)
