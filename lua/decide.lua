@@ -88,6 +88,9 @@ local len, nkeys = s and #s or 0, #KEYS
 local pos, k = 1, 0
 while pos + 9 <= len do
   local nb = s:byte(pos + 9)
+  if nb == 0 then
+    break -- a decision needs a bucket: the shape check below refuses the batch
+  end
   pos, k = pos + 10 + 32 * nb, k + nb
 end
 if pos ~= len + 1 or k ~= nkeys then
