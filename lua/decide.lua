@@ -45,8 +45,11 @@
 --
 -- A rule change on a stored bucket: it holds what it refilled under the rule it was
 -- written under until now, clipped to the new capacity, and refills at the new rate
--- from now (the first call that sees a change applies it). So no change of rule, shard
--- count or expiry creates tokens.
+-- from now: the first call that sees a change applies it, so an idle bucket refills at
+-- its old rate until then (a lowered refill takes effect from the first call after it, up
+-- to one capacity later than the change: docs/reliability.md). A stored value that is not
+-- a bucket (another type, another length, NaN; another client's) reads as missing and is
+-- replaced by the next write, rather than failing the batch.
 --
 -- Reply, per decision:  g, retry_ms,  then per bucket:  remaining, reset_ms, charged
 -- (a counter:  remaining = max(c - used, 0), used, charged)
@@ -158,9 +161,15 @@ while pos <= len do
         if type(v) == 'table' then
           -- WRONGTYPE: the hash of the previous storage (state.lua), read once with HMGET
           -- and refilled to now; the write below replaces it.
-          local h, ts = call('HMGET', key, 'tokens', 'ts', 'c', 'r')
+          -- Another type (a list, a set) errors: then, as a hash with other fields or a NaN,
+          -- it reads as missing, and the write replaces it.
+          local h, ts = pcall('HMGET', key, 'tokens', 'ts', 'c', 'r')
+          if h.err then
+            h = {}
+          end
           t, ts, c0, r0 = tonumber(h[1]), tonumber(h[2]), tonumber(h[3]), tonumber(h[4])
-          if t and ts and c0 and r0 then
+          if t and ts and c0 and r0 and t == t and ts == ts and c0 >= 1 and c0 <= MAX_CAPACITY
+              and r0 > 0 and r0 <= MAX_REFILL then
             local el = (now_s * 1000000 + now_us) - ts
             if el > 0 then
               t = math.min(t + el * r0 / 1000000, math.max(t, c0))
@@ -169,12 +178,19 @@ while pos <= len do
             t = nil
           end
         else
-          local full_s, full_us
-          full_s, full_us, c0, r0 = unpack(FORMAT, v)
-          local d = (full_s - now_s) * 1000000 + (full_us - now_us) -- us until full
-          t = c0
-          if d > 0 then
-            t = c0 - d * r0 / 1000000
+          -- Anything but 28 bytes of sane numbers (written by another client) reads as
+          -- missing, and the write replaces it: an error would fail the whole batch.
+          t = nil
+          if #v == 28 then
+            local full_s, full_us
+            full_s, full_us, c0, r0 = unpack(FORMAT, v)
+            if full_us == full_us and c0 >= 1 and c0 <= MAX_CAPACITY and r0 > 0 and r0 <= MAX_REFILL then
+              local d = (full_s - now_s) * 1000000 + (full_us - now_us) -- us until full
+              t = c0
+              if d > 0 then
+                t = c0 - d * r0 / 1000000
+              end
+            end
           end
         end
         if t then

@@ -30,3 +30,32 @@ func TestEmptyDecisionRefusesTheBatch(t *testing.T) {
 		t.Errorf("the decision ahead of the empty one wrote its bucket: the batch was not refused whole")
 	}
 }
+
+// TestForeignValuesReadAsMissing: a bucket key another client filled with something else
+// (another type, a string of another length, a hash with NaN tokens) reads as missing and
+// is replaced, and the batch it shares with another tenant's decision is answered: an
+// error would fail every decision of the call.
+func TestForeignValuesReadAsMissing(t *testing.T) {
+	rdb := newRedis(t)
+	ctx := context.Background()
+	rdb.RPush(ctx, "list", "a")
+	rdb.SAdd(ctx, "set", "a")
+	rdb.Set(ctx, "short", "hello", 0)
+	rdb.Set(ctx, "nan28", string(make([]byte, 20))+"\x00\x00\x00\x00\x00\x00\xf8\x7f", 0) // c0 = NaN
+	rdb.HSet(ctx, "hashnan", "tokens", "nan", "ts", "1", "c", "10", "r", "1")
+	rdb.HSet(ctx, "hashjunk", "x", "1")
+	for _, k := range []string{"list", "set", "short", "nan28", "hashnan", "hashjunk"} {
+		arg := append(raw(1, 1, [4]float64{10, 1, 0, -1}), raw(1, 1, [4]float64{10, 1, 0, -1})...)
+		v, err := evalRaw(rdb, []string{"other:" + k, k}, arg)
+		if err != nil {
+			t.Errorf("%s: batch failed: %v", k, err)
+			continue
+		}
+		if r := v.([]any); r[0] != int64(1) || r[5] != int64(1) || r[7] != int64(9) {
+			t.Errorf("%s: reply %v, want both admitted, the foreign key read as a full bucket (9 left)", k, r)
+		}
+		if typ := rdb.Type(ctx, k).Val(); typ != "string" || rdb.StrLen(ctx, k).Val() != 28 {
+			t.Errorf("%s: after the take it is a %s, want the bucket's 28-byte string", k, typ)
+		}
+	}
+}
