@@ -44,12 +44,12 @@
 -- changed: taken, settled, returned, a debt charged, or the floor raised it.
 --
 -- A rule change on a stored bucket: it holds what it refilled under the rule it was
--- written under until now, clipped to the new capacity, and refills at the new rate
--- from now: the first call that sees a change applies it, so an idle bucket refills at
--- its old rate until then (a lowered refill takes effect from the first call after it, up
--- to one capacity later than the change: docs/reliability.md). A stored value that is not
--- a bucket (another type, another length, NaN; another client's) reads as missing and is
--- replaced by the next write, rather than failing the batch.
+-- written under until now, clipped to the new capacity (a debt stays whole), and refills
+-- at the new rate from now: the first call that sees a change applies it, so an idle
+-- bucket refills at its old rate until then (a lowered refill takes effect from the first
+-- call after it, up to one capacity later than the change: docs/reliability.md). A stored
+-- value that is not a bucket (another type, another length, NaN; another client's)
+-- reads as missing and is replaced by the next write, rather than failing the batch.
 --
 -- Reply, per decision:  g, retry_ms,  then per bucket:  remaining, reset_ms, charged
 -- (a counter:  remaining = max(c - used, 0), used, charged)
@@ -63,7 +63,7 @@
 --   remaining whole tokens left (0 in debt);  reset_ms: ms until full;
 --   charged   whole tokens of the debt charged (less than debt where -c clipped it)
 -- Depth: only a settle takes a bucket below -c (a debt stops at -c, a take at 0; a
--- capacity lowered clips a debt past the new -c, as it always did). It stops MAX_DEBT_S
+-- capacity lowered keeps a debt past the new -c: nothing owed is forgiven). It stops MAX_DEBT_S
 -- of refill below full (2^40 ms - 2 s, 34.8 years; from 2071, 2^32 - 1 - now s, less):
 -- the full time must fit the state's uint32 seconds, and the TTL, capped at MAX_WAIT_MS,
 -- must not end before the bucket is full (an expired key reads as full). So tokens >=
@@ -78,9 +78,9 @@
 --
 -- Redis calls: TIME once per batch (state.lua); per token bucket one GET, and one PSETEX only
 -- when the bucket changed (tokens taken, settled or returned, a debt charged, a new rule); per
--- counter one GET, and one SET .. PXAT only when it changed. A refused take writes nothing:
--- refilling is a pure function of the stored time, and a counter's floor is written only when
--- it raised the stored count.
+-- counter one GET, and one SET .. PXAT only when it changed. A refused take writes nothing
+-- unless it converts the bucket to a new rule or charges a debt: refilling is a pure function
+-- of the stored time, and a counter's floor is written only when it raised the stored count.
 local MAX_USED = 1e18 -- a counter's most: a Redis integer (< 2^63) and an integer reply
 local MAX_EXPIRE = 2 ^ 53 -- a counter's latest expiry, unix ms (exact in a double)
 local format = string.format
@@ -196,9 +196,7 @@ while pos <= len do
         if t then
           has, dirty = true, c0 ~= c or r0 ~= r -- a new rule: store the converted state
           if t > c then
-            t = c -- refilled past the top, or the rule shrank
-          elseif t < -c and c < c0 then
-            t = -c -- in debt past a capacity that shrank (a settle's debt past -c stays)
+            t = c -- refilled past the top, or the rule shrank; a debt stays whole
           end
         else
           t = c

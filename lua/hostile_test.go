@@ -59,3 +59,23 @@ func TestForeignValuesReadAsMissing(t *testing.T) {
 		}
 	}
 }
+
+// TestSettledDebtSurvivesALowering: a settle's debt past -capacity (the real cost of
+// admitted requests) is owed whole when the capacity is then lowered, as a share or a
+// shard change lowers it; clipped to the new -capacity it would be forgiven.
+func TestSettledDebtSurvivesALowering(t *testing.T) {
+	rdb := newRedis(t)
+	b := NewTokenBucket(rdb)
+	ctx := context.Background()
+	at := func(c int64) []Bucket { return []Bucket{{Key: "s", Capacity: c, Refill: 1, Cap: NoCap}} }
+	if _, err := b.Decide(ctx, Decision{Op: OpTake, N: 1000, Buckets: at(1000)}, Decision{Op: OpSettle, N: 1_000_000, Buckets: at(1000)}); err != nil {
+		t.Fatal(err)
+	}
+	o, err := b.Decide(ctx, Decision{Op: OpTake, N: 1, Buckets: at(999)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o[0].Granted != 0 || o[0].RetryAfter.Seconds() < 1e6-100 {
+		t.Errorf("take 1 after a lowering to 999: %+v, want refused for about 1e6 s (the debt of 1e6 kept)", o[0])
+	}
+}
