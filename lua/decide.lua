@@ -63,7 +63,10 @@
 --   remaining whole tokens left (0 in debt);  reset_ms: ms until full;
 --   charged   whole tokens of the debt charged (less than debt where -c clipped it)
 -- Depth: only a settle takes a bucket below -c (a debt stops at -c, a take at 0; a
--- capacity lowered keeps a debt past the new -c: nothing owed is forgiven). It stops MAX_DEBT_S
+-- capacity lowered keeps a debt past the new -c: nothing owed is forgiven). Nothing takes
+-- a bucket below its floor, c - r * DEEP_S (below): a take or a lease stops at
+-- max(0, floor), a debt at max(-c, floor), so a refill so slow that an empty bucket would
+-- not be full within 34.8 years admits only what its full time can hold. It stops MAX_DEBT_S
 -- of refill below full (2^40 ms - 2 s, 34.8 years; from 2071, 2^32 - 1 - now s, less):
 -- the full time must fit the state's uint32 seconds, and the TTL, capped at MAX_WAIT_MS,
 -- must not end before the bucket is full (an expired key reads as full). So tokens >=
@@ -84,6 +87,14 @@
 local MAX_USED = 1e18 -- a counter's most: a Redis integer (< 2^63) and an integer reply
 local MAX_EXPIRE = 2 ^ 53 -- a counter's latest expiry, unix ms (exact in a double)
 local format = string.format
+-- DEEP_S: the most seconds a bucket may be below full. Its full time must fit the state's
+-- uint32 seconds and its TTL (at most MAX_WAIT_MS) must outlast it, or the bucket would
+-- read fuller than it is. So no bucket goes below c - r * DEEP_S, its floor: far below -c
+-- for any rule that fills within 34.8 years, above 0 only for slower refills.
+local DEEP_S = UINT32 - now_s - 1
+if DEEP_S > MAX_DEBT_S then
+  DEEP_S = MAX_DEBT_S
+end
 local s = ARGV[1]
 local len, nkeys = s and #s or 0, #KEYS
 -- The batch's shape first (one byte read per decision): whole decisions, one key per
@@ -205,19 +216,23 @@ while pos <= len do
       if cap >= 0 and t > cap and (capAll or not has) then
         t = cap
       end
+      -- floor: a take, a lease and a debt stop at max(0 or -c, the storable floor).
+      local floor = c - r * DEEP_S
       if debt > 0 then
+        local lo = floor > -c and floor or -c
         local after = t - debt
-        if after < -c then
-          after = t < -c and t or -c -- never raised: a settle may have gone deeper
+        if after < lo then
+          after = t < lo and t or lo -- never raised: a settle may have gone deeper
         end
         charged = t - after + EPS
         charged, t, dirty = charged - charged % 1, after, true
       end
-      if t + EPS < n then
+      local usable = floor > 0 and t - floor or t
+      if usable + EPS < n then
         ok = false
       end
-      if t < low then
-        low = t
+      if usable < low then
+        low = usable
       end
       st[j + 1], st[j + 2], st[j + 3], st[j + 4], st[j + 5], st[j + 6] = c, r, t, has, dirty, charged
     end
@@ -289,17 +304,14 @@ while pos <= len do
           t = c
         end
       elseif refused then
-        local w = (want - t) * 1000 / r - EPS -- ms until this bucket holds want
+        local w = c - r * DEEP_S -- the floor, as above
+        w = (want - t + (w > 0 and w or 0)) * 1000 / r - EPS -- ms until this bucket holds want
         if w > retry then
           retry = w
         end
       elseif op == 5 and n > 0 then
         -- settle: no floor but the depth bound (header), nor raised if already past it
-        local deep = UINT32 - now_s - 1
-        if deep > MAX_DEBT_S then
-          deep = MAX_DEBT_S
-        end
-        deep = c - r * deep
+        local deep = c - r * DEEP_S
         local after = t - n
         if after < deep then
           after = t < deep and t or deep
