@@ -64,9 +64,9 @@
 --   charged   whole tokens of the debt charged (less than debt where -c clipped it)
 -- Depth: only a settle takes a bucket below -c (a debt stops at -c, a take at 0; a
 -- capacity lowered keeps a debt past the new -c: nothing owed is forgiven). Nothing takes
--- a bucket below its floor, c - r * DEEP_S (below): a take or a lease stops at
--- max(0, floor), a debt at max(-c, floor), so a refill so slow that an empty bucket would
--- not be full within 34.8 years admits only what its full time can hold. It stops MAX_DEBT_S
+-- a bucket below its floor, c - r * FLOOR_S (below): a take or a lease stops at
+-- max(0, floor), a debt at max(-c, floor), so a refill so slow that its full time would
+-- not fit a double (below about c * 1e-294 per second) admits nothing. A settle stops MAX_DEBT_S
 -- of refill below full (2^40 ms - 2 s, 34.8 years; from 2071, 2^32 - 1 - now s, less):
 -- the full time must fit the state's uint32 seconds, and the TTL, capped at MAX_WAIT_MS,
 -- must not end before the bucket is full (an expired key reads as full). So tokens >=
@@ -87,14 +87,15 @@
 local MAX_USED = 1e18 -- a counter's most: a Redis integer (< 2^63) and an integer reply
 local MAX_EXPIRE = 2 ^ 53 -- a counter's latest expiry, unix ms (exact in a double)
 local format = string.format
--- DEEP_S: the most seconds a bucket may be below full. Its full time must fit the state's
--- uint32 seconds and its TTL (at most MAX_WAIT_MS) must outlast it, or the bucket would
--- read fuller than it is. So no bucket goes below c - r * DEEP_S, its floor: far below -c
--- for any rule that fills within 34.8 years, above 0 only for slower refills.
+-- DEEP_S: the most seconds a settle may take a bucket below full (the header's Depth).
 local DEEP_S = UINT32 - now_s - 1
 if DEEP_S > MAX_DEBT_S then
   DEEP_S = MAX_DEBT_S
 end
+-- FLOOR_S: the most seconds below full a stored full time holds at all (the write stops
+-- at 1e300 us). No take, lease or debt takes a bucket below c - r * FLOOR_S, its floor,
+-- which is above 0 only for a refill below about c * 1e-294 per second.
+local FLOOR_S = 1e294
 local s = ARGV[1]
 local len, nkeys = s and #s or 0, #KEYS
 -- The batch's shape first (one byte read per decision): whole decisions, one key per
@@ -217,7 +218,7 @@ while pos <= len do
         t = cap
       end
       -- floor: a take, a lease and a debt stop at max(0 or -c, the storable floor).
-      local floor = c - r * DEEP_S
+      local floor = c - r * FLOOR_S
       if debt > 0 then
         local lo = floor > -c and floor or -c
         local after = t - debt
@@ -304,7 +305,7 @@ while pos <= len do
           t = c
         end
       elseif refused then
-        local w = c - r * DEEP_S -- the floor, as above
+        local w = c - r * FLOOR_S -- the floor, as above
         w = (want - t + (w > 0 and w or 0)) * 1000 / r - EPS -- ms until this bucket holds want
         if w > retry then
           retry = w
