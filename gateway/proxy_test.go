@@ -526,7 +526,11 @@ func TestLeasesFromConfig(t *testing.T) {
 	}
 	calls := evalCalls(t, rdb) - before
 	leased := scrapeURL(t, gw.admin.URL).sum("ratelimit_requests_total", "route", "get-order", "source", "lease")
-	if leased == 0 || calls > n/4 {
+	// Leases off: every request is a Redis call and none is leased. On, a few calls
+	// serve most requests (5-21 calls alone here); how few depends on the rate the key
+	// is asked at, which falls when the machine is loaded (62 calls under CI's -race with
+	// the stack tests alongside), so the line is half of them, far from either.
+	if leased < n/2 || calls > n/2 {
 		t.Fatalf("%v of %d decisions leased with %d Redis calls: leases are not on", leased, n, calls)
 	}
 	t.Logf("%d requests, %v from leases, %d Redis calls", n, leased, calls)
