@@ -16,7 +16,10 @@ if not (r and r > 0 and r <= MAX_REFILL) then
 end
 local v, t, c0, r0 = pcall('GET', KEYS[1]) -- WRONGTYPE comes back as a table, not as a failure
 if type(v) == 'table' then -- the hash of the previous storage (state.lua)
-  local h = call('HMGET', KEYS[1], 'tokens', 'ts', 'c', 'r')
+  local h = pcall('HMGET', KEYS[1], 'tokens', 'ts', 'c', 'r')
+  if h.err then
+    h = {} -- another type: read as missing, as decide.lua does
+  end
   local ts
   t, ts, c0, r0 = tonumber(h[1]), tonumber(h[2]), tonumber(h[3]), tonumber(h[4])
   if t and ts and c0 and r0 then
@@ -27,7 +30,7 @@ if type(v) == 'table' then -- the hash of the previous storage (state.lua)
   else
     t = nil
   end
-elseif v then
+elseif v and #v == 28 then -- another length reads as missing, as decide.lua does
   local full_s, full_us
   full_s, full_us, c0, r0 = unpack(FORMAT, v)
   local d = (full_s - now_s) * 1000000 + (full_us - now_us) -- us until full
@@ -41,10 +44,7 @@ if t == nil then
   t = c
 else
   exists, sc, sr = 1, string.format('%.17g', c0), string.format('%.17g', r0)
-  t = math.min(t, c)
-  if t < -c and c < c0 then
-    t = -c -- as decide.lua reads it: clipped only past a capacity that shrank
-  end
+  t = math.min(t, c) -- as decide.lua reads it: a debt stays whole under a smaller capacity
 end
 local reset = math.min(math.max(math.ceil((c - t) * 1000 / r - EPS), 0), MAX_WAIT_MS)
 return {exists, string.format('%.17g', t), reset, redis.call('PTTL', KEYS[1]), sc, sr}
