@@ -4,25 +4,14 @@ import (
 	"context"
 	"strings"
 	"testing"
-
-	"github.com/redis/go-redis/v9"
 )
-
-// evalRaw runs decide.lua on keys with a hand-made argument, as another client could.
-func evalRaw(rdb *redis.Client, keys []string, arg []byte) (any, error) {
-	args := []any{"eval", DecideSource(), len(keys)}
-	for _, k := range keys {
-		args = append(args, k)
-	}
-	return rdb.Do(context.Background(), append(args, arg)...).Result()
-}
 
 // TestEmptyDecisionRefusesTheBatch: a decision of no bucket makes the batch's shape wrong,
 // so the batch is refused whole, before the decision ahead of it writes.
 func TestEmptyDecisionRefusesTheBatch(t *testing.T) {
 	rdb := newRedis(t)
 	arg := append(raw(1, 1, [4]float64{10, 1, 0, -1}), raw(1, 1)...)
-	_, err := evalRaw(rdb, []string{"first"}, arg)
+	_, err := rdb.Eval(context.Background(), DecideSource(), []string{"first"}, arg).Result()
 	if err == nil || !strings.HasPrefix(err.Error(), invalidPrefix) {
 		t.Fatalf("a batch with a decision of no bucket: error %v, want %s", err, invalidPrefix)
 	}
@@ -46,7 +35,7 @@ func TestForeignValuesReadAsMissing(t *testing.T) {
 	rdb.HSet(ctx, "hashjunk", "x", "1")
 	for _, k := range []string{"list", "set", "short", "nan28", "hashnan", "hashjunk"} {
 		arg := append(raw(1, 1, [4]float64{10, 1, 0, -1}), raw(1, 1, [4]float64{10, 1, 0, -1})...)
-		v, err := evalRaw(rdb, []string{"other:" + k, k}, arg)
+		v, err := rdb.Eval(ctx, DecideSource(), []string{"other:" + k, k}, arg).Result()
 		if err != nil {
 			t.Errorf("%s: batch failed: %v", k, err)
 			continue
