@@ -253,3 +253,33 @@ func (s *Snapshot) HeldRaises(region string) int {
 // Xmin is the store's transaction horizon of the load (SnapshotData.Xmin), for the
 // holder's heartbeats.
 func (s *Snapshot) Xmin() int64 { return s.xmin }
+
+// ChangedAgo is how long ago the limit of tenant's route in region may last have
+// changed, as far as the snapshot knows: the latest of the updated_at of the rule in
+// force, of the share rows that decide the region's share (both within an expiry's
+// transition) and of a raise of the pair (Raise: deletions, region removals). Every
+// change of a rule or a share writes one of them, so the limit is the same since then,
+// barring what the snapshot cannot date (a region added, an override expired): those
+// make the age too old, which converts a lowered bucket no later than the next call
+// would. 0 when nothing is dated (a configuration file's rules). sinceLoad as in Raise.
+func (s *Snapshot) ChangedAgo(region, tenant, route string, rule Rule, sinceLoad time.Duration) time.Duration {
+	at := rule.UpdatedAt
+	if sh, trans, _, ok := s.shareRow(region, tenant, route, false); ok {
+		if sh.UpdatedAt.After(at) {
+			at = sh.UpdatedAt
+		}
+		if trans { // what replaces it may be in force too
+			if sh, _, _, ok := s.shareRow(region, tenant, route, true); ok && sh.UpdatedAt.After(at) {
+				at = sh.UpdatedAt
+			}
+		}
+	}
+	ago := time.Duration(0)
+	if !at.IsZero() {
+		ago = max(s.loadedAt.Sub(at)+sinceLoad, time.Nanosecond)
+	}
+	if rago, _, ok := s.Raise(region, tenant, route, sinceLoad); ok && (ago == 0 || rago < ago) {
+		ago = rago
+	}
+	return ago
+}

@@ -397,6 +397,20 @@ func (s *Snapshot) shareScope(region, tenant, route string) (float64, Source, in
 // share resolves Share; skip leaves out the transitional rows, and trans says whether the
 // row that decided is transitional, scope how specific it is (shareScope).
 func (s *Snapshot) share(region, tenant, route string, skip bool) (float64, Source, bool, int) {
+	if sh, trans, i, ok := s.shareRow(region, tenant, route, skip); ok {
+		return sh.Share, sh.Source, trans, i
+	}
+	n := len(s.regions)
+	if n == 0 {
+		n = 1
+	}
+	return 1 / float64(n), SourceDefault, false, 3
+}
+
+// shareRow is the row that decides region's share of tenant's route (skip leaves out the
+// transitional rows), whether it is transitional, and how specific its scope is
+// (shareScope); false when none does (the equal split).
+func (s *Snapshot) shareRow(region, tenant, route string, skip bool) (Share, bool, int, bool) {
 	scopes := [...]Scope{{tenant, route}, {tenant, Wildcard}, GlobalScope}
 	for _, src := range [...]Source{SourceOverride, SourceRebalancer} {
 		for i, sc := range scopes {
@@ -406,15 +420,12 @@ func (s *Snapshot) share(region, tenant, route string, skip bool) (float64, Sour
 				if t && skip {
 					continue
 				}
-				return sh.Share, src, t, i
+				sh.Source = src
+				return sh, t, i, true
 			}
 		}
 	}
-	n := len(s.regions)
-	if n == 0 {
-		n = 1
-	}
-	return 1 / float64(n), SourceDefault, false, len(scopes)
+	return Share{}, false, 0, false
 }
 
 // ScopeRow is region's share for exactly this scope (an override before a rebalancer

@@ -599,3 +599,53 @@ func BenchmarkSnapshotRulePlan(b *testing.B) {
 		s.RegionalRule("us-east", "t7", "r")
 	}
 }
+
+// TestChangedAgo: a limit is dated by the latest of its rule's row, the share rows that
+// decide it (an override before a rebalancer row, the pair before the tenant and "*")
+// and a raise of the pair; a row that decides nothing does not date it.
+func TestChangedAgo(t *testing.T) {
+	at := func(s time.Duration) time.Time { return t0.Add(-s * time.Second) }
+	d := SnapshotData{
+		Regions: []string{"us-east", "eu-west"},
+		Rules: []Rule{
+			{Tenant: Wildcard, Route: Wildcard, Capacity: 20, RefillPerSecond: 10, Shards: 1, UpdatedAt: at(900)},
+			{Tenant: "a", Route: "r", Capacity: 20, RefillPerSecond: 10, Shards: 1, UpdatedAt: at(100)},
+		},
+		Shares: []Share{
+			{Scope: GlobalScope, Region: "us-east", Share: 0.5, Source: SourceRebalancer, UpdatedAt: at(300)},
+			{Scope: GlobalScope, Region: "eu-west", Share: 0.5, Source: SourceRebalancer, UpdatedAt: at(300)},
+			{Scope: Scope{"b", Wildcard}, Region: "us-east", Share: 0.7, Source: SourceOverride, UpdatedAt: at(50)},
+			{Scope: Scope{"b", Wildcard}, Region: "eu-west", Share: 0.3, Source: SourceOverride, UpdatedAt: at(50)},
+			{Scope: Scope{"b", "r"}, Region: "us-east", Share: 0.6, Source: SourceRebalancer, UpdatedAt: at(5)}, // beneath b's override
+			{Scope: Scope{"b", "r"}, Region: "eu-west", Share: 0.4, Source: SourceRebalancer, UpdatedAt: at(5)},
+		},
+		Raises:   []Raise{{Region: "eu-west", Tenant: "c", Route: "r", At: at(20), Ratio: 0.5}},
+		LoadedAt: t0,
+	}
+	s, err := NewSnapshot(d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct {
+		region, tenant, route string
+		want                  time.Duration
+	}{
+		{"us-east", "a", "r", 101 * time.Second}, // its own rule, newer than the share
+		{"us-east", "a", "q", 301 * time.Second}, // the default rule, older than the share
+		{"us-east", "b", "r", 51 * time.Second},  // the override decides, not the newer rebalancer row
+		{"eu-west", "c", "r", 21 * time.Second},  // the raise
+		{"us-east", "c", "r", 301 * time.Second},
+	} {
+		got := s.ChangedAgo(tt.region, tt.tenant, tt.route, s.Rule(tt.tenant, tt.route), time.Second)
+		if got != tt.want {
+			t.Errorf("ChangedAgo(%s, %s, %s) = %v, want %v", tt.region, tt.tenant, tt.route, got, tt.want)
+		}
+	}
+	bare, err := NewSnapshot(SnapshotData{Regions: []string{"us-east"}, Rules: []Rule{{Tenant: Wildcard, Route: Wildcard, Capacity: 1, RefillPerSecond: 1, Shards: 1}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := bare.ChangedAgo("us-east", "a", "r", bare.Rule("a", "r"), time.Second); got != 0 {
+		t.Errorf("nothing dated: ChangedAgo = %v, want 0", got)
+	}
+}
