@@ -93,6 +93,7 @@ fuzz-run:
 	$(GO) test -run '^$$' -fuzz '^FuzzCanonicalPath$$' -fuzztime $(FUZZTIME) ./gateway/
 	$(GO) test -run '^$$' -fuzz '^FuzzLimitByValue$$' -fuzztime $(FUZZTIME) ./gateway/
 	$(GO) test -run '^$$' -fuzz '^FuzzLuaArguments$$' -fuzztime $(FUZZTIME) ./lua/
+	$(GO) test -run '^$$' -fuzz '^FuzzConvertAtTheChange$$' -fuzztime $(FUZZTIME) ./lua/
 	$(GO) test -run '^$$' -fuzz '^FuzzValidateID$$' -fuzztime $(FUZZTIME) ./regions/
 	$(GO) test -run '^$$' -fuzz '^FuzzParseScope$$' -fuzztime $(FUZZTIME) ./regions/
 	$(GO) test -run '^$$' -fuzz '^FuzzParseShares$$' -fuzztime $(FUZZTIME) ./cmd/ratectl/

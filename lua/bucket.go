@@ -88,13 +88,18 @@ func DecodeStored(v []byte) (Stored, error) {
 	return Stored{Full: full, Capacity: math.Float64frombits(binary.LittleEndian.Uint64(v[12:])), Refill: math.Float64frombits(binary.LittleEndian.Uint64(v[20:]))}, nil
 }
 
-// Inspect reads the bucket key under the rule (capacity, refill) with the scripts' own
-// maths (inspect.lua), writing nothing.
-func (b *TokenBucket) Inspect(ctx context.Context, key string, capacity int64, refill float64) (State, error) {
+// Inspect reads the bucket key under the rule (capacity, refill), which last changed
+// changedAgo ago (0: not known; Bucket.ChangedAgo), with the scripts' own maths
+// (inspect.lua), writing nothing.
+func (b *TokenBucket) Inspect(ctx context.Context, key string, capacity int64, refill float64, changedAgo time.Duration) (State, error) {
 	if err := checkRule(capacity, refill); err != nil {
 		return State{}, fmt.Errorf("token bucket inspect %s: %w", key, err)
 	}
-	v, err := inspectScript.Run(ctx, b.rdb, []string{key}, capacity, refill).Slice()
+	if changedAgo < 0 {
+		return State{}, fmt.Errorf("token bucket inspect %s: %w: changed %v ago, want a duration >= 0", key, ErrInvalidArgument, changedAgo)
+	}
+	ago := min(float64(changedAgo)/float64(time.Millisecond), maxAgoMillis)
+	v, err := inspectScript.Run(ctx, b.rdb, []string{key}, capacity, refill, ago).Slice()
 	if err != nil {
 		return State{}, fmt.Errorf("inspect %s: %w", key, scriptError(err))
 	}

@@ -134,3 +134,55 @@ func TestOldStorageIsRead(t *testing.T) {
 	}
 	_ = redis.Nil
 }
+
+// TestConvertsAtTheChange: a stored bucket under a changed rule is converted at the
+// change (Bucket.ChangedAgo), not at the call: an idle bucket under a lowered refill holds
+// what it held then plus the new refill since, never what its old rule would have
+// refilled until now. A raise adds nothing the old rule did not, a debt stays whole, and
+// a bucket written after the change (by a gateway that had not seen it) is converted from
+// when it was last empty, not taken into debt.
+func TestConvertsAtTheChange(t *testing.T) {
+	rdb := newRedis(t)
+	b := NewTokenBucket(rdb)
+	tests := []struct {
+		name             string
+		tokens           float64       // under the old rule, at the write
+		idle             time.Duration // since the write, with no call
+		ago              time.Duration // since the change
+		c0, c            int64
+		r0, r            float64
+		minLeft, maxLeft float64 // tokens before the lease's take
+	}{
+		// The attack's case: drained at 1000/s, lowered to 10/s, idle 1.2 s.
+		{"drained, refill lowered, idle", 0, 1200 * time.Millisecond, 1200 * time.Millisecond, 1000, 1000, 1000, 10, 12, 12.5},
+		{"half full, lowered 300 ms ago", 500, time.Second, 300 * time.Millisecond, 1000, 1000, 100, 1, 570.3, 570.35}, // 500 + 0.7 s x 100 + 0.3 s x 1
+		{"full before the change", 900, 2 * time.Second, time.Second, 1000, 1000, 100, 1, 1000, 1000},
+		{"written after the change, empty", 0, 0, 5 * time.Second, 1000, 1000, 1000, 10, 0, 0.05},
+		{"written after the change, some left", 300, 0, 5 * time.Second, 1000, 1000, 1000, 10, 3, 3.05},
+		{"refill raised", 100, 0, 10 * time.Second, 1000, 1000, 1, 1000, 100, 100.1},
+		{"share lowered 0.75 -> 0.25, idle", 0, 2 * time.Second, time.Second, 75, 25, 7.5, 2.5, 10, 10.05},
+		{"in debt stays in debt", -400, 0, time.Second, 1000, 1000, 1000, 10, -400, -399},
+		{"not known: at the call", 0, 1200 * time.Millisecond, 0, 1000, 1000, 1000, 10, 1000, 1000},
+	}
+	for i, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			key := Keys{}.Bucket("at", string(rune('a'+i)))
+			start := time.Now()
+			setTokens(t, rdb, key, tt.tokens, tt.c0, tt.r0, 0)
+			age(t, rdb, key, tt.idle)
+			// ratectl's reader (inspect.lua) sees what the lease below will.
+			st, err := b.Inspect(context.Background(), key, tt.c, tt.r, tt.ago)
+			// The real time since the write moves it earlier against the change (at most
+			// that much more of the old refill), and the new refill runs after the call.
+			slack := (tt.r0+tt.r)*time.Since(start).Seconds() + 1e-6
+			if err != nil || st.Tokens < tt.minLeft-1e-6 || st.Tokens > tt.maxLeft+slack {
+				t.Errorf("Inspect: %+v, %v; want within [%v, %v] tokens", st, err, tt.minLeft, tt.maxLeft)
+			}
+			o := mustDecide(t, b, Decision{Op: OpLease, N: tt.c, Buckets: []Bucket{{Key: key, Capacity: tt.c, Refill: tt.r, Cap: NoCap, ChangedAgo: tt.ago}}})[0]
+			left := tokensNow(t, rdb, key) + float64(o.Granted)
+			if slack = (tt.r0+tt.r)*time.Since(start).Seconds() + 1e-6; left < tt.minLeft-1e-6 || left > tt.maxLeft+slack {
+				t.Errorf("after the change: %v tokens, want within [%v, %v] (reply %+v)", left, tt.minLeft, tt.maxLeft, o)
+			}
+		})
+	}
+}

@@ -5,7 +5,7 @@
 -- KEYS     every bucket of every decision, in order.
 -- ARGV[1]  the decisions, little-endian binary (decimal arguments would cost a strtod
 --          each, most of the script's time): per decision  op (uint8), n (double),
---          nb (uint8), then per bucket (nb of them)  c, r, debt, cap (doubles):
+--          nb (uint8), then per bucket (nb of them)  c, r, debt, cap, ago (doubles):
 --   op    1 take:   take n tokens from every bucket, or from none (1 <= n <= each c)
 --         2 lease:  take g = min(n, whole tokens of the emptiest bucket) from every one
 --         3 return: give n tokens back to every bucket that exists, up to its capacity
@@ -22,13 +22,16 @@
 --         the new refill since the change. <= -2: -2 - cap is the most it may hold,
 --         missing or stored (a shard other than shard 0, which may be one left over from
 --         an earlier layout, refilled while unused)
+--   ago   ms since the bucket's rule (c, r) last changed, as the caller knows it (0: not
+--         known), 0..2^40: a stored bucket of another rule is converted at that instant
+--         (below). Ignored by a counter.
 -- The buckets of one decision are, for example, a tenant's route bucket and the bucket
 -- of one client value nested inside it: both must admit.
 --
 -- A counter (r <= -1) is a bucket of another kind: the usage of a calendar quota (an
 -- amount per hour, day, week or month) in one region for one period. The gateway names
 -- one key per period, so the key changes at the period's end and the script never
--- resets one. Its numbers, in the same 32 bytes:
+-- resets one. Its numbers, in the same 40 bytes (ago as for a token bucket, unused):
 --   c     the allowance, the most it may reach: an integer 1..1e15
 --   r     -r is when the key expires, unix ms (an integer 1..2^53): SET PXAT
 --   debt  fallback admissions, added first, whole (an integer >= 0)
@@ -43,13 +46,16 @@
 -- stops there, and g says how much a settle took. A counter is written only when it
 -- changed: taken, settled, returned, a debt charged, or the floor raised it.
 --
--- A rule change on a stored bucket: it holds what it refilled under the rule it was
--- written under until now, clipped to the new capacity (a debt stays whole), and refills
--- at the new rate from now: the first call that sees a change applies it, so an idle
--- bucket refills at its old rate until then (a lowered refill takes effect from the first
--- call after it, up to one capacity later than the change: docs/reliability.md). A stored
--- value that is not a bucket (another type, another length, NaN; another client's)
--- reads as missing and is replaced by the next write, rather than failing the batch.
+-- A rule change on a stored bucket: it holds the lower of what it refilled under the
+-- rule it was written under until now, and what it held at the change (ago ms before
+-- now) plus the new refill since, clipped to the new capacity (a debt stays whole). So an
+-- idle bucket refills at its old rate only until the change, not until its next call, and
+-- no conversion holds more than the old rule would. Read back to the change, a bucket
+-- below empty was written after it (by a gateway that had not seen the change yet, which
+-- leaves a bucket empty at worst): it converts from when it was last empty instead, at
+-- r / r0 of that. A stored value that is not a bucket (another type, another length,
+-- NaN; another client's) reads as missing and is replaced by the next write, rather than
+-- failing the batch.
 --
 -- Reply, per decision:  g, retry_ms,  then per bucket:  remaining, reset_ms, charged
 -- (a counter:  remaining = max(c - used, 0), used, charged)
@@ -106,10 +112,10 @@ while pos + 9 <= len do
   if nb == 0 then
     break -- a decision needs a bucket: the shape check below refuses the batch
   end
-  pos, k = pos + 10 + 32 * nb, k + nb
+  pos, k = pos + 10 + 40 * nb, k + nb
 end
 if pos ~= len + 1 or k ~= nkeys then
-  return redis.error_reply('QPINVALID the decisions must fill the argument, op (uint8), n (double), nb (uint8) and nb buckets of 32 bytes each, with one key per bucket')
+  return redis.error_reply('QPINVALID the decisions must fill the argument, op (uint8), n (double), nb (uint8) and nb buckets of 40 bytes each, with one key per bucket')
 end
 -- out, st: sized for one decision of one bucket (growing a table rehashes it).
 local out, st, o = {0, 0, 0, 0, 0}, {0, 0, 0, 0, 0, 0}, 0
@@ -122,20 +128,20 @@ while pos <= len do
   -- One comparison chain per number (NaN fails every one). A bucket is read as it is
   -- checked; nothing is written before the whole decision has passed.
   if not (op >= 1 and op <= 5 and n >= 0 and n <= 2 * MAX_CAPACITY and n % 1 == 0
-      and (n >= 1 or op >= 3) and nb >= 1 and from + 32 * nb - 1 <= len and k + nb <= nkeys) then
-    return redis.error_reply('QPINVALID at byte ' .. pos .. ': op must be 1 (take), 2 (lease), 3 (return), 4 (charge) or 5 (settle), n an integer >= 1 (>= 0 to return, charge or settle), and nb count the buckets that follow, 32 bytes and a key each')
+      and (n >= 1 or op >= 3) and nb >= 1 and from + 40 * nb - 1 <= len and k + nb <= nkeys) then
+    return redis.error_reply('QPINVALID at byte ' .. pos .. ': op must be 1 (take), 2 (lease), 3 (return), 4 (charge) or 5 (settle), n an integer >= 1 (>= 0 to return, charge or settle), and nb count the buckets that follow, 40 bytes and a key each')
   end
   pos = from
   local low, ok = 1e300, true -- the emptiest bucket's tokens; whether all admit a take
   for j = 0, 6 * (nb - 1), 6 do
-    local c, r, debt, cap
-    c, r, debt, cap, pos = unpack('<dddd', s, pos)
-    if not (c >= 1 and c <= MAX_CAPACITY and c % 1 == 0
+    local c, r, debt, cap, ago
+    c, r, debt, cap, ago, pos = unpack('<ddddd', s, pos)
+    if not (c >= 1 and c <= MAX_CAPACITY and c % 1 == 0 and ago >= 0 and ago <= MAX_WAIT_MS
         and debt >= 0 and debt <= 2 * MAX_CAPACITY and debt % 1 == 0 and (op ~= 1 or n <= c)
         and (r > 0 and r <= MAX_REFILL
           and cap >= -2 - MAX_CAPACITY and cap <= MAX_CAPACITY and (cap >= 0 or cap == -1 or cap <= -2)
           or r <= -1 and r >= -MAX_EXPIRE and r % 1 == 0 and cap >= 0 and cap <= MAX_CAPACITY and cap % 1 == 0)) then
-      return redis.error_reply('QPINVALID at byte ' .. pos - 32 .. ': a bucket needs an integer capacity 1..1e15 (a take at most it) and an integer debt >= 0; a token bucket a refill in (0, 1e12] and a cap of -1, 0..1e15 or -2-1e15..-2; a counter an integer -expiry (unix ms) in [-2^53, -1] and an integer floor 0..1e15')
+      return redis.error_reply('QPINVALID at byte ' .. pos - 40 .. ': a bucket needs an integer capacity 1..1e15 (a take at most it), an integer debt >= 0 and an ago of 0..2^40 ms; a token bucket a refill in (0, 1e12] and a cap of -1, 0..1e15 or -2-1e15..-2; a counter an integer -expiry (unix ms) in [-2^53, -1] and an integer floor 0..1e15')
     end
     if r < 0 then
       -- A counter: its used count. Anything but a number (a missing key, another type, a
@@ -169,7 +175,7 @@ while pos <= len do
       -- GET: the bucket's one read (pcall: the old storage's WRONGTYPE comes back as a table).
       local v, t, has, dirty, charged = pcall('GET', key), c, false, false, 0
       if v then
-        local c0, r0
+        local c0, r0, d -- d: us until full under the stored rule
         if type(v) == 'table' then
           -- WRONGTYPE: the hash of the previous storage (state.lua), read once with HMGET
           -- and refilled to now; the write below replaces it.
@@ -186,6 +192,7 @@ while pos <= len do
             if el > 0 then
               t = math.min(t + el * r0 / 1000000, math.max(t, c0))
             end
+            d = (c0 - t) * 1000000 / r0
           else
             t = nil
           end
@@ -197,7 +204,7 @@ while pos <= len do
             local full_s, full_us
             full_s, full_us, c0, r0 = unpack(FORMAT, v)
             if full_us == full_us and c0 >= 1 and c0 <= MAX_CAPACITY and r0 > 0 and r0 <= MAX_REFILL then
-              local d = (full_s - now_s) * 1000000 + (full_us - now_us) -- us until full
+              d = (full_s - now_s) * 1000000 + (full_us - now_us)
               t = c0
               if d > 0 then
                 t = c0 - d * r0 / 1000000
@@ -207,6 +214,22 @@ while pos <= len do
         end
         if t then
           has, dirty = true, c0 ~= c or r0 ~= r -- a new rule: store the converted state
+          if dirty and ago > 0 then
+            -- Converted at the change (header): what it held then, under the old rule...
+            local at = c0 - (d + ago * 1000) * r0 / 1000000
+            if at > c0 then
+              at = c0 -- full before the change
+            elseif at < 0 and r < r0 then
+              at = at * r / r0 -- written after the change: from when it was last empty
+            end
+            if at > c then
+              at = c
+            end
+            at = at + ago * r / 1000 -- ...plus the new refill since
+            if at < t then
+              t = at
+            end
+          end
           if t > c then
             t = c -- refilled past the top, or the rule shrank; a debt stays whole
           end

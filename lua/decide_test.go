@@ -238,7 +238,7 @@ func TestWorksAfterScriptFlush(t *testing.T) {
 	if err := rdb.ScriptFlush(ctx).Err(); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := b.Inspect(ctx, key, 10, 1); err != nil {
+	if _, err := b.Inspect(ctx, key, 10, 1, 0); err != nil {
 		t.Errorf("inspect after SCRIPT FLUSH: %v", err)
 	}
 	if err := Load(ctx, rdb); err != nil {
@@ -345,6 +345,7 @@ func TestInvalidArguments(t *testing.T) {
 			{"op 9", Decision{Op: 9, N: 1, Buckets: one(key, 10, 1)}},
 			{"debt negative", Decision{Op: OpTake, N: 1, Buckets: []Bucket{{Key: key, Capacity: 10, Refill: 1, Debt: -1, Cap: NoCap}}}},
 			{"cap NaN", Decision{Op: OpTake, N: 1, Buckets: []Bucket{{Key: key, Capacity: 10, Refill: 1, Cap: math.NaN()}}}},
+			{"changed in the future", Decision{Op: OpTake, N: 1, Buckets: []Bucket{{Key: key, Capacity: 10, Refill: 1, Cap: NoCap, ChangedAgo: -time.Second}}}},
 		}
 		for _, tt := range tests {
 			t.Run(tt.name, func(t *testing.T) {
@@ -380,6 +381,9 @@ func TestInvalidArguments(t *testing.T) {
 			{"a key too many", []string{other, key}, good},
 			{"a good decision, then a bad one", []string{other, key}, append(append([]byte{}, good...), raw(1, 1, [4]float64{0, 1, 0, -1})...)},
 			{"no buckets", []string{key}, raw(1, 1)},
+			{"ago negative", []string{key}, withAgo(good, -1)},
+			{"ago NaN", []string{key}, withAgo(good, math.NaN())},
+			{"ago past 2^40 ms", []string{key}, withAgo(good, 1<<41)},
 		}
 		for _, tt := range tests {
 			t.Run(tt.name, func(t *testing.T) {
@@ -398,6 +402,12 @@ func TestInvalidArguments(t *testing.T) {
 	})
 }
 
+// withAgo is the one-bucket decision b with its ago (the last 8 bytes) set to ms.
+func withAgo(b []byte, ms float64) []byte {
+	out := append([]byte{}, b[:len(b)-8]...)
+	return binary.LittleEndian.AppendUint64(out, math.Float64bits(ms))
+}
+
 // raw encodes one decision as decide.lua reads it, with any values at all.
 func raw(op byte, n float64, buckets ...[4]float64) []byte {
 	b := append([]byte{op}, binary.LittleEndian.AppendUint64(nil, math.Float64bits(n))...)
@@ -406,6 +416,7 @@ func raw(op byte, n float64, buckets ...[4]float64) []byte {
 		for _, x := range v {
 			b = binary.LittleEndian.AppendUint64(b, math.Float64bits(x))
 		}
+		b = binary.LittleEndian.AppendUint64(b, 0) // ago: the rule's change not known
 	}
 	return b
 }

@@ -86,6 +86,13 @@ type Bucket struct {
 	// apply).
 	Cap    float64
 	CapAll bool
+	// ChangedAgo is how long ago the bucket's rule (Capacity, Refill) last changed, as
+	// far as the caller knows (0: not known; more than 2^40 ms counts as 2^40 ms). A
+	// stored bucket of another rule is converted at that instant: it holds the lower of
+	// what its old rule refilled until now and what it held then plus the new refill
+	// since, so a lowered refill holds from the change, not from the bucket's next call.
+	// Ignored by a counter.
+	ChangedAgo time.Duration
 	// Counter makes the bucket a calendar-quota counter (the type's comment), and Expire
 	// is when its key expires (after 1970, at most MaxExpireMillis): used only by counters.
 	Counter bool
@@ -171,6 +178,9 @@ func (d Decision) Check() error {
 		if b.Debt < 0 || b.Debt > 2*MaxCapacity {
 			return fmt.Errorf("bucket %s: %w: debt %d must be between 0 and %d", b.Key, ErrInvalidArgument, b.Debt, int64(2*MaxCapacity))
 		}
+		if b.ChangedAgo < 0 {
+			return fmt.Errorf("bucket %s: %w: changed %v ago, want a duration >= 0", b.Key, ErrInvalidArgument, b.ChangedAgo)
+		}
 		if !(b.Cap == NoCap && !b.CapAll || (b.Cap >= 0 && b.Cap <= MaxCapacity)) {
 			return fmt.Errorf("bucket %s: %w: cap %v must be NoCap or between 0 and %d", b.Key, ErrInvalidArgument, b.Cap, int64(MaxCapacity))
 		}
@@ -207,6 +217,10 @@ func checkRule(capacity int64, refill float64) error {
 	}
 	return nil
 }
+
+// maxAgoMillis is the longest Bucket.ChangedAgo the script takes, in ms (decide.lua's
+// MAX_WAIT_MS).
+const maxAgoMillis = 1 << 40
 
 // Batch is the one encoder of decide.lua's arguments: decisions added in order become
 // one script call, their numbers one little-endian binary argument (decimal arguments
@@ -249,7 +263,11 @@ func (b *Batch) Add(d Decision) {
 		case k.CapAll:
 			c = -2 - c
 		}
-		for _, v := range [4]float64{float64(k.Capacity), r, float64(k.Debt), c} {
+		ago := min(float64(k.ChangedAgo)/float64(time.Millisecond), maxAgoMillis)
+		if k.Counter || ago < 0 {
+			ago = 0
+		}
+		for _, v := range [5]float64{float64(k.Capacity), r, float64(k.Debt), c, ago} {
 			b.args = binary.LittleEndian.AppendUint64(b.args, math.Float64bits(v))
 		}
 	}

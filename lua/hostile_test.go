@@ -67,7 +67,7 @@ func TestSettledDebtSurvivesALowering(t *testing.T) {
 	if o[0].Granted != 0 || o[0].RetryAfter.Seconds() < 1e6-100 {
 		t.Errorf("take 1 after a lowering to 999: %+v, want refused for about 1e6 s (the debt of 1e6 kept)", o[0])
 	}
-	if st, err := b.Inspect(ctx, "s", 998, 1); err != nil || st.Tokens > -1e6+100 {
+	if st, err := b.Inspect(ctx, "s", 998, 1, 0); err != nil || st.Tokens > -1e6+100 {
 		t.Errorf("inspect after a lowering to 998: %+v, %v; want the debt of about 1e6 shown whole, as a take reads it", st, err)
 	}
 }

@@ -160,6 +160,7 @@ func (a *app) bucketInspect(cmd *cobra.Command, o bucketOptions) error {
 	// holds is, with --region, the raise hold of bucket i (band "" the rule's own, or a
 	// shard of it) of limit l: the most it may hold now, since when, and whether it holds.
 	var holds func(i int, band string, l regions.Limit) (float64, time.Duration, bool)
+	var changed time.Duration // with --region, since the limit last changed (a stored bucket of another rule converts then)
 	switch {
 	case byFlags:
 		limit = &bucketLimit{Limit: regions.Limit{Capacity: o.capacity, RefillPerSecond: o.refill}, Source: "flags", Shards: o.shards}
@@ -184,6 +185,7 @@ func (a *app) bucketInspect(cmd *cobra.Command, o bucketOptions) error {
 				return err
 			}
 			rule, lim, share := v.snap.RegionalRule(o.region, o.tenant, o.route)
+			changed = v.snap.ChangedAgo(o.region, o.tenant, o.route, rule, 0)
 			holds = func(i int, band string, l regions.Limit) (float64, time.Duration, bool) {
 				var ago time.Duration
 				var ratio float64
@@ -256,7 +258,7 @@ func (a *app) bucketInspect(cmd *cobra.Command, o bucketOptions) error {
 	redis.SetLogger(quietRedisLogger{})
 	rdb := redis.NewClient(opts)
 	defer rdb.Close()
-	rep, err := readBuckets(ctx, rdb, names, limits)
+	rep, err := readBuckets(ctx, rdb, names, limits, changed)
 	if err != nil {
 		if isConnectError(err) || errors.Is(err, context.DeadlineExceeded) {
 			return unreachableError{"redis", opts.Addr, rootCause(err)}
@@ -305,10 +307,10 @@ func (quietRedisLogger) Printf(context.Context, string, ...any) {}
 
 // readBuckets reads each bucket named in names, and Redis TIME, in one MULTI/EXEC, so
 // all figures are of one instant on the buckets' own clock; limits[i] (nil when
-// unknown) is the size of bucket i. Its tokens now come from lua's own reader
-// (TokenBucket.Inspect: the scripts' maths), not from a copy of the refill maths here.
-// Nothing is written.
-func readBuckets(ctx context.Context, rdb *redis.Client, names []string, limits []*bucketLimit) (bucketReport, error) {
+// unknown) is the size of bucket i, and changed how long ago it last changed (0: not
+// known). Its tokens now come from lua's own reader (TokenBucket.Inspect: the scripts'
+// maths), not from a copy of the refill maths here. Nothing is written.
+func readBuckets(ctx context.Context, rdb *redis.Client, names []string, limits []*bucketLimit, changed time.Duration) (bucketReport, error) {
 	var (
 		timeCmd *redis.TimeCmd
 		values  = make([]*redis.StringCmd, len(names))
@@ -349,7 +351,7 @@ func readBuckets(ctx context.Context, rdb *redis.Client, names []string, limits 
 			}
 		}
 		if limit != nil {
-			st, err := tb.Inspect(ctx, k, limit.Capacity, limit.RefillPerSecond)
+			st, err := tb.Inspect(ctx, k, limit.Capacity, limit.RefillPerSecond, changed)
 			if err != nil {
 				return bucketReport{}, err
 			}

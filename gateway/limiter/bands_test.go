@@ -228,7 +228,7 @@ func TestBandsFallbackAndDebts(t *testing.T) {
 		{k.Bucket("t", "a"), slow(10), 7}, {k.Band("t", "a", "hour"), slow(3), 0}, {k.Band("t", "a", "day"), slow(5), 2},
 		{k.Bucket("t", "b"), slow(10), 8}, {k.Band("t", "b", "hour"), slow(5), 3}, {k.Band("t", "b", "day"), slow(2), 0},
 	} {
-		st, err := tb.Inspect(ctx, tt.key, tt.lim.Capacity, tt.lim.RefillPerSecond)
+		st, err := tb.Inspect(ctx, tt.key, tt.lim.Capacity, tt.lim.RefillPerSecond, 0)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -253,7 +253,7 @@ func TestBandsFallbackAndDebts(t *testing.T) {
 	if charged, lost := l2.Flush(ctx); charged != 3 || lost != 0 {
 		t.Fatalf("flush of a band's debt: charged %d, lost %d; want 3 and 0", charged, lost)
 	}
-	if st, err := tb.Inspect(ctx, k.Band("t", "f", "hour"), 4, 0.00001); err != nil || st.Tokens < 0.99 || st.Tokens > 1.01 {
+	if st, err := tb.Inspect(ctx, k.Band("t", "f", "hour"), 4, 0.00001, 0); err != nil || st.Tokens < 0.99 || st.Tokens > 1.01 {
 		t.Errorf("the band's key after the flush: %+v, %v; want 1 token left of 4", st, err)
 	}
 }

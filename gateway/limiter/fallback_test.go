@@ -100,7 +100,7 @@ func TestFallbackTrustsNoAnswer(t *testing.T) {
 	}
 	tb := lua.NewTokenBucket(newClient(t, p))
 	for route, want := range map[string]float64{"old": -2, "fresh": 6} {
-		st, err := tb.Inspect(context.Background(), lua.Keys{}.Bucket("t", route), lim.Capacity, lim.RefillPerSecond)
+		st, err := tb.Inspect(context.Background(), lua.Keys{}.Bucket("t", route), lim.Capacity, lim.RefillPerSecond, 0)
 		if err != nil {
 			t.Fatal(err)
 		}
