@@ -198,6 +198,8 @@ func (g *Gateway) limiterRequest(a ask) (limiter.Request, regions.Rule) {
 		}
 		return ratio
 	}
+	// A bucket Redis holds under the limit before a change is converted at the change.
+	req.ChangedAgo = a.snap.ChangedAgo(g.cfg.Region, a.tenant, a.rt.id, rule, g.sinceSnapshot())
 	// Within a fill time of a change that may have raised this limit, a bucket Redis no
 	// longer holds comes back at the old limit plus the refill since, not full.
 	if ago, ratio, ok := a.snap.Raise(g.cfg.Region, a.tenant, a.rt.id, g.sinceSnapshot()); ok {

@@ -133,7 +133,7 @@ func (r Request) bucketOf(b int, key string, lim regions.Limit) lua.Bucket {
 		return counter(key, lim, q)
 	}
 	c := r.capOf(b, lim)
-	return lua.Bucket{Key: key, Capacity: lim.Capacity, Refill: lim.RefillPerSecond, Cap: c, CapAll: c >= 0}
+	return lua.Bucket{Key: key, Capacity: lim.Capacity, Refill: lim.RefillPerSecond, Cap: c, CapAll: c >= 0, ChangedAgo: r.ChangedAgo}
 }
 
 // keyOf is the Redis key of the bucket id (its shard 0 for a route).

@@ -141,6 +141,12 @@ type Request struct {
 	// unused, does not come back full either.
 	RaisedAgo  time.Duration
 	RaiseRatio float64
+	// ChangedAgo, when > 0, is how long ago the limits of the request last changed, as
+	// far as the caller knows (regions.Snapshot.ChangedAgo: the rule's and the share's
+	// rows, a raise). A bucket Redis holds under another rule is converted at that
+	// instant (lua.Bucket.ChangedAgo), so a lowered refill holds from the change, not
+	// from the bucket's next call. 0 converts it at its next call.
+	ChangedAgo time.Duration
 	// BandRaises, when not nil, are the raises of Bands, in their order, as RaisedAgo and
 	// RaiseRatio are the route bucket's (regions.Snapshot.BandRaise: the band's own and
 	// the region's share's; a raise of the rule's own capacity does not hold a band). A
@@ -162,7 +168,7 @@ type Raise struct {
 // keep the tokens of 50 through the raise.
 func (r Request) bucket(key string, lim regions.Limit, shard int) lua.Bucket {
 	c := r.capFor(lim, shard)
-	return lua.Bucket{Key: key, Capacity: lim.Capacity, Refill: lim.RefillPerSecond, Cap: c, CapAll: c >= 0}
+	return lua.Bucket{Key: key, Capacity: lim.Capacity, Refill: lim.RefillPerSecond, Cap: c, CapAll: c >= 0, ChangedAgo: r.ChangedAgo}
 }
 
 // capFor is the most a bucket of lim (shard i of a sharded rule; 0 for any other) may
@@ -231,6 +237,9 @@ func (r Request) cost() (int64, error) {
 		if err := r.checkBands(cost); err != nil {
 			return 0, err
 		}
+	}
+	if r.ChangedAgo < 0 {
+		return 0, fmt.Errorf("%w %s/%s: changed %v ago (want a duration >= 0)", ErrInvalidRequest, r.Tenant, r.Route, r.ChangedAgo)
 	}
 	if r.RaisedAgo < 0 || !(r.RaiseRatio >= 0 && r.RaiseRatio <= 1) {
 		return 0, fmt.Errorf("%w %s/%s: raise %v ago with ratio %v (want a duration >= 0 and a ratio in [0, 1])", ErrInvalidRequest, r.Tenant, r.Route, r.RaisedAgo, r.RaiseRatio)
