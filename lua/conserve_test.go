@@ -138,9 +138,10 @@ func TestOldStorageIsRead(t *testing.T) {
 // TestConvertsAtTheChange: a stored bucket under a changed rule is converted at the
 // change (Bucket.ChangedAgo), not at the call: an idle bucket under a lowered refill holds
 // what it held then plus the new refill since, never what its old rule would have
-// refilled until now. A raise adds nothing the old rule did not, a debt stays whole, and
-// a bucket written after the change (by a gateway that had not seen it) is converted from
-// when it was last empty, not taken into debt.
+// refilled until now. A raise adds nothing the old rule did not. A bucket below empty at
+// the change (written after it, by a gateway with an older or a newer rule, or in debt)
+// is converted at the call, as without an age: a lagging gateway, a raise it has not
+// seen or a too-old date never cuts its tokens, nor is a debt forgiven beyond that.
 func TestConvertsAtTheChange(t *testing.T) {
 	rdb := newRedis(t)
 	b := NewTokenBucket(rdb)
@@ -158,7 +159,10 @@ func TestConvertsAtTheChange(t *testing.T) {
 		{"half full, lowered 300 ms ago", 500, time.Second, 300 * time.Millisecond, 1000, 1000, 100, 1, 570.3, 570.35}, // 500 + 0.7 s x 100 + 0.3 s x 1
 		{"full before the change", 900, 2 * time.Second, time.Second, 1000, 1000, 100, 1, 1000, 1000},
 		{"written after the change, empty", 0, 0, 5 * time.Second, 1000, 1000, 1000, 10, 0, 0.05},
-		{"written after the change, some left", 300, 0, 5 * time.Second, 1000, 1000, 1000, 10, 3, 3.05},
+		{"written after the change, some left", 300, 0, 5 * time.Second, 1000, 1000, 1000, 10, 300, 300},
+		{"an older rule after a raise it has not seen", 50, 0, time.Hour, 100, 100, 100, 1, 50, 50},
+		{"a date a month old, full", 1000, 0, 720 * time.Hour, 1000, 100, 100, 1, 100, 100},
+		{"in debt at the change: at the call", -1000, 1500 * time.Millisecond, time.Second, 1000, 1000, 1000, 1, 500, 500},
 		{"refill raised", 100, 0, 10 * time.Second, 1000, 1000, 1, 1000, 100, 100.1},
 		{"share lowered 0.75 -> 0.25, idle", 0, 2 * time.Second, time.Second, 75, 25, 7.5, 2.5, 10, 10.05},
 		{"in debt stays in debt", -400, 0, time.Second, 1000, 1000, 1000, 10, -400, -399},

@@ -51,9 +51,10 @@
 -- now) plus the new refill since, clipped to the new capacity (a debt stays whole). So an
 -- idle bucket refills at its old rate only until the change, not until its next call, and
 -- no conversion holds more than the old rule would. Read back to the change, a bucket
--- below empty was written after it (by a gateway that had not seen the change yet, which
--- leaves a bucket empty at worst): it converts from when it was last empty instead, at
--- r / r0 of that. A stored value that is not a bucket (another type, another length,
+-- below empty was written after it (by a gateway with an older rule, or a newer one: the
+-- script cannot tell which is newer) or was in debt then: it converts at this call, as
+-- without an ago, so neither a lagging gateway nor an old date ever cuts its tokens nor
+-- forgives a debt. A stored value that is not a bucket (another type, another length,
 -- NaN; another client's) reads as missing and is replaced by the next write, rather than
 -- failing the batch.
 --
@@ -214,18 +215,17 @@ while pos <= len do
         end
         if t then
           has, dirty = true, c0 ~= c or r0 ~= r -- a new rule: store the converted state
-          if dirty and ago > 0 then
-            -- Converted at the change (header): what it held then, under the old rule...
-            local at = c0 - (d + ago * 1000) * r0 / 1000000
+          -- Converted at the change (header): what it held then under the old rule, if
+          -- that is not below empty, plus the new refill since.
+          local at = dirty and ago > 0 and c0 - (d + ago * 1000) * r0 / 1000000
+          if at and at >= 0 then
             if at > c0 then
               at = c0 -- full before the change
-            elseif at < 0 and r < r0 then
-              at = at * r / r0 -- written after the change: from when it was last empty
             end
             if at > c then
               at = c
             end
-            at = at + ago * r / 1000 -- ...plus the new refill since
+            at = at + ago * r / 1000
             if at < t then
               t = at
             end

@@ -51,15 +51,9 @@ if t == nil then
   t = c
 else
   exists, sc, sr = 1, string.format('%.17g', c0), string.format('%.17g', r0)
-  if (c0 ~= c or r0 ~= r) and ago > 0 then -- converted at the change, as decide.lua does
-    local at = c0 - (d + ago * 1000) * r0 / 1000000
-    if at > c0 then
-      at = c0
-    elseif at < 0 and r < r0 then
-      at = at * r / r0
-    end
-    at = math.min(at, c) + ago * r / 1000
-    t = math.min(t, at)
+  local at = (c0 ~= c or r0 ~= r) and ago > 0 and c0 - (d + ago * 1000) * r0 / 1000000
+  if at and at >= 0 then -- converted at the change, as decide.lua does
+    t = math.min(t, math.min(at, c0, c) + ago * r / 1000)
   end
   t = math.min(t, c) -- as decide.lua reads it: a debt stays whole under a smaller capacity
 end
