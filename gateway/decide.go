@@ -198,8 +198,12 @@ func (g *Gateway) limiterRequest(a ask) (limiter.Request, regions.Rule) {
 		}
 		return ratio
 	}
-	// A bucket Redis holds under the limit before a change is converted at the change.
-	req.ChangedAgo = a.snap.ChangedAgo(g.cfg.Region, a.tenant, a.rt.id, rule, g.sinceSnapshot())
+	// A bucket Redis holds under the limit before a change is converted at the change;
+	// a held increase has changed nothing this gateway enforces (its row's date is not
+	// the old share's), so then the bucket converts at its call.
+	if !held {
+		req.ChangedAgo = a.snap.ChangedAgo(g.cfg.Region, a.tenant, a.rt.id, rule, g.sinceSnapshot())
+	}
 	// Within a fill time of a change that may have raised this limit, a bucket Redis no
 	// longer holds comes back at the old limit plus the refill since, not full.
 	if ago, ratio, ok := a.snap.Raise(g.cfg.Region, a.tenant, a.rt.id, g.sinceSnapshot()); ok {
