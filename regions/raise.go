@@ -259,9 +259,10 @@ func (s *Snapshot) Xmin() int64 { return s.xmin }
 // force, of the share rows that decide the region's share (both within an expiry's
 // transition) and of a raise of the pair (Raise: deletions, region removals). Every
 // change of a rule or a share writes one of them, so the limit is the same since then,
-// barring what the snapshot cannot date (a region added, an override expired): those
-// make the age too old, which converts a lowered bucket no later than the next call
-// would. 0 when nothing is dated (a configuration file's rules). sinceLoad as in Raise.
+// barring what the snapshot cannot date (a region added, an override expired, a plan
+// assigned): those make the age too old, and the script then converts at the call, or
+// early for a bucket last empty before that date (decide.lua). 0 when nothing is dated (a
+// configuration file's rules). sinceLoad as in Raise.
 func (s *Snapshot) ChangedAgo(region, tenant, route string, rule Rule, sinceLoad time.Duration) time.Duration {
 	at := rule.UpdatedAt
 	if sh, trans, _, ok := s.shareRow(region, tenant, route, false); ok {
