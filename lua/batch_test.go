@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"testing"
+	"time"
 )
 
 // TestNestedAllOrNothing: the buckets of one decision (a tenant's route bucket and a
@@ -171,5 +172,22 @@ func TestBucketMemory(t *testing.T) {
 	}
 	if enc := rdb.ObjectEncoding(ctx, key).Val(); enc != "embstr" {
 		t.Errorf("encoding %q, want embstr (one allocation with the object)", enc)
+	}
+}
+
+// TestBatchSendsAgoWithinFillTime: a bucket's ChangedAgo goes on the wire (op + 128, 40
+// bytes a bucket) only while the change is within the bucket's fill time; after that a
+// conversion at the change holds what one at the call does, and the 32 bytes suffice.
+func TestBatchSendsAgoWithinFillTime(t *testing.T) {
+	for _, tt := range []struct {
+		ago  time.Duration
+		want int // bytes of the one decision
+	}{{0, 42}, {time.Second, 50}, {99 * time.Second, 50}, {100 * time.Second, 42}, {time.Hour, 42}} {
+		var b Batch
+		b.Add(Decision{Op: OpTake, N: 1, Buckets: []Bucket{{Key: "k", Capacity: 100, Refill: 1, Cap: NoCap, ChangedAgo: tt.ago}}})
+		_, arg := b.Args()
+		if len(arg) != tt.want || (arg[0] >= 128) != (tt.want == 50) {
+			t.Errorf("ago %v: %d bytes, op byte %d; want %d bytes", tt.ago, len(arg), arg[0], tt.want)
+		}
 	}
 }

@@ -5,7 +5,8 @@
 -- KEYS     every bucket of every decision, in order.
 -- ARGV[1]  the decisions, little-endian binary (decimal arguments would cost a strtod
 --          each, most of the script's time): per decision  op (uint8), n (double),
---          nb (uint8), then per bucket (nb of them)  c, r, debt, cap, ago (doubles):
+--          nb (uint8), then per bucket (nb of them)  c, r, debt, cap (doubles), and
+--          ago (a double) when op has its high bit set (op + 128):
 --   op    1 take:   take n tokens from every bucket, or from none (1 <= n <= each c)
 --         2 lease:  take g = min(n, whole tokens of the emptiest bucket) from every one
 --         3 return: give n tokens back to every bucket that exists, up to its capacity
@@ -22,16 +23,18 @@
 --         the new refill since the change. <= -2: -2 - cap is the most it may hold,
 --         missing or stored (a shard other than shard 0, which may be one left over from
 --         an earlier layout, refilled while unused)
---   ago   ms since the bucket's rule (c, r) last changed, as the caller knows it (0: not
---         known), 0..2^40: a stored bucket of another rule is converted at that instant
---         (below). Ignored by a counter.
+--   ago   ms since the bucket's rule (c, r) last changed, as the caller knows it (0, or
+--         absent: not known), 0..2^40: a stored bucket of another rule is converted at
+--         that instant (below). A caller sends it only within a fill time of the change
+--         (after that, converting at the change or at the call is the same), so most
+--         decisions go without. Ignored by a counter.
 -- The buckets of one decision are, for example, a tenant's route bucket and the bucket
 -- of one client value nested inside it: both must admit.
 --
 -- A counter (r <= -1) is a bucket of another kind: the usage of a calendar quota (an
 -- amount per hour, day, week or month) in one region for one period. The gateway names
 -- one key per period, so the key changes at the period's end and the script never
--- resets one. Its numbers, in the same 40 bytes (ago as for a token bucket, unused):
+-- resets one. Its numbers, in the same 32 bytes (40 with an ago, unused):
 --   c     the allowance, the most it may reach: an integer 1..1e15
 --   r     -r is when the key expires, unix ms (an integer 1..2^53): SET PXAT
 --   debt  fallback admissions, added first, whole (an integer >= 0)
@@ -105,7 +108,7 @@ end
 local FLOOR_S = 1e294
 local s = ARGV[1]
 local len, nkeys = s and #s or 0, #KEYS
--- The batch's shape first (one byte read per decision): whole decisions, one key per
+-- The batch's shape first (two bytes read per decision): whole decisions, one key per
 -- bucket. A malformed batch is refused before anything is read or written.
 local pos, k = 1, 0
 while pos + 9 <= len do
@@ -113,10 +116,10 @@ while pos + 9 <= len do
   if nb == 0 then
     break -- a decision needs a bucket: the shape check below refuses the batch
   end
-  pos, k = pos + 10 + 40 * nb, k + nb
+  pos, k = pos + 10 + (s:byte(pos) < 128 and 32 or 40) * nb, k + nb
 end
 if pos ~= len + 1 or k ~= nkeys then
-  return redis.error_reply('QPINVALID the decisions must fill the argument, op (uint8), n (double), nb (uint8) and nb buckets of 40 bytes each, with one key per bucket')
+  return redis.error_reply('QPINVALID the decisions must fill the argument, op (uint8), n (double), nb (uint8) and nb buckets of 32 bytes each (40 with an ago: op + 128), with one key per bucket')
 end
 -- out, st: sized for one decision of one bucket (growing a table rehashes it).
 local out, st, o = {0, 0, 0, 0, 0}, {0, 0, 0, 0, 0, 0}, 0
@@ -126,23 +129,31 @@ pos, k = 1, 0
 -- the whole batch.
 while pos <= len do
   local op, n, nb, from = unpack('<BdB', s, pos)
+  local w, ago = 32, 0 -- bytes per bucket; the rule's change, if sent
+  if op >= 128 then
+    op, w = op - 128, 40
+  end
   -- One comparison chain per number (NaN fails every one). A bucket is read as it is
   -- checked; nothing is written before the whole decision has passed.
   if not (op >= 1 and op <= 5 and n >= 0 and n <= 2 * MAX_CAPACITY and n % 1 == 0
-      and (n >= 1 or op >= 3) and nb >= 1 and from + 40 * nb - 1 <= len and k + nb <= nkeys) then
-    return redis.error_reply('QPINVALID at byte ' .. pos .. ': op must be 1 (take), 2 (lease), 3 (return), 4 (charge) or 5 (settle), n an integer >= 1 (>= 0 to return, charge or settle), and nb count the buckets that follow, 40 bytes and a key each')
+      and (n >= 1 or op >= 3) and nb >= 1 and from + w * nb - 1 <= len and k + nb <= nkeys) then
+    return redis.error_reply('QPINVALID at byte ' .. pos .. ': op must be 1 (take), 2 (lease), 3 (return), 4 (charge) or 5 (settle), plus 128 with an ago, n an integer >= 1 (>= 0 to return, charge or settle), and nb count the buckets that follow, 32 bytes (40) and a key each')
   end
   pos = from
   local low, ok = 1e300, true -- the emptiest bucket's tokens; whether all admit a take
   for j = 0, 6 * (nb - 1), 6 do
-    local c, r, debt, cap, ago
-    c, r, debt, cap, ago, pos = unpack('<ddddd', s, pos)
+    local c, r, debt, cap
+    if w == 32 then
+      c, r, debt, cap, pos = unpack('<dddd', s, pos)
+    else
+      c, r, debt, cap, ago, pos = unpack('<ddddd', s, pos)
+    end
     if not (c >= 1 and c <= MAX_CAPACITY and c % 1 == 0 and ago >= 0 and ago <= MAX_WAIT_MS
         and debt >= 0 and debt <= 2 * MAX_CAPACITY and debt % 1 == 0 and (op ~= 1 or n <= c)
         and (r > 0 and r <= MAX_REFILL
           and cap >= -2 - MAX_CAPACITY and cap <= MAX_CAPACITY and (cap >= 0 or cap == -1 or cap <= -2)
           or r <= -1 and r >= -MAX_EXPIRE and r % 1 == 0 and cap >= 0 and cap <= MAX_CAPACITY and cap % 1 == 0)) then
-      return redis.error_reply('QPINVALID at byte ' .. pos - 40 .. ': a bucket needs an integer capacity 1..1e15 (a take at most it), an integer debt >= 0 and an ago of 0..2^40 ms; a token bucket a refill in (0, 1e12] and a cap of -1, 0..1e15 or -2-1e15..-2; a counter an integer -expiry (unix ms) in [-2^53, -1] and an integer floor 0..1e15')
+      return redis.error_reply('QPINVALID at byte ' .. pos - w .. ': a bucket needs an integer capacity 1..1e15 (a take at most it), an integer debt >= 0 and an ago of 0..2^40 ms; a token bucket a refill in (0, 1e12] and a cap of -1, 0..1e15 or -2-1e15..-2; a counter an integer -expiry (unix ms) in [-2^53, -1] and an integer floor 0..1e15')
     end
     if r < 0 then
       -- A counter: its used count. Anything but a number (a missing key, another type, a

@@ -402,9 +402,9 @@ func TestInvalidArguments(t *testing.T) {
 	})
 }
 
-// withAgo is the one-bucket decision b with its ago (the last 8 bytes) set to ms.
+// withAgo is the one-bucket decision b with an ago of ms (op + 128, 8 bytes more).
 func withAgo(b []byte, ms float64) []byte {
-	out := append([]byte{}, b[:len(b)-8]...)
+	out := append([]byte{b[0] + 128}, b[1:]...)
 	return binary.LittleEndian.AppendUint64(out, math.Float64bits(ms))
 }
 
@@ -416,7 +416,6 @@ func raw(op byte, n float64, buckets ...[4]float64) []byte {
 		for _, x := range v {
 			b = binary.LittleEndian.AppendUint64(b, math.Float64bits(x))
 		}
-		b = binary.LittleEndian.AppendUint64(b, 0) // ago: the rule's change not known
 	}
 	return b
 }

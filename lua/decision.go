@@ -246,9 +246,19 @@ func (b *Batch) Len() int { return len(b.nb) }
 // Keys is the number of buckets in b.
 func (b *Batch) Keys() int { return len(b.keys) }
 
-// Add appends d.
+// Add appends d. Its buckets carry their ChangedAgo (8 bytes more each: decide.lua's op +
+// 128) only when one of them changed within its fill time: after that a stored bucket of
+// another rule converts to the same tokens at the change as at the call.
 func (b *Batch) Add(d Decision) {
-	b.args = append(b.args, byte(d.Op))
+	withAgo := false
+	for _, k := range d.Buckets {
+		withAgo = withAgo || !k.Counter && k.ChangedAgo > 0 && k.ChangedAgo.Seconds()*k.Refill < float64(k.Capacity)
+	}
+	op := byte(d.Op)
+	if withAgo {
+		op += 128
+	}
+	b.args = append(b.args, op)
 	b.args = binary.LittleEndian.AppendUint64(b.args, math.Float64bits(float64(d.N)))
 	b.args = append(b.args, byte(len(d.Buckets)))
 	for _, k := range d.Buckets {
@@ -263,12 +273,15 @@ func (b *Batch) Add(d Decision) {
 		case k.CapAll:
 			c = -2 - c
 		}
-		ago := min(float64(k.ChangedAgo)/float64(time.Millisecond), maxAgoMillis)
-		if k.Counter || ago < 0 {
-			ago = 0
-		}
-		for _, v := range [5]float64{float64(k.Capacity), r, float64(k.Debt), c, ago} {
+		for _, v := range [4]float64{float64(k.Capacity), r, float64(k.Debt), c} {
 			b.args = binary.LittleEndian.AppendUint64(b.args, math.Float64bits(v))
+		}
+		if withAgo {
+			ago := min(float64(k.ChangedAgo)/float64(time.Millisecond), maxAgoMillis)
+			if k.Counter || ago < 0 {
+				ago = 0
+			}
+			b.args = binary.LittleEndian.AppendUint64(b.args, math.Float64bits(ago))
 		}
 	}
 	b.nb = append(b.nb, len(d.Buckets))
