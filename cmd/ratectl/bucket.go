@@ -293,6 +293,14 @@ func (a *app) bucketInspect(cmd *cobra.Command, o bucketOptions) error {
 	if limit == nil {
 		a.warnf("tokens now needs the bucket's size: give --region (reads the rule and share from the database) or --capacity and --refill")
 	}
+	if byFlags {
+		for i, b := range rep.Buckets {
+			if l := limits[i]; l != nil && b.StoredCapacity != nil && (*b.StoredCapacity != float64(l.Capacity) || *b.StoredRefill != l.RefillPerSecond) {
+				a.warnf("%s was stored under another rule: tokens now converts it at this call; a gateway converts it at the rule's change (give --region to read it so)", b.Key)
+				break
+			}
+		}
+	}
 	if len(quotas) > 0 {
 		a.warnf("the rule's calendar quota bands (%s) are counters per period, not buckets: not shown", strings.Join(quotas, ", "))
 	}

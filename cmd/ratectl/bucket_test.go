@@ -107,6 +107,15 @@ func TestBucketInspect(t *testing.T) {
 		*b.TTLMillis > 4600 || *b.TTLMillis < 4000 || b.FullAt.Sub(rep.RedisTime) > 3500*time.Millisecond {
 		t.Errorf("bucket = %+v (tokens now %v, ttl %v)", b, *b.TokensNow, *b.TTLMillis)
 	}
+	// Under another rule than the stored one, by flags: converted at this call, with a
+	// warning that a gateway converts it at the rule's change.
+	r = c.ok("bucket", "inspect", "--tenant", "shop-c", "--route", "r", "--capacity", "10", "--refill", "1")
+	if !strings.Contains(r.stderr, "stored under another rule: tokens now converts it at this call") {
+		t.Errorf("another rule by flags: stderr %q", r.stderr)
+	}
+	if r = c.ok("bucket", "inspect", "--tenant", "shop-c", "--route", "r", "--capacity", "10", "--refill", "2"); strings.Contains(r.stderr, "another rule") {
+		t.Errorf("the stored rule by flags: stderr %q", r.stderr)
+	}
 	// Without a size, the stored state only, and a warning.
 	r = c.ok("bucket", "inspect", "--tenant", "shop-c", "--route", "r")
 	if !strings.Contains(r.stderr, "warning: tokens now needs the bucket's size") || strings.Contains(r.stdout, "TOKENS NOW") {
