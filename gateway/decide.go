@@ -198,11 +198,14 @@ func (g *Gateway) limiterRequest(a ask) (limiter.Request, regions.Rule) {
 		}
 		return ratio
 	}
-	// A bucket Redis holds under the limit before a change is converted at the change;
-	// a held increase has changed nothing this gateway enforces (its row's date is not
-	// the old share's), so then the bucket converts at its call.
-	if !held {
-		req.ChangedAgo = a.snap.ChangedAgo(g.cfg.Region, a.tenant, a.rt.id, rule, g.sinceSnapshot())
+	// A bucket Redis holds under the limit before a change is converted when the change
+	// is in force at every gateway: one reload lag after it (docs/reliability.md's L,
+	// within which the old limit may still be enforced). A lagging gateway's writes
+	// come before that instant, so converting then never cuts what they left; before
+	// it, the bucket converts at its call. A held increase has changed nothing this
+	// gateway enforces (its row's date is not the old share's): no age either.
+	if ago := a.snap.ChangedAgo(g.cfg.Region, a.tenant, a.rt.id, rule, g.sinceSnapshot()) - g.reloadLag(); ago > 0 && !held {
+		req.ChangedAgo = ago
 	}
 	// Within a fill time of a change that may have raised this limit, a bucket Redis no
 	// longer holds comes back at the old limit plus the refill since, not full.
@@ -223,6 +226,11 @@ func (g *Gateway) limiterRequest(a ask) (limiter.Request, regions.Rule) {
 	}
 	return req, rule
 }
+
+// reloadLag is how long after a change to the control plane every gateway enforces it:
+// the reload interval (the safety net when a NOTIFY is lost) and a second for the reload
+// itself (docs/reliability.md's L).
+func (g *Gateway) reloadLag() time.Duration { return g.cfg.ReloadInterval + time.Second }
 
 // costAboveBands reports whether cost does not fit the rule's capacity (lim) or one of
 // its bands': no bucket of the rule can ever admit it.

@@ -141,11 +141,13 @@ type Request struct {
 	// unused, does not come back full either.
 	RaisedAgo  time.Duration
 	RaiseRatio float64
-	// ChangedAgo, when > 0, is how long ago the limits of the request last changed, as
-	// far as the caller knows (regions.Snapshot.ChangedAgo: the rule's and the share's
-	// rows, a raise). A bucket Redis holds under another rule is converted at that
-	// instant (lua.Bucket.ChangedAgo), so a lowered refill holds from the change, not
-	// from the bucket's next call. 0 converts it at its next call.
+	// ChangedAgo, when > 0, is how long the request's limits have been in force, as far
+	// as the caller knows: the gateway sends the age of their last change
+	// (regions.Snapshot.ChangedAgo: the rule's and the share's rows, a raise) less one
+	// reload lag, within which another gateway may still enforce the old ones. A bucket
+	// Redis holds under another rule is converted at that instant (lua.Bucket.ChangedAgo),
+	// so a lowered refill holds from then, not from the bucket's next call. 0 converts it
+	// at its next call.
 	ChangedAgo time.Duration
 	// BandRaises, when not nil, are the raises of Bands, in their order, as RaisedAgo and
 	// RaiseRatio are the route bucket's (regions.Snapshot.BandRaise: the band's own and
