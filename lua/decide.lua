@@ -56,8 +56,10 @@
 -- no conversion holds more than the old rule would. Read back to the change, a bucket
 -- below empty was written after it (by a gateway with an older rule, or a newer one: the
 -- script cannot tell which is newer) or was in debt then: it converts at this call, as
--- without an ago, so neither a lagging gateway nor an old date ever cuts its tokens nor
--- forgives a debt. A stored value that is not a bucket (another type, another length,
+-- without an ago, and no debt is forgiven. One written after it but not below empty is
+-- read back at the old rate, which cuts what its writer left: so the gateway sends the
+-- age less one reload lag, by when every gateway has the change and wrote before it
+-- (docs/reliability.md, "Known gaps"). A stored value that is not a bucket (another type, another length,
 -- NaN; another client's) reads as missing and is replaced by the next write, rather than
 -- failing the batch.
 --
