@@ -76,6 +76,7 @@ type bucketOptions struct {
 	capacity                                int64
 	refill                                  float64
 	shards                                  int
+	reloadLag                               time.Duration
 }
 
 func newBucketCmd(a *app) *cobra.Command {
@@ -101,6 +102,7 @@ effective share, read from the database (sharded rules: every shard is shown); o
 	f.Int64Var(&o.capacity, "capacity", 0, "the regional bucket's capacity (instead of --region)")
 	f.Float64Var(&o.refill, "refill", 0, "the regional bucket's refill per second (instead of --region)")
 	f.IntVar(&o.shards, "shards", 1, "with --capacity: the rule's shards")
+	f.DurationVar(&o.reloadLag, "reload-lag", 31*time.Second, "with --region: the gateways' reload_interval + 1s; a bucket stored under an older rule converts this long after the rule's change, as theirs do")
 	f.StringVar(&o.prefix, "key-prefix", lua.DefaultPrefix, "the gateways' bucket key prefix")
 	_ = inspect.MarkFlagRequired("tenant")
 	_ = inspect.MarkFlagRequired("route")
@@ -140,6 +142,9 @@ func (a *app) bucketInspect(cmd *cobra.Command, o bucketOptions) error {
 		if err := checkPositiveFloat("refill", o.refill); err != nil {
 			return err
 		}
+	}
+	if o.reloadLag < 0 {
+		return usagef("--reload-lag %v: must not be negative", o.reloadLag)
 	}
 	if o.shards < 1 || o.shards > regions.MaxShards {
 		return usagef("--shards %d: must be between 1 and %d", o.shards, regions.MaxShards)
@@ -185,7 +190,7 @@ func (a *app) bucketInspect(cmd *cobra.Command, o bucketOptions) error {
 				return err
 			}
 			rule, lim, share := v.snap.RegionalRule(o.region, o.tenant, o.route)
-			changed = v.snap.ChangedAgo(o.region, o.tenant, o.route, rule, 0)
+			changed = max(v.snap.ChangedAgo(o.region, o.tenant, o.route, rule, 0)-o.reloadLag, 0)
 			holds = func(i int, band string, l regions.Limit) (float64, time.Duration, bool) {
 				var ago time.Duration
 				var ratio float64

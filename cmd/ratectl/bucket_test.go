@@ -116,6 +116,7 @@ func TestBucketInspect(t *testing.T) {
 	if r = c.ok("bucket", "inspect", "--tenant", "shop-c", "--route", "r", "--capacity", "10", "--refill", "2"); strings.Contains(r.stderr, "another rule") {
 		t.Errorf("the stored rule by flags: stderr %q", r.stderr)
 	}
+	checkError(t, c.run("bucket", "inspect", "--tenant", "shop-c", "--route", "r", "--region", "us-east", "--reload-lag", "-1s"), exitUsage, "--reload-lag -1s: must not be negative", "")
 	// Without a size, the stored state only, and a warning.
 	r = c.ok("bucket", "inspect", "--tenant", "shop-c", "--route", "r")
 	if !strings.Contains(r.stderr, "warning: tokens now needs the bucket's size") || strings.Contains(r.stdout, "TOKENS NOW") {
