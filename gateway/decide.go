@@ -198,19 +198,21 @@ func (g *Gateway) limiterRequest(a ask) (limiter.Request, regions.Rule) {
 		}
 		return ratio
 	}
+	// Within a fill time of a change that may have raised this limit, a bucket Redis no
+	// longer holds comes back at the old limit plus the refill since, not full.
+	if ago, ratio, ok := a.snap.Raise(g.cfg.Region, a.tenant, a.rt.id, g.sinceSnapshot()); ok {
+		req.RaisedAgo, req.RaiseRatio = ago, inForce(ratio)
+	}
 	// A bucket Redis holds under the limit before a change is converted when the change
 	// is in force at every gateway: one reload lag after it (docs/reliability.md's L,
 	// within which the old limit may still be enforced). A lagging gateway's writes
 	// come before that instant, so converting then never cuts what they left; before
 	// it, the bucket converts at its call. A held increase has changed nothing this
 	// gateway enforces (its row's date is not the old share's): no age either.
-	if ago := a.snap.ChangedAgo(g.cfg.Region, a.tenant, a.rt.id, rule, g.sinceSnapshot()) - g.reloadLag(); ago > 0 && !held {
-		req.ChangedAgo = ago
-	}
-	// Within a fill time of a change that may have raised this limit, a bucket Redis no
-	// longer holds comes back at the old limit plus the refill since, not full.
-	if ago, ratio, ok := a.snap.Raise(g.cfg.Region, a.tenant, a.rt.id, g.sinceSnapshot()); ok {
-		req.RaisedAgo, req.RaiseRatio = ago, inForce(ratio)
+	if !held {
+		if ago := a.snap.ChangedAgo(g.cfg.Region, a.tenant, a.rt.id, rule, req.RaisedAgo, g.sinceSnapshot()) - g.reloadLag(); ago > 0 {
+			req.ChangedAgo = ago
+		}
 	}
 	// Each band is held by its own raises (and the share's), not by the rule's own.
 	for i, b := range rule.Bands {

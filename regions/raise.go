@@ -257,13 +257,14 @@ func (s *Snapshot) Xmin() int64 { return s.xmin }
 // ChangedAgo is how long ago the limit of tenant's route in region may last have
 // changed, as far as the snapshot knows: the latest of the updated_at of the rule in
 // force, of the share rows that decide the region's share (both within an expiry's
-// transition) and of a raise of the pair (Raise: deletions, region removals). Every
-// change of a rule or a share writes one of them, so the limit is the same since then,
-// barring what the snapshot cannot date (a region added, an override expired, a plan
-// assigned): those make the age too old, and the script then converts at the call, or
-// early for a bucket last empty before that date (decide.lua). 0 when nothing is dated (a
-// configuration file's rules). sinceLoad as in Raise.
-func (s *Snapshot) ChangedAgo(region, tenant, route string, rule Rule, sinceLoad time.Duration) time.Duration {
+// transition), and raised, the age of the pair's raise (Raise, which the caller has
+// already looked up: deletions, region removals; 0 for none). Every change of a rule or
+// a share writes one of them, so the limit is the same since then, barring what the
+// snapshot cannot date (a region added, an override expired, a plan assigned): those
+// make the age too old, and the script then converts at the call, or early for a bucket
+// last empty before that date (decide.lua). 0 when nothing is dated (a configuration
+// file's rules). sinceLoad as in Raise.
+func (s *Snapshot) ChangedAgo(region, tenant, route string, rule Rule, raised, sinceLoad time.Duration) time.Duration {
 	at := rule.UpdatedAt
 	if sh, trans, _, ok := s.shareRow(region, tenant, route, false); ok {
 		if sh.UpdatedAt.After(at) {
@@ -279,8 +280,8 @@ func (s *Snapshot) ChangedAgo(region, tenant, route string, rule Rule, sinceLoad
 	if !at.IsZero() {
 		ago = max(s.loadedAt.Sub(at)+sinceLoad, time.Nanosecond)
 	}
-	if rago, _, ok := s.Raise(region, tenant, route, sinceLoad); ok && (ago == 0 || rago < ago) {
-		ago = rago
+	if raised > 0 && (ago == 0 || raised < ago) {
+		ago = raised
 	}
 	return ago
 }

@@ -636,7 +636,8 @@ func TestChangedAgo(t *testing.T) {
 		{"eu-west", "c", "r", 21 * time.Second},  // the raise
 		{"us-east", "c", "r", 301 * time.Second},
 	} {
-		got := s.ChangedAgo(tt.region, tt.tenant, tt.route, s.Rule(tt.tenant, tt.route), time.Second)
+		raised, _, _ := s.Raise(tt.region, tt.tenant, tt.route, time.Second)
+		got := s.ChangedAgo(tt.region, tt.tenant, tt.route, s.Rule(tt.tenant, tt.route), raised, time.Second)
 		if got != tt.want {
 			t.Errorf("ChangedAgo(%s, %s, %s) = %v, want %v", tt.region, tt.tenant, tt.route, got, tt.want)
 		}
@@ -645,7 +646,7 @@ func TestChangedAgo(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := bare.ChangedAgo("us-east", "a", "r", bare.Rule("a", "r"), time.Second); got != 0 {
+	if got := bare.ChangedAgo("us-east", "a", "r", bare.Rule("a", "r"), 0, time.Second); got != 0 {
 		t.Errorf("nothing dated: ChangedAgo = %v, want 0", got)
 	}
 }

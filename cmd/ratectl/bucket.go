@@ -190,7 +190,8 @@ func (a *app) bucketInspect(cmd *cobra.Command, o bucketOptions) error {
 				return err
 			}
 			rule, lim, share := v.snap.RegionalRule(o.region, o.tenant, o.route)
-			changed = max(v.snap.ChangedAgo(o.region, o.tenant, o.route, rule, 0)-o.reloadLag, 0)
+			raised, _, _ := v.snap.Raise(o.region, o.tenant, o.route, 0)
+			changed = max(v.snap.ChangedAgo(o.region, o.tenant, o.route, rule, raised, 0)-o.reloadLag, 0)
 			holds = func(i int, band string, l regions.Limit) (float64, time.Duration, bool) {
 				var ago time.Duration
 				var ratio float64
