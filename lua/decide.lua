@@ -59,9 +59,9 @@
 -- without an ago, and no debt is forgiven. One written after it but not below empty is
 -- read back at the old rate, which cuts what its writer left: so the gateway sends the
 -- age less one reload lag, by when every gateway has the change and wrote before it
--- (docs/reliability.md, "Known gaps"). A stored value that is not a bucket (another type, another length,
--- NaN; another client's) reads as missing and is replaced by the next write, rather than
--- failing the batch.
+-- (docs/reliability.md, "Known gaps"). A stored value that is not a bucket (another
+-- type, another length, NaN; another client's) reads as missing and is replaced by the
+-- next write, rather than failing the batch.
 --
 -- Reply, per decision:  g, retry_ms,  then per bucket:  remaining, reset_ms, charged
 -- (a counter:  remaining = max(c - used, 0), used, charged)
